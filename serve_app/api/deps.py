@@ -1,0 +1,78 @@
+"""Typed dependencies, so a route's signature says what it needs (state, key, admin key)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+from sqlmodel import Session
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.errors import ApiError, admin_key_required, authentication_failed
+from serve_app.state import GatewayState
+
+T = TypeVar("T")
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+State = Annotated[GatewayState, Depends(get_state)]
+
+
+def bearer_secret(request: Request) -> str:
+    header = request.headers.get("authorization")
+    if not header:
+        raise authentication_failed(
+            "Authentication failed: send your API key as 'Authorization: Bearer <key>'")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise authentication_failed(
+            "Authentication failed: the Authorization header must be 'Bearer <key>'")
+    return secret.strip()
+
+
+async def current_key(request: Request, state: State) -> KeyRecord:
+    key = await state.keys.authenticate(bearer_secret(request))
+    request.state.api_key = key
+    return key
+
+
+CurrentKey = Annotated[KeyRecord, Depends(current_key)]
+
+
+async def admin_key(key: CurrentKey) -> KeyRecord:
+    if not key.is_admin:
+        raise admin_key_required()
+    return key
+
+
+AdminKey = Annotated[KeyRecord, Depends(admin_key)]
+
+
+def require_json(request: Request) -> None:
+    """415 for a body that is not JSON, before anything tries to parse it."""
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return
+    if not content_type and request.headers.get("content-length") in (None, "0"):
+        return  # no body at all: validation reports the missing fields
+    raise ApiError(415, f"Invalid content type {content_type or '(none)'!r}: "
+                        "send application/json", code="INVALID_CONTENT_TYPE")
+
+
+JsonBody = Depends(require_json)
+
+
+async def run_db(state: GatewayState, work: Callable[[Session], T]) -> T:
+    """Run blocking database work off the event loop, in a session of its own."""
+
+    def run() -> T:
+        with Session(state.engine, expire_on_commit=False) as session:
+            return work(session)
+
+    return await asyncio.to_thread(run)

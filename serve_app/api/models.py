@@ -1,0 +1,42 @@
+"""Discovery, readable without a key: models, traits, compatibility mapping, image styles."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Query
+
+from serve_app.api.deps import State
+
+router = APIRouter(tags=["Models"])
+
+TypeFilter = Literal["asr", "embedding", "image", "music", "text", "tts", "upscale", "inpaint",
+                     "video", "all", "code"]
+AliasTypeFilter = Literal["asr", "embedding", "image", "music", "text", "tts", "upscale",
+                          "inpaint", "video"]
+
+
+@router.get("/models", summary="List models")
+async def list_models(state: State, type: TypeFilter = Query("all")) -> dict:
+    models = state.catalog.of_type(type)
+    return {
+        "object": "list",
+        "type": type,
+        "data": [m.public_record(offline=not state.router.is_online(m)) for m in models],
+    }
+
+
+@router.get("/models/traits", summary="Model traits and the model behind each")
+async def list_traits(state: State, type: AliasTypeFilter = Query("text")) -> dict:
+    return {"object": "list", "type": type, "data": state.catalog.traits.get(type, {})}
+
+
+@router.get("/models/compatibility_mapping", summary="Model names of other APIs we answer to")
+async def list_compatibility(state: State, type: AliasTypeFilter = Query("text")) -> dict:
+    return {"object": "list", "type": type,
+            "data": state.catalog.compatibility_mapping.get(type, {})}
+
+
+@router.get("/image/styles", tags=["Image"], summary="Image styles for generation")
+async def list_image_styles(state: State) -> dict:
+    return {"object": "list", "data": list(state.catalog.image_styles)}

@@ -1,0 +1,1 @@
+"""Step 2 of a request: who is calling (Bearer API keys; wallet sign-in arrives with x402)."""

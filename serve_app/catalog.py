@@ -1,0 +1,223 @@
+"""The model catalog: one YAML file naming, per model id, everything the platform needs.
+
+Routing (deployment), engines (engine + weights), pricing, quotes, privacy checks, rate-limit
+classes and the public `/models` records all read this one source.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
+                    "music"]
+MODEL_TYPES: tuple[str, ...] = ModelType.__args__  # type: ignore[attr-defined]
+SizeClass = Literal["XS", "S", "M", "L"]
+
+TEXT_CAPABILITY_DEFAULTS: dict[str, Any] = {
+    "optimizedForCode": False,
+    "quantization": "not-available",
+    "supportsFunctionCalling": False,
+    "supportsAudioInput": False,
+    "supportsReasoning": False,
+    "supportsReasoningEffort": False,
+    "supportsResponseSchema": False,
+    "supportsMultipleImages": False,
+    "supportsVision": False,
+    "supportsVideoInput": False,
+    "supportsWebSearch": False,
+    "supportsLogProbs": False,
+    "supportsTeeAttestation": False,
+    "supportsE2EE": False,
+    "supportsXSearch": False,
+}
+
+
+class Deprecation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    date: datetime
+    removesAt: datetime | None = None
+    autoRemap: bool = False
+    replacementModelId: str | None = None
+
+
+class CatalogModel(BaseModel):
+    """One model id. Unknown keys are refused so a typo in the catalog fails at load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    type: ModelType
+    name: str
+    description: str = ""
+    deployment: str
+    engine: str
+    weights: str | None = None
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    size_class: SizeClass | None = None
+    privacy: Literal["private", "anonymized"] = "private"
+    tee: bool = False
+    owned_by: str = "self-hosted"
+    created: int = 0
+    context_length: int | None = None
+    max_completion_tokens: int | None = None
+    pricing: dict[str, Any]
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    constraints: dict[str, Any] = Field(default_factory=dict)
+    traits: list[str] = Field(default_factory=list)
+    model_source: str | None = None
+    beta: bool = False
+    deprecation: Deprecation | None = None
+    # Per-model rate-limit overrides: {requests_per_minute, tokens_per_minute}.
+    rate_limits: dict[str, int] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _text_needs_size(self) -> CatalogModel:
+        if self.type == "text" and self.size_class is None:
+            raise ValueError(f"text model {self.id!r} needs a size_class (XS, S, M or L)")
+        return self
+
+    @property
+    def rate_limit_class(self) -> str | None:
+        """The row of the spec's default rate-limit table this model falls in, if any."""
+        if self.type == "text":
+            return self.size_class
+        if self.type == "embedding":
+            return "XS"
+        if self.type in ("image", "upscale", "inpaint"):
+            return "IMAGE"
+        if self.type in ("tts", "asr"):
+            return "SPEECH"
+        return None  # video and music jobs are not rate limited
+
+    @property
+    def is_private(self) -> bool:
+        """Private, TEE or E2EE, as the key privacy tiers count it."""
+        return self.privacy == "private" or self.tee or bool(
+            self.capabilities.get("supportsE2EE"))
+
+    def weights_path(self, data_dir: Path) -> Path | None:
+        if not self.weights:
+            return None
+        return Path(os.path.expandvars(self.weights.replace("${DATA_DIR}", str(data_dir))))
+
+    def public_record(self, *, offline: bool) -> dict[str, Any]:
+        """The published model record shape of `GET /models`."""
+        spec: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "privacy": self.privacy,
+            "pricing": self.pricing,
+            "traits": list(self.traits),
+            "offline": offline,
+            "beta": self.beta,
+            "modelSource": self.model_source or "",
+        }
+        if self.type == "text":
+            spec["capabilities"] = {**TEXT_CAPABILITY_DEFAULTS, **self.capabilities}
+        elif self.capabilities:
+            spec["capabilities"] = dict(self.capabilities)
+        if self.constraints:
+            spec["constraints"] = self.constraints
+        if self.context_length:
+            spec["availableContextTokens"] = self.context_length
+        if self.max_completion_tokens:
+            spec["maxCompletionTokens"] = self.max_completion_tokens
+        if self.deprecation:
+            spec["deprecation"] = self.deprecation.model_dump(mode="json", exclude_none=True)
+        record: dict[str, Any] = {
+            "id": self.id,
+            "type": self.type,
+            "object": "model",
+            "owned_by": self.owned_by,
+            "created": self.created,
+            "model_spec": spec,
+        }
+        if self.context_length:
+            record["context_length"] = self.context_length
+        return record
+
+    def deprecation_headers(self) -> dict[str, str]:
+        if not self.deprecation:
+            return {}
+        when = self.deprecation.date.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return {
+            "x-service-model-deprecation-warning":
+                f"Model {self.id} is deprecated and will be removed"
+                + (f"; use {self.deprecation.replacementModelId}"
+                   if self.deprecation.replacementModelId else ""),
+            "x-service-model-deprecation-date": when,
+        }
+
+
+class Catalog(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models: list[CatalogModel]
+    traits: dict[str, dict[str, str]] = Field(default_factory=dict)  # type -> trait -> model id
+    compatibility_mapping: dict[str, dict[str, str]] = Field(default_factory=dict)
+    image_styles: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Catalog:
+        ids = [m.id for m in self.models]
+        duplicates = {i for i in ids if ids.count(i) > 1}
+        if duplicates:
+            raise ValueError(f"duplicate model ids in catalog: {sorted(duplicates)}")
+        known = set(ids)
+        for section_name, section in (("traits", self.traits),
+                                      ("compatibility_mapping", self.compatibility_mapping)):
+            for model_type, mapping in section.items():
+                if model_type not in MODEL_TYPES:
+                    raise ValueError(f"{section_name}: unknown model type {model_type!r}")
+                for alias, target in mapping.items():
+                    if target not in known:
+                        raise ValueError(f"{section_name}.{model_type}.{alias} names unknown "
+                                         f"model {target!r}")
+        return self
+
+    @cached_property
+    def by_id(self) -> dict[str, CatalogModel]:
+        return {m.id: m for m in self.models}
+
+    def find(self, model_id: str, model_type: str | None = None) -> CatalogModel | None:
+        """A model by id, by compatibility alias (`gpt-4o-mini`) or by trait (`default`).
+
+        Aliases of `model_type` win, so `default` on the embeddings route is the default
+        embedding model rather than the default chat model.
+        """
+        model = self.by_id.get(model_id)
+        if model is not None:
+            return model
+        types = [model_type] if model_type else []
+        types += [t for t in MODEL_TYPES if t != model_type]
+        for t in types:
+            for section in (self.compatibility_mapping, self.traits):
+                target = section.get(t, {}).get(model_id)
+                if target:
+                    return self.by_id[target]
+        return None
+
+    def of_type(self, model_type: str | None) -> list[CatalogModel]:
+        if model_type in (None, "all"):
+            return list(self.models)
+        if model_type == "code":
+            return [m for m in self.models
+                    if m.type == "text" and m.capabilities.get("optimizedForCode")]
+        return [m for m in self.models if m.type == model_type]
+
+    @property
+    def deployments(self) -> set[str]:
+        return {m.deployment for m in self.models}
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh) or {}
+    return Catalog.model_validate(raw)

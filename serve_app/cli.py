@@ -1,0 +1,132 @@
+"""`inference-admin`: key and account administration straight against the database, for
+operators who have no key yet (or lost it). Uses the same settings as the platform."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from decimal import Decimal, InvalidOperation
+
+from sqlalchemy import update
+from sqlmodel import Session, select
+
+from serve_app.control import api_keys as service
+from serve_app.db.bootstrap import bootstrap
+from serve_app.db.engine import make_engine
+from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
+from serve_app.errors import ApiError
+from serve_app.money import as_number, to_nanos
+from serve_app.schemas.api_keys import CreateApiKeyRequest
+from serve_app.settings import Settings
+
+
+def _account_id(session: Session, given: str | None) -> str:
+    if given:
+        if session.get(Account, given) is None:
+            raise SystemExit(f"no account {given!r}")
+        return given
+    first = session.exec(select(Account).order_by(Account.created_at)).first()
+    if first is None:
+        raise SystemExit("the database has no account yet")
+    return first.id
+
+
+def _amount(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inference-admin", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    create = sub.add_parser("create-key", help="create an API key and print it once")
+    create.add_argument("--type", choices=[t.value for t in ApiKeyType], default="INFERENCE")
+    create.add_argument("--description", default="")
+    create.add_argument("--account")
+    create.add_argument("--expires-at", help="ISO 8601 date or date-time")
+    create.add_argument("--limit-usd", type=_amount)
+    create.add_argument("--limit-diem", type=_amount)
+    create.add_argument("--limit-period", choices=[p.value for p in LimitPeriod],
+                        default="EPOCH")
+    create.add_argument("--model-privacy", choices=[p.value for p in ModelPrivacy],
+                        default="ALL")
+
+    listing = sub.add_parser("list-keys", help="list the active keys of an account")
+    listing.add_argument("--account")
+
+    revoke = sub.add_parser("revoke-key", help="revoke a key by id")
+    revoke.add_argument("id")
+    revoke.add_argument("--account")
+
+    credit = sub.add_parser("credit", help="add USD and/or DIEM to an account's balance")
+    credit.add_argument("--usd", type=_amount, default=Decimal(0))
+    credit.add_argument("--diem", type=_amount, default=Decimal(0))
+    credit.add_argument("--account")
+
+    sub.add_parser("accounts", help="list accounts with their balances")
+    return parser
+
+
+def _accounts(session: Session) -> list[dict]:
+    return [{"id": a.id, "kind": a.kind, "walletAddress": a.wallet_address,
+             "usd": as_number(a.usd_balance_nanos), "diem": as_number(a.diem_balance_nanos)}
+            for a in session.exec(select(Account).order_by(Account.created_at)).all()]
+
+
+def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict | list:
+    args = _parser().parse_args(argv)
+    settings = settings or Settings()
+    result = bootstrap(settings)
+    if result.generated_admin_key:
+        print(f"First admin key (shown once): {result.generated_admin_key}", file=sys.stderr)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with Session(engine, expire_on_commit=False) as session:
+            if args.command == "accounts":
+                return _accounts(session)
+            account_id = _account_id(session, args.account)
+            if args.command == "create-key":
+                limit = None
+                if args.limit_usd is not None or args.limit_diem is not None:
+                    limit = {"usd": args.limit_usd, "diem": args.limit_diem}
+                req = CreateApiKeyRequest.model_validate({
+                    "apiKeyType": args.type, "description": args.description,
+                    "expiresAt": args.expires_at, "consumptionLimit": limit,
+                    "limitPeriod": args.limit_period, "modelPrivacy": args.model_privacy})
+                return service.create_key(session, account_id, req)
+            if args.command == "list-keys":
+                return service.list_keys(session, account_id)
+            if args.command == "revoke-key":
+                service.delete_key(session, account_id, args.id)
+                return {"revoked": args.id}
+            if args.command == "credit":
+                session.execute(update(Account).where(Account.id == account_id).values(
+                    usd_balance_nanos=Account.usd_balance_nanos + to_nanos(args.usd),
+                    diem_balance_nanos=Account.diem_balance_nanos + to_nanos(args.diem)))
+                session.commit()
+                return next(a for a in _accounts(session) if a["id"] == account_id)
+            raise SystemExit(f"unknown command {args.command}")
+    finally:
+        engine.dispose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        out = run(argv)
+    except ApiError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.details:
+            print(json.dumps(err.details), file=sys.stderr)
+        raise SystemExit(1) from err
+    print(json.dumps(out, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

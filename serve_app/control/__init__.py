@@ -1,0 +1,1 @@
+"""Control-plane services that ingress replicas share (key change notices, limits, ledger)."""

@@ -1,0 +1,1 @@
+"""Durable control-plane state: SQLModel tables on SQLite or PostgreSQL, migrated by alembic."""

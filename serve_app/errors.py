@@ -1,0 +1,134 @@
+"""Error bodies of the spec and the exception handlers that produce them.
+
+Every error leaves the gateway as a standard error `{error[, code]}` or a detailed error
+`{error, details}` whose `details` nest field names to `{_errors: [...]}`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("serve_app.errors")
+
+
+class ApiError(Exception):
+    """An error the client sees: status, message and optional code, details, headers."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        details: dict[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.details = details
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": self.message}
+        if self.code:
+            body["code"] = self.code
+        if self.details is not None:
+            body["details"] = self.details
+        body.update(self.extra)
+        return body
+
+
+def authentication_failed(message: str = "Authentication failed") -> ApiError:
+    return ApiError(401, message, code="AUTHENTICATION_FAILED")
+
+
+def admin_key_required() -> ApiError:
+    return ApiError(401, "Admin API key required", code="AUTHENTICATION_FAILED")
+
+
+def invalid_request(message: str, field: str | None = None) -> ApiError:
+    """A 400 detailed error about one field (or the whole request when `field` is None)."""
+    path = (field,) if field else ()
+    return ApiError(400, message, code="INVALID_REQUEST", details=nest_errors([(path, message)]))
+
+
+def nest_errors(errors: Iterable[tuple[Sequence[str | int], str]]) -> dict[str, Any]:
+    """Build `{_errors: [...], field: {_errors: [...], sub: {...}}}` from (path, message) pairs."""
+    root: dict[str, Any] = {"_errors": []}
+    for path, message in errors:
+        node = root
+        for part in path:
+            node = node.setdefault(str(part), {"_errors": []})
+        node["_errors"].append(message)
+    return root
+
+
+def _pydantic_message(err: Mapping[str, Any]) -> str:
+    if err.get("type") == "missing":
+        return "Required"
+    if err.get("type") == "extra_forbidden":
+        return "Unrecognized key"
+    return str(err.get("msg", "Invalid value"))
+
+
+def validation_error_response(errors: Sequence[Mapping[str, Any]]) -> ApiError:
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return ApiError(
+            400,
+            "Malformed JSON in request body",
+            code="INVALID_REQUEST",
+            details=nest_errors([((), "Request body is not valid JSON")]),
+        )
+    pairs = []
+    for err in errors:
+        loc = list(err.get("loc", ()))
+        # FastAPI prefixes the location with where the value came from.
+        if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+            loc = loc[1:]
+        pairs.append((loc, _pydantic_message(err)))
+    return ApiError(400, "Invalid request parameters", code="INVALID_REQUEST",
+                    details=nest_errors(pairs))
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+_STATUS_MESSAGES = {
+    404: "Not found",
+    405: "Method not allowed",
+    413: "Request body too large",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error_response(exc.errors()))
+
+    async def on_pydantic_error(_: Request, exc: ValidationError) -> JSONResponse:
+        return error_response(validation_error_response(exc.errors()))
+
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = _STATUS_MESSAGES.get(exc.status_code) or str(exc.detail)
+        return JSONResponse({"error": message}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(ValidationError, on_pydantic_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -1,0 +1,83 @@
+"""The FastAPI application of the gateway, built without Serve so tests can call it directly.
+
+`create_app` serves the API at `/` and expects the `/api/v1` prefix to arrive as the ASGI
+root path (Serve's route prefix does that); `create_prefixed_app` mounts it under `/api/v1`
+for plain uvicorn and in-process tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from serve_app.api import api_keys, models
+from serve_app.errors import install_error_handlers
+from serve_app.middleware import RequestIdLogFilter, ServiceHeadersMiddleware
+from serve_app.state import GatewayState
+from serve_app.version import service_version
+
+API_PREFIX = "/api/v1"
+
+_DESCRIPTION = """Self-hostable inference API: chat, embeddings, images, video and audio,
+with API keys, rate limits, billing and wallet access. Clients of the usual chat-completion
+convention work against this base URL. Authenticate with `Authorization: Bearer <API key>`."""
+
+
+def configure_logging() -> None:
+    root = logging.getLogger("serve_app")
+    if not any(isinstance(f, RequestIdLogFilter) for f in root.filters):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s [request %(request_id)s] %(message)s"))
+        handler.addFilter(RequestIdLogFilter())
+        root.addHandler(handler)
+        root.addFilter(RequestIdLogFilter())
+        root.setLevel(logging.INFO)
+        root.propagate = False
+
+
+def create_app(state: GatewayState) -> FastAPI:
+    configure_logging()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(
+        title="Inference Platform API",
+        description=_DESCRIPTION,
+        version=service_version(),
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        servers=[{"url": API_PREFIX}],
+    )
+    app.state.gateway = state
+    install_error_handlers(app)
+    app.include_router(models.router)
+    app.include_router(api_keys.router)
+    app.add_middleware(ServiceHeadersMiddleware)
+    return app
+
+
+def create_prefixed_app(state: GatewayState) -> FastAPI:
+    """The API under `/api/v1`, with 404s outside it in the standard error shape."""
+    inner = create_app(state)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        async with inner.router.lifespan_context(inner):
+            yield
+
+    outer = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(outer)
+    outer.mount(API_PREFIX, inner)
+    outer.add_middleware(ServiceHeadersMiddleware)
+    return outer

@@ -1,0 +1,130 @@
+"""Step 1 of every request: identify it, and stamp the service headers on whatever answers.
+
+One pure-ASGI middleware, outermost in the app, so that every response, errors and 404s
+included, carries `CF-RAY`, `x-service-version` and `x-service-timestamp`, plus any header
+that later steps put in `request.state.response_headers` (model, balance, rate limits...).
+It also turns an unexpected exception into a 500 standard error logged with the request id,
+and refuses bodies over the size cap before anything reads them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import uuid
+from datetime import UTC, datetime
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve_app.version import service_version
+
+logger = logging.getLogger("serve_app.requests")
+
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+# Largest request body accepted by any route (multipart image uploads are capped lower, per
+# route, at the spec's 25 MB).
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class RequestIdLogFilter(logging.Filter):
+    """Adds `request_id` to every log record so logs can be matched to `CF-RAY`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id_var.get()
+        return True
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _json_error(status: int, body: dict) -> tuple[Message, Message]:
+    payload = json.dumps(body).encode()
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ],
+    }
+    return start, {"type": "http.response.body", "body": payload}
+
+
+class ServiceHeadersMiddleware:
+    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.version = service_version().encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope.setdefault("state", {})
+        if scope["type"] != "http" or "request_id" in state:
+            # Not HTTP, or an outer app (the `/api/v1` mount) already identified the request.
+            await self.app(scope, receive, send)
+            return
+
+        request_id = uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+        extra_headers: dict[str, str] = {}
+        state["request_id"] = request_id
+        state["response_headers"] = extra_headers
+        started = False
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = MutableHeaders(scope=message)
+                headers["CF-RAY"] = request_id
+                headers["x-service-version"] = self.version.decode()
+                headers["x-service-timestamp"] = datetime.now(UTC).isoformat(
+                    timespec="milliseconds").replace("+00:00", "Z")
+                for name, value in extra_headers.items():
+                    headers[name] = value
+            await send(message)
+
+        received = 0
+
+        async def receive_capped() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            if self._declared_length(scope) > self.max_body_bytes:
+                raise _BodyTooLarge
+            await self.app(scope, receive_capped, send_with_headers)
+        except _BodyTooLarge:
+            if not started:
+                for message in _json_error(413, {
+                    "code": "PAYLOAD_TOO_LARGE",
+                    "error": f"Request body exceeds {self.max_body_bytes} bytes",
+                }):
+                    await send_with_headers(message)
+        except Exception:
+            logger.exception("unhandled error in %s %s [request %s]",
+                             scope.get("method"), scope.get("path"), request_id)
+            if not started:
+                for message in _json_error(500, {"error": "An unknown error occurred",
+                                                 "code": "UNKNOWN_ERROR"}):
+                    await send_with_headers(message)
+        finally:
+            request_id_var.reset(token)
+
+    @staticmethod
+    def _declared_length(scope: Scope) -> int:
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    return int(value)
+                except ValueError:
+                    return 0
+        return 0

@@ -1,0 +1,68 @@
+"""Step 6 of a request: from a model name to the Serve deployment handle that runs it.
+
+A model name may carry service parameters as a suffix, `model:param=value&param=value`; the
+catalog resolves ids, compatibility aliases (`gpt-4o-mini`) and traits (`default`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.catalog import Catalog, CatalogModel
+from serve_app.errors import ApiError
+
+
+@dataclass(frozen=True)
+class RoutedModel:
+    model: CatalogModel
+    suffix_params: dict[str, Any] = field(default_factory=dict)
+
+
+def _suffix_value(raw: str) -> Any:
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    return raw
+
+
+def split_model_suffix(name: str) -> tuple[str, dict[str, Any]]:
+    """`m:a=1&b=true` -> (`m`, {"a": "1", "b": True}). A bare `m:` part without `=` is not a
+    suffix (some model ids contain colons), so only `key=value` pairs count."""
+    base, sep, tail = name.partition(":")
+    if not sep or "=" not in tail:
+        return name, {}
+    params: dict[str, Any] = {}
+    for pair in tail.split("&"):
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ApiError(400, f"Invalid model suffix parameter {pair!r}: use param=value",
+                           code="INVALID_MODEL")
+        params[key] = _suffix_value(value)
+    return base, params
+
+
+class ModelRouter:
+    def __init__(self, catalog: Catalog, handles: dict[str, Any]) -> None:
+        self.catalog = catalog
+        self._handles = dict(handles)
+
+    def is_online(self, model: CatalogModel) -> bool:
+        return model.deployment in self._handles
+
+    def resolve(self, name: str, model_type: str | None = None) -> RoutedModel:
+        base, params = split_model_suffix(name)
+        model = self.catalog.find(base, model_type)
+        if model is None:
+            raise ApiError(404, f"Model {base!r} not found", code="MODEL_NOT_FOUND")
+        if model_type is not None and model.type != model_type:
+            raise ApiError(400, f"Model {model.id!r} is a {model.type} model and cannot serve "
+                                f"this request", code="INVALID_MODEL")
+        return RoutedModel(model=model, suffix_params=params)
+
+    def handle(self, model: CatalogModel) -> Any:
+        handle = self._handles.get(model.deployment)
+        if handle is None:
+            raise ApiError(503, f"Model {model.id!r} is offline: its deployment "
+                                f"{model.deployment!r} is not running", code="MODEL_OFFLINE")
+        return handle

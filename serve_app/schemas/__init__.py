@@ -1,0 +1,1 @@
+"""Wire models (pydantic) of requests and responses, one module per resource."""

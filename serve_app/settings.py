@@ -1,0 +1,43 @@
+"""Runtime settings, read from environment variables (documented in README.md)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", case_sensitive=False)
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("./data")
+    database_url: str | None = None
+    redis_url: str | None = None
+    admin_api_key: str | None = None
+    initial_credit_usd: Decimal = Field(default=Decimal("10"), ge=0)
+    model_catalog: Path = PROJECT_ROOT / "configs" / "models.yaml"
+    # How long a cached API key stays valid without a change notice; bounds staleness
+    # should an invalidation notice ever be missed.
+    key_cache_ttl_s: float = 60.0
+    # How often each ingress replica looks for keys changed outside the API (admin CLI)
+    # and writes batched `lastUsedAt` stamps.
+    key_sync_interval_s: float = 2.0
+    access_log: bool = False
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'platform.db').resolve()}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

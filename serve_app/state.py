@@ -1,0 +1,71 @@
+"""What one ingress replica holds: settings, catalog, database, key cache, model router."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from serve_app.auth.key_store import KeyStore
+from serve_app.catalog import Catalog, load_catalog
+from serve_app.control.key_events import KeyEvents, LocalKeyEvents
+from serve_app.db.engine import make_engine
+from serve_app.routing import ModelRouter
+from serve_app.settings import Settings
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    catalog: Catalog
+    engine: Engine
+    keys: KeyStore
+    key_events: KeyEvents
+    router: ModelRouter
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @classmethod
+    def create(
+        cls,
+        settings: Settings,
+        *,
+        handles: dict[str, Any] | None = None,
+        key_events: KeyEvents | None = None,
+        catalog: Catalog | None = None,
+    ) -> GatewayState:
+        catalog = catalog or load_catalog(settings.model_catalog)
+        engine = make_engine(settings.resolved_database_url)
+        return cls(
+            settings=settings,
+            catalog=catalog,
+            engine=engine,
+            keys=KeyStore(engine, ttl_s=settings.key_cache_ttl_s),
+            key_events=key_events or LocalKeyEvents(),
+            router=ModelRouter(catalog, handles or {}),
+        )
+
+    async def start(self) -> None:
+        """Background work of the replica: key change notices and the key sync."""
+        self._tasks = [
+            asyncio.create_task(self.key_events.run(self.keys.invalidate)),
+            asyncio.create_task(self.keys.run_sync_loop(self.settings.key_sync_interval_s)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        with contextlib.suppress(Exception):
+            await self.keys.sync()  # write the last `lastUsedAt` stamps
+        self.engine.dispose()
+
+    async def key_changed(self, key_hashes: list[str]) -> None:
+        """Drop changed keys here and on every other replica before the change is answered."""
+        self.keys.invalidate(key_hashes)
+        await self.key_events.publish(key_hashes)
