@@ -6,7 +6,7 @@ from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -31,11 +31,17 @@ class Settings(BaseSettings):
     key_sync_interval_s: float = 2.0
     access_log: bool = False
 
+    @field_validator("data_dir", "model_catalog")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Replicas may run in another working directory: pin paths now.
+        return value.expanduser().resolve()
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        return f"sqlite:///{(self.data_dir / 'platform.db').resolve()}"
+        return f"sqlite:///{self.data_dir / 'platform.db'}"
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,20 @@
+"""Ray Serve model deployments, one per class (text-xs, text-s, text-m, text-l, embedding,
+image, speech, video). Each wraps an engine behind one interface; `MODEL_DEPLOYMENTS` maps a
+deployment name of the catalog to the function that binds it for the models it serves.
+
+The engines arrive with their issues; until a class has an entry here, its catalog models are
+listed with `offline: true` and requests for them answer 503 `MODEL_OFFLINE`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ray.serve.deployment import Application
+
+from serve_app.catalog import CatalogModel
+
+DeploymentBuilder = Callable[[list[CatalogModel], dict[str, Any]], Application]
+
+MODEL_DEPLOYMENTS: dict[str, DeploymentBuilder] = {}

@@ -1,0 +1,81 @@
+"""The Ray Serve application: the `Gateway` ingress deployment and `build_app`, the one place
+that wires deployments together from a config.
+
+    serve run configs/local.yaml
+    serve run serve_app.app:build_app
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from ray import serve
+from ray.serve.deployment import Application
+
+from deployments import MODEL_DEPLOYMENTS
+from serve_app.catalog import load_catalog
+from serve_app.control.key_events import KeyEventHub, ServeKeyEvents
+from serve_app.db.bootstrap import bootstrap
+from serve_app.gateway import create_app
+from serve_app.settings import Settings
+from serve_app.state import GatewayState
+
+logger = logging.getLogger("serve_app.app")
+
+
+@serve.deployment(
+    name="Gateway",
+    max_ongoing_requests=256,
+    ray_actor_options={"num_cpus": 0.25},
+)
+@serve.ingress()
+class Gateway:
+    """Ingress replica: auth, validation, limits, billing and headers happen here, then one
+    hop to the model deployment."""
+
+    def __init__(self, settings: dict[str, Any], handles: dict[str, Any], key_hub: Any) -> None:
+        self._state = GatewayState.create(
+            Settings.model_validate(settings),
+            handles=handles,
+            key_events=ServeKeyEvents(key_hub),
+        )
+
+    def __serve_build_asgi_app__(self):
+        return create_app(self._state)
+
+
+class AppArgs(BaseModel):
+    """Arguments of `build_app`, from the `args:` of a Serve config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Settings that override the environment (DATABASE_URL, DATA_DIR, ...), by field name.
+    settings: dict[str, Any] = {}
+    # Model deployments to run; by default every catalog deployment that has an engine.
+    model_deployments: list[str] | None = None
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    app_args = AppArgs.model_validate(args or {})
+    settings = Settings(**app_args.settings)
+    result = bootstrap(settings)
+    if result.generated_admin_key:
+        logger.warning("First admin key (shown once): %s", result.generated_admin_key)
+    catalog = load_catalog(settings.model_catalog)
+
+    wanted = app_args.model_deployments
+    if wanted is None:
+        wanted = sorted(d for d in catalog.deployments if d in MODEL_DEPLOYMENTS)
+    unknown = [d for d in wanted if d not in MODEL_DEPLOYMENTS]
+    if unknown:
+        raise ValueError(f"no model deployment named {unknown}; known: {sorted(MODEL_DEPLOYMENTS)}")
+    handles = {
+        name: MODEL_DEPLOYMENTS[name](
+            [m for m in catalog.models if m.deployment == name], settings.model_dump(mode="json"))
+        for name in wanted
+    }
+    # The admin key is only needed by bootstrap; keep it out of replica arguments.
+    replica_settings = settings.model_dump(mode="json", exclude={"admin_api_key"})
+    return Gateway.bind(replica_settings, handles, KeyEventHub.bind())

@@ -1,0 +1,142 @@
+"""`make run`: start a local Ray instance and the platform on it, and stop both on Ctrl-C.
+
+Ray listens on RAY_PORT (default 6380: Redis owns 6379). Serve runs `configs/local.yaml` in
+throughput-optimised mode with the Gateway's own HTTP port pinned to PORT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from serve_app.db.bootstrap import bootstrap
+from serve_app.settings import PROJECT_ROOT, Settings
+
+READY_TIMEOUT_S = 600.0
+
+
+def ray_environment(settings: Settings) -> dict[str, str]:
+    """Environment of every Ray process of the local instance."""
+    env = dict(os.environ)
+    env.update({
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(settings.port),
+        # The port range is half-open: [PORT, PORT + 1) is exactly PORT.
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(settings.port + 1),
+        # The quarantine protects HAProxy's stale slots; without HAProxy it would only keep a
+        # restarted Gateway replica off PORT for minutes.
+        "RAY_SERVE_PORT_QUARANTINE_S": env.get("RAY_SERVE_PORT_QUARANTINE_S", "0"),
+        "RAY_SERVE_DEFAULT_HTTP_HOST": settings.host,
+        # A token file left by an earlier `ray.init()` would otherwise turn token auth on.
+        "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_SERVE_LOG_TO_STDERR": "0",
+        "DATA_DIR": str(settings.data_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
+                                                    env.get("PYTHONPATH")])),
+    })
+    return env
+
+
+def _bin(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def _prune_ray_sessions(temp_dir: Path, keep: int = 2) -> None:
+    """Ray never deletes old session folders (logs grow without bound): keep the newest few."""
+    sessions = sorted(temp_dir.glob("session_2*"), key=lambda p: p.stat().st_mtime)
+    for old in sessions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _wait_ready(url: str, serve_proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if serve_proc.poll() is not None:
+            raise RuntimeError(f"serve run exited with code {serve_proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {READY_TIMEOUT_S:.0f}s")
+
+
+def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str]) -> None:
+    # `serve run` in the background ignores SIGINT: end it by PID before stopping Ray, or it
+    # keeps retrying a cluster that is gone.
+    if serve_proc is not None and serve_proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(serve_proc.pid, signal.SIGTERM)
+        try:
+            serve_proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(serve_proc.pid, signal.SIGKILL)
+            serve_proc.wait()
+    subprocess.run([_bin("ray"), "stop", "--force"], env=env, check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main() -> int:
+    started = time.monotonic()
+    settings = Settings()
+    result = bootstrap(settings)
+    if result.generated_admin_key:
+        print("\n  First admin API key (shown once, store it now):\n"
+              f"    {result.generated_admin_key}\n", flush=True)
+
+    ray_port = int(os.environ.get("RAY_PORT", "6380"))
+    temp_dir = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray-platform"))
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    _prune_ray_sessions(temp_dir)
+    env = ray_environment(settings)
+    num_cpus = os.environ.get("RAY_NUM_CPUS", str(os.cpu_count() or 2))
+
+    serve_proc: subprocess.Popen | None = None
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        subprocess.run(
+            [_bin("ray"), "start", "--head", f"--port={ray_port}", "--node-ip-address=127.0.0.1",
+             f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats",
+             f"--temp-dir={temp_dir}"],
+            env=env, check=True, stdout=subprocess.DEVNULL,
+        )
+        serve_proc = subprocess.Popen(
+            [_bin("serve"), "run", "--address", f"127.0.0.1:{ray_port}",
+             str(PROJECT_ROOT / "configs" / "local.yaml")],
+            env=env, cwd=PROJECT_ROOT, start_new_session=True,
+        )
+        base_url = f"http://{settings.host}:{settings.port}/api/v1"
+        _wait_ready(f"{base_url}/models", serve_proc)
+        print(f"\n  Platform ready in {time.monotonic() - started:.1f}s\n"
+              f"  Base URL: {base_url}\n  Docs:     {base_url}/docs\n"
+              "  Ctrl-C stops everything.\n", flush=True)
+        serve_proc.wait()
+        return serve_proc.returncode or 0
+    except KeyboardInterrupt:
+        print("\nStopping...", flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _stop(serve_proc, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
