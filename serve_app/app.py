@@ -55,6 +55,9 @@ class AppArgs(BaseModel):
     settings: dict[str, Any] = {}
     # Model deployments to run; by default every catalog deployment that has an engine.
     model_deployments: list[str] | None = None
+    # Serve options of the Gateway deployment (num_replicas, ...) for callers of `build_app`
+    # in Python; a config file sets them in its `deployments:` section instead.
+    gateway_options: dict[str, Any] = {}
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -78,4 +81,5 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     }
     # The admin key is only needed by bootstrap; keep it out of replica arguments.
     replica_settings = settings.model_dump(mode="json", exclude={"admin_api_key"})
-    return Gateway.bind(replica_settings, handles, KeyEventHub.bind())
+    gateway = Gateway.options(**app_args.gateway_options) if app_args.gateway_options else Gateway
+    return gateway.bind(replica_settings, handles, KeyEventHub.bind())

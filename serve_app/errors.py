@@ -113,6 +113,25 @@ _STATUS_MESSAGES = {
 }
 
 
+UNKNOWN_ERROR_BODY = {"error": "An unknown error occurred", "code": "UNKNOWN_ERROR"}
+
+
+def log_unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> None:
+    """Log once, with the request id, whichever layer meets the exception first."""
+    if getattr(exc, "_serve_app_logged", False):
+        return
+    request_id = scope.get("state", {}).get("request_id", "-")
+    logger.error("unhandled error in %s %s [request %s]", scope.get("method"),
+                 scope.get("path"), request_id, exc_info=exc)
+    exc._serve_app_logged = True  # type: ignore[attr-defined]
+
+
+def unexpected_error_response(exc: BaseException, scope: Mapping[str, Any]) -> JSONResponse:
+    """500 standard error: no stack trace or message of ours reaches the client."""
+    log_unexpected_error(exc, scope)
+    return JSONResponse(UNKNOWN_ERROR_BODY, status_code=500)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc)
@@ -128,7 +147,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": message}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
+    async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        return unexpected_error_response(exc, request.scope)
+
     app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(Exception, on_unexpected_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(ValidationError, on_pydantic_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -18,9 +18,8 @@ from datetime import UTC, datetime
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve_app.errors import UNKNOWN_ERROR_BODY, log_unexpected_error
 from serve_app.version import service_version
-
-logger = logging.getLogger("serve_app.requests")
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -109,12 +108,12 @@ class ServiceHeadersMiddleware:
                     "error": f"Request body exceeds {self.max_body_bytes} bytes",
                 }):
                     await send_with_headers(message)
-        except Exception:
-            logger.exception("unhandled error in %s %s [request %s]",
-                             scope.get("method"), scope.get("path"), request_id)
+        except Exception as exc:
+            # Starlette has usually answered already (the app's exception handler) and
+            # re-raised; otherwise answer here.
+            log_unexpected_error(exc, scope)
             if not started:
-                for message in _json_error(500, {"error": "An unknown error occurred",
-                                                 "code": "UNKNOWN_ERROR"}):
+                for message in _json_error(500, UNKNOWN_ERROR_BODY):
                     await send_with_headers(message)
         finally:
             request_id_var.reset(token)

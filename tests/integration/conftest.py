@@ -1,0 +1,100 @@
+"""One local Ray instance and one Serve application per test session, reached over HTTP.
+
+Serve runs as `make run` runs it: throughput-optimised, each Gateway replica on its own
+direct-ingress port. Two Gateway replicas get two ports, so tests can address each one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+ADMIN_KEY = "sk-integration-admin-key-000000000001"
+GATEWAY_REPLICAS = 2
+
+
+def _free_port_run(count: int) -> int:
+    """The first port of `count` consecutive free loopback ports."""
+    for base in range(18000, 19000, 10):
+        try:
+            socks = []
+            for port in range(base, base + count + 1):
+                s = socket.socket()
+                s.bind(("127.0.0.1", port))
+                socks.append(s)
+            for s in socks:
+                s.close()
+            return base
+        except OSError:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+@dataclass
+class Platform:
+    replica_urls: list[str]
+    admin_key: str = ADMIN_KEY
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.replica_urls[0]
+
+    def auth(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.admin_key}"}
+
+
+def _wait_for(url: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready: {last}")
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory) -> Iterator[Platform]:
+    base = _free_port_run(GATEWAY_REPLICAS + 1)
+    os.environ.update({
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(base),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(base + GATEWAY_REPLICAS),
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+        "RAY_SERVE_DEFAULT_HTTP_HOST": "127.0.0.1",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    })
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    data_dir = tmp_path_factory.mktemp("platform-data")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": base + GATEWAY_REPLICAS})
+    app = build_app({
+        "settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
+                     "initial_credit_usd": 100},
+        "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
+    })
+    serve.run(app, name="inference", route_prefix="/api/v1", blocking=False)
+    urls = [f"http://127.0.0.1:{base + i}/api/v1" for i in range(GATEWAY_REPLICAS)]
+    for url in urls:
+        _wait_for(f"{url}/models")
+    try:
+        yield Platform(replica_urls=urls)
+    finally:
+        # serve.shutdown() costs seconds and ray.shutdown() ends Serve with the cluster.
+        ray.shutdown()
