@@ -81,3 +81,11 @@ def create_prefixed_app(state: GatewayState) -> FastAPI:
     outer.mount(API_PREFIX, inner)
     outer.add_middleware(ServiceHeadersMiddleware)
     return outer
+
+
+def create_uvicorn_app() -> FastAPI:
+    """Factory for plain uvicorn, without Ray (development and benchmarks):
+    `uvicorn --factory serve_app.gateway:create_uvicorn_app`."""
+    from serve_app.settings import Settings
+
+    return create_prefixed_app(GatewayState.create(Settings()))
