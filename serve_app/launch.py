@@ -21,6 +21,7 @@ from serve_app.db.bootstrap import bootstrap
 from serve_app.settings import PROJECT_ROOT, Settings
 
 READY_TIMEOUT_S = 600.0
+SERVE_PROXY_PORT = 8001  # http_options.port of configs/local.yaml
 
 
 def ray_environment(settings: Settings) -> dict[str, str]:
@@ -89,12 +90,14 @@ def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str]) -> None:
 def main() -> int:
     started = time.monotonic()
     settings = Settings()
+    if settings.port in (SERVE_PROXY_PORT, ray_port := int(os.environ.get("RAY_PORT", "6380"))):
+        raise SystemExit(f"PORT={settings.port} is taken by Serve's proxy ({SERVE_PROXY_PORT}) "
+                         f"or Ray ({ray_port}): choose another")
     result = bootstrap(settings)
     if result.generated_admin_key:
         print("\n  First admin API key (shown once, store it now):\n"
               f"    {result.generated_admin_key}\n", flush=True)
 
-    ray_port = int(os.environ.get("RAY_PORT", "6380"))
     temp_dir = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray-platform"))
     temp_dir.mkdir(parents=True, exist_ok=True)
     _prune_ray_sessions(temp_dir)
