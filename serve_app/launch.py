@@ -113,6 +113,8 @@ def main() -> int:
             stopping = True
             raise KeyboardInterrupt
 
+    # Install both explicitly: a shell that starts us in the background leaves SIGINT ignored.
+    signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
         subprocess.run(
