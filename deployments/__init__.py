@@ -17,4 +17,12 @@ from serve_app.catalog import CatalogModel
 
 DeploymentBuilder = Callable[[list[CatalogModel], dict[str, Any]], Application]
 
-MODEL_DEPLOYMENTS: dict[str, DeploymentBuilder] = {}
+def _embedding(models: list[CatalogModel], settings: dict[str, Any]) -> Application:
+    from deployments import embedding
+
+    return embedding.bind(models, settings)
+
+
+MODEL_DEPLOYMENTS: dict[str, DeploymentBuilder] = {
+    "embedding": _embedding,
+}

@@ -74,6 +74,8 @@ class CatalogModel(BaseModel):
     model_source: str | None = None
     beta: bool = False
     deprecation: Deprecation | None = None
+    # Embedding models: the size of the vectors.
+    dimensions: int | None = None
     # Per-model rate-limit overrides: {requests_per_minute, tokens_per_minute}.
     rate_limits: dict[str, int] = Field(default_factory=dict)
 
@@ -102,10 +104,11 @@ class CatalogModel(BaseModel):
         return self.privacy == "private" or self.tee or bool(
             self.capabilities.get("supportsE2EE"))
 
-    def weights_path(self, data_dir: Path) -> Path | None:
+    def weights_spec(self, data_dir: Path) -> str | None:
+        """The weights location with `${DATA_DIR}` filled in (a path or `package:...`)."""
         if not self.weights:
             return None
-        return Path(os.path.expandvars(self.weights.replace("${DATA_DIR}", str(data_dir))))
+        return os.path.expandvars(self.weights.replace("${DATA_DIR}", str(data_dir)))
 
     def public_record(self, *, offline: bool) -> dict[str, Any]:
         """The published model record shape of `GET /models`."""

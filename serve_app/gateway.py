@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import api_keys, models
+from serve_app.api import api_keys, embeddings, models
 from serve_app.errors import install_error_handlers
 from serve_app.middleware import RequestIdLogFilter, ServiceHeadersMiddleware
 from serve_app.state import GatewayState
@@ -63,6 +63,7 @@ def create_app(state: GatewayState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(models.router)
     app.include_router(api_keys.router)
+    app.include_router(embeddings.router)
     app.add_middleware(ServiceHeadersMiddleware)
     return app
 

@@ -17,6 +17,8 @@ from serve_app.errors import ApiError
 class RoutedModel:
     model: CatalogModel
     suffix_params: dict[str, Any] = field(default_factory=dict)
+    # How the name was matched, for `x-service-model-router`: `direct` or `alias`.
+    router: str = "direct"
 
 
 def _suffix_value(raw: str) -> Any:
@@ -58,7 +60,8 @@ class ModelRouter:
         if model_type is not None and model.type != model_type:
             raise ApiError(400, f"Model {model.id!r} is a {model.type} model and cannot serve "
                                 f"this request", code="INVALID_MODEL")
-        return RoutedModel(model=model, suffix_params=params)
+        return RoutedModel(model=model, suffix_params=params,
+                           router="direct" if base == model.id else "alias")
 
     def handle(self, model: CatalogModel) -> Any:
         handle = self._handles.get(model.deployment)

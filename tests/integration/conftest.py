@@ -98,3 +98,11 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     finally:
         # serve.shutdown() costs seconds and ray.shutdown() ends Serve with the cluster.
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def inference_key(platform: Platform) -> str:
+    resp = httpx.post(f"{platform.base_url}/api_keys", headers=platform.auth(),
+                      json={"apiKeyType": "INFERENCE", "description": "integration tests"})
+    resp.raise_for_status()
+    return resp.json()["data"]["apiKey"]

@@ -1,0 +1,1 @@
+"""Engines behind small per-modality interfaces; deployments hold engines, routes never see them."""

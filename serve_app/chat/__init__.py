@@ -1,0 +1,1 @@
+"""Chat completions: prompt composition, web augmentation, output filters, the engine call."""

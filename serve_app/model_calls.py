@@ -1,0 +1,71 @@
+"""One hop to a model deployment, with its failures turned into the spec's errors.
+
+A full queue is 503 `MODEL_AT_CAPACITY` (Serve's `max_queued_requests` refuses rather than
+queueing without bound); a dead deployment is 503 `MODEL_OFFLINE`; an engine's own report of a
+bad input arrives as data (deployments/errors.py) and becomes that status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from serve_app.errors import ApiError, nest_errors
+
+logger = logging.getLogger("serve_app.model_calls")
+
+
+class ModelFailed(ApiError):
+    """The model could not answer (ours, not the client's fault): fallbacks may try another."""
+
+
+def engine_error_to_api(error: dict[str, Any]) -> ApiError:
+    status = int(error.get("status", 500))
+    message = str(error.get("message", "Inference failed"))
+    field = error.get("field")
+    details = nest_errors([((field,) if field else (), message)]) if status == 400 else None
+    cls = ModelFailed if status >= 500 else ApiError
+    return cls(status, message, code=error.get("code") or (
+        "INVALID_REQUEST" if status == 400 else "INFERENCE_FAILED"), details=details)
+
+
+def _translate(exc: BaseException, model_id: str) -> ApiError:
+    if isinstance(exc, BackPressureError):
+        return ModelFailed(503, f"Model {model_id} is at capacity; try again later",
+                           code="MODEL_AT_CAPACITY")
+    if isinstance(exc, DeploymentUnavailableError | ActorDiedError | ActorUnavailableError
+                  | RayActorError):
+        return ModelFailed(503, f"Model {model_id} is offline; try again later",
+                           code="MODEL_OFFLINE")
+    logger.error("model %s failed", model_id, exc_info=exc)
+    return ModelFailed(500, "Inference failed", code="INFERENCE_FAILED")
+
+
+async def call_model(method: Any, model_id: str, *args: Any) -> dict[str, Any]:
+    """`await handle.<method>.remote(*args)`, raising ApiError for any failure."""
+    try:
+        result = await method.remote(*args)
+    except ApiError:
+        raise
+    except Exception as exc:
+        raise _translate(exc, model_id) from exc
+    if isinstance(result, dict) and "error" in result:
+        raise engine_error_to_api(result["error"])
+    return result
+
+
+async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[dict[str, Any]]:
+    """Chunks of a streaming deployment method; an error chunk or failure raises ApiError."""
+    try:
+        async for chunk in method.options(stream=True).remote(*args):
+            if isinstance(chunk, dict) and "error" in chunk:
+                raise engine_error_to_api(chunk["error"])
+            yield chunk
+    except ApiError:
+        raise
+    except Exception as exc:
+        raise _translate(exc, model_id) from exc
