@@ -23,6 +23,16 @@ def _embedding(models: list[CatalogModel], settings: dict[str, Any]) -> Applicat
     return embedding.bind(models, settings)
 
 
+def _text(name: str) -> DeploymentBuilder:
+    def build(models: list[CatalogModel], settings: dict[str, Any]) -> Application:
+        from deployments import text
+
+        return text.bind(name, models, settings)
+
+    return build
+
+
 MODEL_DEPLOYMENTS: dict[str, DeploymentBuilder] = {
     "embedding": _embedding,
+    **{name: _text(name) for name in ("text-xs", "text-s", "text-m", "text-l")},
 }

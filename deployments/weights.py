@@ -56,7 +56,8 @@ def convert_smollm2(target: Path) -> Path:
     with FileLock(str(target) + ".lock"):
         if marker.exists():
             return target
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
         gguf = smollm2_gguf()
         started = time.monotonic()
@@ -64,13 +65,76 @@ def convert_smollm2(target: Path) -> Path:
         _log("  [1/3] reading the tokenizer and chat template")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         _log("  [2/3] dequantizing the weights")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # Unpack the 4-bit blocks into a dense model: a GGUF-quantized model cannot be saved.
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
+            quantization_config=GgufConfig(dequantize=True))
         _log("  [3/3] writing safetensors")
         model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
         marker.write_text(json.dumps({"source": gguf.name}))
         _log(f"  done in {time.monotonic() - started:.1f}s")
     return target
+
+
+def build_tiny_chat_model(target: Path, seed: int = 1234) -> Path:
+    """A tiny Llama (about 3M parameters, random weights from a fixed seed) with SmolLM2's
+    tokenizer and chat template: it loads and generates like a real model in seconds, for
+    tests. Its output is noise; constrained output (JSON schema, tool calls) is still valid."""
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if marker.exists():
+            return target
+        import torch
+        from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+        gguf = smollm2_gguf()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            # vLLM's CPU attention needs a head size of 32 or more.
+            head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+            for index, param in enumerate(model.parameters()):
+                if param.dim() > 1:
+                    param.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(seed + index))
+        model.to(torch.float32).eval().save_pretrained(target, safe_serialization=True)
+        GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                         pad_token_id=config.pad_token_id).save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        marker.write_text(json.dumps({"seed": seed}))
+    return target
+
+
+BUILDERS = {"smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model}
+
+
+def prepare_weights(spec: str, engine_options: dict) -> Path:
+    """The weights folder of a model, built first when the catalog says how."""
+    builder = engine_options.get("build")
+    if builder:
+        return BUILDERS[builder](Path(spec))
+    return resolve_weights(spec)
+
+
+def check_weights(model, data_dir: Path) -> None:
+    """Fail at build time, with the model's name, when its weights cannot be found (Serve would
+    otherwise retry a failing replica forever)."""
+    spec = model.weights_spec(data_dir)
+    if spec is None or model.engine_options.get("build"):
+        return
+    path = resolve_weights(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"weights of model {model.id!r} not found at {path} "
+                                f"(catalog: {spec})")
 
 
 def main(argv: list[str]) -> int:
@@ -82,9 +146,8 @@ def main(argv: list[str]) -> int:
 
     settings = Settings()
     for model in load_catalog(settings.model_catalog).models:
-        builder = model.engine_options.get("build")
-        if builder == "smollm2-gguf":
-            convert_smollm2(Path(model.weights_spec(settings.data_dir)))
+        if model.engine_options.get("build"):
+            prepare_weights(model.weights_spec(settings.data_dir), model.engine_options)
     return 0
 
 

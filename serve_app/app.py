@@ -15,6 +15,7 @@ from ray import serve
 from ray.serve.deployment import Application
 
 from deployments import MODEL_DEPLOYMENTS
+from deployments.weights import check_weights
 from serve_app.catalog import load_catalog
 from serve_app.control.key_events import KeyEventHub, ServeKeyEvents
 from serve_app.db.bootstrap import bootstrap
@@ -74,6 +75,10 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     unknown = [d for d in wanted if d not in MODEL_DEPLOYMENTS]
     if unknown:
         raise ValueError(f"no model deployment named {unknown}; known: {sorted(MODEL_DEPLOYMENTS)}")
+    for name in wanted:
+        for model in catalog.models:
+            if model.deployment == name:
+                check_weights(model, settings.data_dir)
     handles = {
         name: MODEL_DEPLOYMENTS[name](
             [m for m in catalog.models if m.deployment == name], settings.model_dump(mode="json"))

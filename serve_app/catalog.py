@@ -166,6 +166,9 @@ class Catalog(BaseModel):
     traits: dict[str, dict[str, str]] = Field(default_factory=dict)  # type -> trait -> model id
     compatibility_mapping: dict[str, dict[str, str]] = Field(default_factory=dict)
     image_styles: list[str] = Field(default_factory=list)
+    # The service's default system prompt, placed before the caller's system prompts unless a
+    # request sets `service_parameters.include_service_system_prompt: false`.
+    service_system_prompt: str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> Catalog:

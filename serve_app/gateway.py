@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import api_keys, embeddings, models
+from serve_app.api import api_keys, chat, embeddings, models
 from serve_app.errors import install_error_handlers
 from serve_app.middleware import RequestIdLogFilter, ServiceHeadersMiddleware
 from serve_app.state import GatewayState
@@ -26,16 +26,19 @@ convention work against this base URL. Authenticate with `Authorization: Bearer 
 
 
 def configure_logging() -> None:
-    root = logging.getLogger("serve_app")
-    if not any(isinstance(f, RequestIdLogFilter) for f in root.filters):
+    """Records of `serve_app.*` carry the request id. Under Serve they propagate to the
+    replica's log file; with no handler anywhere (plain uvicorn), they go to stderr."""
+    logger = logging.getLogger("serve_app")
+    logger.setLevel(logging.INFO)
+    for target in (logger, *logger.handlers):
+        if not any(isinstance(f, RequestIdLogFilter) for f in target.filters):
+            target.addFilter(RequestIdLogFilter())
+    if not logging.getLogger().handlers and not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s [request %(request_id)s] %(message)s"))
         handler.addFilter(RequestIdLogFilter())
-        root.addHandler(handler)
-        root.addFilter(RequestIdLogFilter())
-        root.setLevel(logging.INFO)
-        root.propagate = False
+        logger.addHandler(handler)
 
 
 def create_app(state: GatewayState) -> FastAPI:
@@ -64,6 +67,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(models.router)
     app.include_router(api_keys.router)
     app.include_router(embeddings.router)
+    app.include_router(chat.router)
     app.add_middleware(ServiceHeadersMiddleware)
     return app
 

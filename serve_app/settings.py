@@ -30,6 +30,15 @@ class Settings(BaseSettings):
     # and writes batched `lastUsedAt` stamps.
     key_sync_interval_s: float = 2.0
     access_log: bool = False
+    # Web search provider for `enable_web_search` (see serve_app/chat/web.py); unset: none.
+    web_search_url: str | None = None
+    web_search_api_key: str | None = None
+    # `host:port` pairs the server may fetch although they are private (comma-separated).
+    web_fetch_allowed_hosts: str = ""
+
+    @property
+    def allowed_fetch_hosts(self) -> frozenset[str]:
+        return frozenset(h.strip() for h in self.web_fetch_allowed_hosts.split(",") if h.strip())
 
     @field_validator("data_dir", "model_catalog")
     @classmethod

@@ -11,8 +11,10 @@ from sqlalchemy.engine import Engine
 
 from serve_app.auth.key_store import KeyStore
 from serve_app.catalog import Catalog, load_catalog
+from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
 from serve_app.db.engine import make_engine
+from serve_app.net_guard import GuardedFetcher
 from serve_app.routing import ModelRouter
 from serve_app.settings import Settings
 
@@ -25,6 +27,7 @@ class GatewayState:
     keys: KeyStore
     key_events: KeyEvents
     router: ModelRouter
+    web: WebTools
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -45,6 +48,8 @@ class GatewayState:
             keys=KeyStore(engine, ttl_s=settings.key_cache_ttl_s),
             key_events=key_events or LocalKeyEvents(),
             router=ModelRouter(catalog, handles or {}),
+            web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
+                         settings.web_search_url, settings.web_search_api_key),
         )
 
     async def start(self) -> None:

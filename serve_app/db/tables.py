@@ -85,3 +85,16 @@ class ApiKey(SQLModel, table=True):
                                  sa_column=_utc_column(nullable=False, index=True))
     last_used_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
     deleted_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+
+
+class Character(SQLModel, table=True):
+    """A public persona for chat: `service_parameters.character_slug` selects its prompt."""
+
+    __tablename__ = "characters"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    slug: str = Field(max_length=128, unique=True, index=True)
+    name: str = Field(max_length=128)
+    description: str = Field(default="", max_length=2000)
+    system_prompt: str = Field(default="", max_length=20000)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))

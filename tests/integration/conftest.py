@@ -11,11 +11,16 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.integration.web_server import FakeWeb
+
 ADMIN_KEY = "sk-integration-admin-key-000000000001"
+REPO = Path(__file__).resolve().parents[2]
+CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
 GATEWAY_REPLICAS = 2
 
 
@@ -40,6 +45,7 @@ def _free_port_run(count: int) -> int:
 @dataclass
 class Platform:
     replica_urls: list[str]
+    web: FakeWeb
     admin_key: str = ADMIN_KEY
     clients: list[httpx.Client] = field(default_factory=list)
 
@@ -82,20 +88,37 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     from serve_app.app import build_app
 
     data_dir = tmp_path_factory.mktemp("platform-data")
+    # Built model folders outlive the session: the tiny model takes seconds, SmolLM2 ~40 s.
+    os.environ.setdefault("TEST_MODEL_DIR", str(REPO / ".cache" / "models"))
+    web = FakeWeb()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": base + GATEWAY_REPLICAS})
     app = build_app({
         "settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
-                     "initial_credit_usd": 100},
+                     "initial_credit_usd": 100, "model_catalog": str(CATALOG),
+                     "web_search_url": f"{web.base}/search",
+                     "web_fetch_allowed_hosts": f"127.0.0.1:{web.port}"},
         "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
+        # text-m stays down: its model tests fallbacks and MODEL_OFFLINE.
+        "model_deployments": ["text-xs", "text-s", "embedding"],
     })
     serve.run(app, name="inference", route_prefix="/api/v1", blocking=False)
     urls = [f"http://127.0.0.1:{base + i}/api/v1" for i in range(GATEWAY_REPLICAS)]
     for url in urls:
         _wait_for(f"{url}/models")
+    # Serve answers before the model replicas are up: wait until they are.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = serve.status().applications["inference"].status
+        if status == "RUNNING":
+            break
+        if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+            raise RuntimeError(f"application failed: {serve.status().applications['inference']}")
+        time.sleep(1)
     try:
-        yield Platform(replica_urls=urls)
+        yield Platform(replica_urls=urls, web=web)
     finally:
+        web.close()
         # serve.shutdown() costs seconds and ray.shutdown() ends Serve with the cluster.
         ray.shutdown()
 

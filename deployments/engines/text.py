@@ -1,0 +1,199 @@
+"""Text engines behind one interface: `generate(request)` yields chunk dicts, so the deployment
+and the gateway never see which engine runs.
+
+A request is plain data (built by the gateway, serve_app/chat/engine_request.py):
+  {"request_id", "messages": [{role, content, ...}], "tools", "chat_template_kwargs",
+   "sampling": {temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+                repetition_penalty, seed, stop, stop_token_ids, max_tokens, n, logprobs,
+                top_logprobs}, "json_schema", "max_tokens_explicit"}
+Chunks:
+  {"index", "text", "tokens", "finish_reason", "logprobs"}   one choice advanced
+  {"usage": {"prompt_tokens", "completion_tokens"}}           last
+  {"error": {...}}                                           instead of anything else
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from deployments.errors import engine_error
+
+logger = logging.getLogger("deployments.text")
+
+
+class TextEngine(Protocol):
+    max_model_len: int
+
+    def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            flags = fh.read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _logprob_entries(tokenizer: Any, token_ids: list[int], logprobs: list[dict] | None,
+                     top: int) -> list[dict[str, Any]] | None:
+    if logprobs is None:
+        return None
+    entries = []
+    for token_id, candidates in zip(token_ids, logprobs, strict=False):
+        chosen = candidates.get(token_id)
+        token = chosen.decoded_token if chosen and chosen.decoded_token is not None \
+            else tokenizer.decode([token_id])
+        ranked = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top]
+        entries.append({
+            "token": token,
+            "logprob": float(chosen.logprob) if chosen else float("-inf"),
+            "bytes": list(token.encode("utf-8")),
+            "top_logprobs": [
+                {"token": (lp.decoded_token if lp.decoded_token is not None
+                           else tokenizer.decode([tid])),
+                 "logprob": float(lp.logprob),
+                 "bytes": list((lp.decoded_token or "").encode("utf-8"))}
+                for tid, lp in ranked],
+        })
+    return entries
+
+
+class VLLMEngine:
+    """vLLM's in-process async engine (`AsyncLLM`), streaming one delta per engine step."""
+
+    def __init__(self, model_path: str, options: dict[str, Any]) -> None:
+        from vllm.config import StructuredOutputsConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        dtype = options.get("dtype", "auto")
+        if dtype == "auto" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+            # Without native bf16 a CPU runs float32 3-4x faster than emulated bf16.
+            dtype = "bfloat16" if cpu_has_bf16() else "float32"
+        self.max_model_len = int(options.get("max_model_len", 2048))
+        args = AsyncEngineArgs(
+            model=model_path,
+            tokenizer=model_path,
+            dtype=dtype,
+            enforce_eager=bool(options.get("enforce_eager", True)),
+            max_model_len=self.max_model_len,
+            max_num_seqs=int(options.get("max_num_seqs", 8)),
+            disable_log_stats=True,
+            seed=int(options.get("seed", 0)),
+            # Compact JSON under a schema: fewer tokens, and no model can pad it with endless
+            # whitespace until max_tokens.
+            structured_outputs_config=StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True),
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        self.tokenizer = self.engine.get_tokenizer()
+        # Completion tokens of requests cancelled mid-stream (most recent last).
+        self.cancelled: collections.deque[int] = collections.deque(maxlen=100)
+
+    async def _render(self, request: dict[str, Any]) -> dict[str, Any]:
+        from vllm.renderers.params import ChatParams
+
+        renderer = self.engine.renderer
+        kwargs = {"add_generation_prompt": True, "continue_final_message": False,
+                  **request.get("chat_template_kwargs", {})}
+        if request.get("tools"):
+            kwargs["tools"] = request["tools"]
+        chat_params = ChatParams(chat_template=None, chat_template_kwargs=kwargs)
+        tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
+        _, (engine_input,) = await renderer.render_chat_async(
+            [request["messages"]], chat_params, tok_params)
+        return engine_input
+
+    def _sampling_params(self, request: dict[str, Any], prompt_tokens: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        s = dict(request["sampling"])
+        room = self.max_model_len - prompt_tokens
+        max_tokens = s.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = room
+        elif max_tokens > room:
+            raise _TooManyTokens(prompt_tokens, max_tokens, self.max_model_len)
+        if max_tokens < 1:
+            raise _TooManyTokens(prompt_tokens, 1, self.max_model_len)
+        params: dict[str, Any] = {
+            "n": s.get("n", 1),
+            "max_tokens": max_tokens,
+            "output_kind": RequestOutputKind.DELTA,
+            "stop": s.get("stop") or None,
+            "stop_token_ids": s.get("stop_token_ids") or None,
+            "seed": s.get("seed"),
+        }
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if s.get(name) is not None:
+                params[name] = s[name]
+        if s.get("top_k") is not None:
+            params["top_k"] = s["top_k"] if s["top_k"] > 0 else 0
+        if s.get("logprobs"):
+            params["logprobs"] = max(1, s.get("top_logprobs") or 0)
+        if request.get("json_schema") is not None:
+            params["structured_outputs"] = StructuredOutputsParams(json=request["json_schema"])
+        return SamplingParams(**params)
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            engine_input = await self._render(request)
+            prompt_tokens = len(engine_input["prompt_token_ids"])
+            params = self._sampling_params(request, prompt_tokens)
+        except _TooManyTokens as exc:
+            yield engine_error(400, str(exc), code="TOO_MANY_TOKENS", field="max_tokens")
+            return
+        except (ValueError, TypeError) as exc:
+            yield engine_error(400, f"Invalid generation parameters: {exc}")
+            return
+        top = (request["sampling"].get("top_logprobs") or 0)
+        completion = 0
+        try:
+            # Cancelling this generator (a client that disconnects) makes vLLM abort.
+            async for out in self.engine.generate(engine_input, params, request["request_id"]):
+                for choice in out.outputs:
+                    completion += len(choice.token_ids)
+                    yield self._chunk(choice, params, top)
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled.append(completion)
+            raise
+        yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion}}
+
+    def _chunk(self, choice: Any, params: Any, top: int) -> dict[str, Any]:
+        return {
+            "index": choice.index,
+            "text": choice.text,
+            "tokens": len(choice.token_ids),
+            "finish_reason": choice.finish_reason,
+            "logprobs": _logprob_entries(self.tokenizer, list(choice.token_ids),
+                                         choice.logprobs, top) if params.logprobs else None,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {"unfinished": int(self.engine.get_num_unfinished_requests()),
+                "cancelled_tokens": list(self.cancelled)}
+
+    async def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+class _TooManyTokens(Exception):
+    def __init__(self, prompt: int, completion: int, context: int) -> None:
+        super().__init__(f"The prompt has {prompt} tokens and {completion} more were asked "
+                         f"for; the model's context holds {context}")
+
+
+ENGINES: dict[str, type] = {"vllm": VLLMEngine}

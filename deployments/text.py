@@ -1,0 +1,76 @@
+"""Text deployments, one per size class (text-xs, text-s, text-m, text-l): each replica holds
+the engines of the catalog models assigned to its class and streams their chunks."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from deployments.engines.text import ENGINES, TextEngine
+from deployments.errors import engine_error
+from deployments.weights import prepare_weights
+
+logger = logging.getLogger("deployments.text")
+
+# Settings for the CPU build of vLLM (ignored by the GPU build); the configs override them.
+CPU_ENGINE_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": CPU_ENGINE_ENV}},
+    max_ongoing_requests=16,
+    max_queued_requests=64,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
+    request_router_config={
+        "request_router_class": "deployments.routing:CacheKeyAffinityRouter"},
+    health_check_period_s=10,
+    graceful_shutdown_timeout_s=20,
+)
+class TextDeployment:
+    def __init__(self, models: list[dict[str, Any]]) -> None:
+        self.engines: dict[str, TextEngine] = {}
+        for model in models:
+            path = prepare_weights(model["weights"], model["engine_options"])
+            options = {k: v for k, v in model["engine_options"].items() if k != "build"}
+            self.engines[model["id"]] = ENGINES[model["engine"]](str(path), options)
+            logger.info("text model %s loaded from %s", model["id"], path)
+
+    async def generate(self, model_id: str, request: dict[str, Any]
+                       ) -> AsyncIterator[dict[str, Any]]:
+        engine = self.engines.get(model_id)
+        if engine is None:
+            yield engine_error(404, f"Model {model_id!r} is not served here",
+                               code="MODEL_NOT_FOUND")
+            return
+        async for chunk in engine.generate(request):
+            yield chunk
+
+    async def stats(self) -> dict[str, dict[str, Any]]:
+        """Per model: requests in progress, and tokens of requests cancelled mid-stream."""
+        return {model_id: engine.stats() for model_id, engine in self.engines.items()}
+
+    def __del__(self) -> None:
+        for engine in getattr(self, "engines", {}).values():
+            with contextlib.suppress(Exception):  # shutting down: nothing left to tell
+                engine.engine.shutdown()  # type: ignore[attr-defined]
+
+
+def bind(name: str, models: list, settings: dict[str, Any]):
+    data_dir = Path(settings["data_dir"])
+    specs = [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
+              "engine_options": dict(m.engine_options)} for m in models]
+    return TextDeployment.options(name=name).bind(specs)

@@ -1,0 +1,144 @@
+"""The conversation the engine sees: system prompts composed in order (the service's default,
+a character's, web context, tool descriptions, then the caller's), multimodal parts checked
+against the model's capabilities, files turned into text, tool turns written as plain text."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.catalog import CatalogModel
+from serve_app.chat.files import extract_file_text
+from serve_app.chat.web import WebDocument
+from serve_app.errors import ApiError, nest_errors
+from serve_app.schemas.chat import (
+    AudioPart,
+    ChatCompletionRequest,
+    ChatMessage,
+    FilePart,
+    ImagePart,
+    TextPart,
+    VideoPart,
+)
+
+
+class UnsupportedFeature(ApiError):
+    """A request for something the model cannot do (counted by the error budget)."""
+
+    def __init__(self, message: str, field_name: str | None = None) -> None:
+        super().__init__(400, message, code="INVALID_MODEL",
+                         details=nest_errors([((field_name,) if field_name else (), message)]))
+
+
+_PART_CAPABILITY = {
+    ImagePart: ("supportsVision", "image inputs (image_url)"),
+    AudioPart: ("supportsAudioInput", "audio inputs (input_audio)"),
+    VideoPart: ("supportsVideoInput", "video inputs (video_url)"),
+}
+
+
+def check_capabilities(req: ChatCompletionRequest, model: CatalogModel) -> None:
+    caps = model.capabilities
+    for message in req.messages:
+        if isinstance(message.content, list):
+            for part in message.content:
+                needed = _PART_CAPABILITY.get(type(part))
+                if needed and not caps.get(needed[0]):
+                    raise UnsupportedFeature(f"Model {model.id} does not accept {needed[1]}",
+                                             "messages")
+    if req.tools and req.tool_choice != "none" and not caps.get("supportsFunctionCalling"):
+        raise UnsupportedFeature(f"Model {model.id} does not support tools", "tools")
+    if req.response_format and req.response_format.type != "text" \
+            and not caps.get("supportsResponseSchema"):
+        raise UnsupportedFeature(f"Model {model.id} does not support response_format",
+                                 "response_format")
+    if req.logprobs and not caps.get("supportsLogProbs"):
+        raise UnsupportedFeature(f"Model {model.id} does not return logprobs", "logprobs")
+    wants_reasoning = (req.reasoning_effort not in (None, "none")) or (
+        req.reasoning is not None and (req.reasoning.enabled or
+                                       req.reasoning.effort not in (None, "none")))
+    if wants_reasoning and not caps.get("supportsReasoning"):
+        raise UnsupportedFeature(f"Model {model.id} is not a reasoning model", "reasoning")
+    sp = req.service_parameters
+    if sp.enable_e2ee and not caps.get("supportsE2EE"):
+        raise UnsupportedFeature(f"Model {model.id} does not support end-to-end encryption",
+                                 "service_parameters")
+    if sp.enable_x_search and not caps.get("supportsXSearch"):
+        raise UnsupportedFeature(f"Model {model.id} has no native X search",
+                                 "service_parameters")
+    if sp.enable_web_search == "on" and not caps.get("supportsWebSearch"):
+        raise UnsupportedFeature(f"Model {model.id} does not support web search",
+                                 "service_parameters")
+
+
+@dataclass
+class Composition:
+    service_prompt: str = ""
+    character_prompt: str = ""
+    web_documents: list[WebDocument] = field(default_factory=list)
+    citations: bool = False
+    tools_prompt: str = ""
+
+
+def _web_block(docs: list[WebDocument], citations: bool) -> str:
+    lines = ["Use these web results to answer; they are more recent than your knowledge."]
+    for number, doc in enumerate(docs, start=1):
+        lines.append(f"[{number}] {doc.title} ({doc.url})\n{doc.content}")
+    if citations:
+        lines.append("Cite the results you use with caret superscripts such as ^1^ or ^1,2^ "
+                     "after the sentence; never use brackets for citations.")
+    return "\n\n".join(lines)
+
+
+def _content_text(message: ChatMessage) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    pieces = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            pieces.append(part.text)
+        elif isinstance(part, FilePart):
+            text = extract_file_text(part.file.file_data, part.file.filename)
+            pieces.append(f"[File: {part.file.filename or 'attachment'}]\n{text}")
+    return "\n\n".join(pieces)
+
+
+def engine_messages(req: ChatCompletionRequest, comp: Composition) -> list[dict[str, Any]]:
+    system_parts = [comp.service_prompt, comp.character_prompt]
+    if comp.web_documents:
+        system_parts.append(_web_block(comp.web_documents, comp.citations))
+    system_parts.append(comp.tools_prompt)
+    conversation: list[dict[str, Any]] = []
+    for message in req.messages:
+        text = _content_text(message)
+        if message.role in ("system", "developer"):
+            system_parts.append(text)
+        elif message.role == "tool":
+            conversation.append({"role": "user",
+                                 "content": f"Result of tool call {message.tool_call_id}: {text}"})
+        elif message.role == "assistant" and message.tool_calls:
+            calls = "".join(
+                "<tool_call>" + json.dumps({"name": c.function.name,
+                                            "arguments": _json_or_text(c.function.arguments)})
+                + "</tool_call>" for c in message.tool_calls)
+            conversation.append({"role": "assistant", "content": (text + calls).strip()})
+        else:
+            conversation.append({"role": message.role, "content": text})
+    system = "\n\n".join(p.strip() for p in system_parts if p and p.strip())
+    return ([{"role": "system", "content": system}] if system else []) + conversation
+
+
+def _json_or_text(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+def last_user_text(req: ChatCompletionRequest) -> str:
+    for message in reversed(req.messages):
+        if message.role == "user":
+            return _content_text(message) if not isinstance(message.content, list) else \
+                "\n".join(p.text for p in message.content if isinstance(p, TextPart))
+    return ""

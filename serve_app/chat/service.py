@@ -1,0 +1,339 @@
+"""Chat completions, engine-agnostic: plan the request (model and fallbacks, composed prompt,
+sampling, output constraints), run it on the text deployment, and shape the answer as a
+chat.completion object or a stream of chat.completion.chunk events."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlmodel import select
+
+from serve_app.api.deps import run_db
+from serve_app.chat import tools as tool_calls
+from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
+from serve_app.chat.prompt import (
+    Composition,
+    UnsupportedFeature,
+    check_capabilities,
+    engine_messages,
+    last_user_text,
+)
+from serve_app.chat.web import WebDocument, WebUnavailable, find_urls
+from serve_app.db.tables import Character
+from serve_app.errors import ApiError
+from serve_app.model_calls import ModelFailed, stream_model
+from serve_app.routing import RoutedModel
+from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
+from serve_app.state import GatewayState
+
+
+@dataclass
+class Usage:
+    """What the engine produced for one request, kept current while it streams."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+@dataclass
+class ChatPlan:
+    request_id: str
+    req: ChatCompletionRequest
+    params: ServiceParameters
+    candidates: list[RoutedModel]
+    engine_request: dict[str, Any]
+    tool_mode: str
+    web_documents: list[WebDocument] = field(default_factory=list)
+    scraped_urls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    answered_by: RoutedModel | None = None
+
+    @property
+    def known_tools(self) -> set[str]:
+        return {t.function.name for t in self.req.tools or []}
+
+    def output_filter(self) -> TextFilter:
+        filters: list[TextFilter] = []
+        if self.params.strip_thinking_response or self.params.disable_thinking:
+            filters.append(ThinkStripper())
+        if self.params.enable_web_citations and self.web_documents:
+            filters.append(CaretCitations())
+        return FilterChain(filters)
+
+
+def _service_parameters(req: ChatCompletionRequest, suffix: dict[str, Any]) -> ServiceParameters:
+    """Body values win over the same parameters given as a model-name suffix."""
+    merged = {**suffix, **req.service_parameters.model_dump(
+        exclude_unset=True, exclude_defaults=False)}
+    try:
+        return ServiceParameters.model_validate(merged)
+    except Exception as exc:
+        raise ApiError(400, f"Invalid model suffix parameters: {exc}",
+                       code="INVALID_REQUEST") from exc
+
+
+def _sampling(req: ChatCompletionRequest, routed: RoutedModel) -> dict[str, Any]:
+    model = routed.model
+    defaults = {k: v.get("default") for k, v in model.constraints.items() if isinstance(v, dict)}
+    temperature = req.temperature if req.temperature is not None else defaults.get("temperature")
+    if temperature is not None:
+        # min_temp/max_temp bound the sampling temperature.
+        if req.min_temp is not None:
+            temperature = max(temperature, req.min_temp)
+        if req.max_temp is not None:
+            temperature = min(temperature, req.max_temp)
+    max_tokens = req.completion_limit
+    if model.max_completion_tokens:
+        max_tokens = min(max_tokens or model.max_completion_tokens, model.max_completion_tokens)
+    return {
+        "temperature": temperature,
+        "top_p": req.top_p if req.top_p is not None else defaults.get("top_p"),
+        "top_k": req.top_k, "min_p": req.min_p,
+        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty, "seed": req.seed,
+        "stop": req.stop_list, "stop_token_ids": req.stop_token_ids or [],
+        "max_tokens": max_tokens, "n": req.n,
+        "logprobs": req.logprobs, "top_logprobs": req.top_logprobs,
+    }
+
+
+def _output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | None:
+    if mode == "forced":
+        return tool_calls.forced_call_schema(req)
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    return fmt.json_schema.schema_ if fmt.json_schema else None
+
+
+async def _character_prompt(state: GatewayState, slug: str) -> str:
+    def load(session) -> Character | None:
+        return session.exec(select(Character).where(Character.slug == slug)).first()
+
+    character = await run_db(state, load)
+    if character is None:
+        raise ApiError(404, f"Character {slug!r} not found", code="CHARACTER_NOT_FOUND")
+    return character.system_prompt
+
+
+async def _web_context(state: GatewayState, plan: ChatPlan) -> None:
+    params, text = plan.params, last_user_text(plan.req)
+    if params.enable_web_scraping:
+        urls = find_urls(text)
+        if urls:
+            plan.web_documents = await state.web.scrape(urls)
+            plan.scraped_urls = len(plan.web_documents)
+    if plan.web_documents or params.enable_web_search == "off":
+        return  # scraped pages take the place of a search
+    if not state.web.search_available:
+        if params.enable_web_search == "on":
+            raise UnsupportedFeature("Web search is not configured on this server",
+                                     "service_parameters")
+        return
+    try:
+        plan.web_documents = await state.web.search(text[:500])
+    except WebUnavailable as exc:
+        if params.enable_web_search == "on":
+            raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
+
+
+async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
+                    request_id: str) -> ChatPlan:
+    primary = state.router.resolve(req.model, "text")
+    candidates = [primary] + [state.router.resolve(f.model, "text") for f in req.fallbacks or []]
+    params = _service_parameters(req, primary.suffix_params)
+    req = req.model_copy(update={"service_parameters": params})
+    check_capabilities(req, primary.model)
+    mode = tool_calls.tool_mode(req)
+    plan = ChatPlan(request_id=request_id, req=req, params=params, candidates=candidates,
+                    engine_request={}, tool_mode=mode)
+    comp = Composition(citations=params.enable_web_citations)
+    if params.include_service_system_prompt:
+        comp.service_prompt = state.catalog.service_system_prompt
+    if params.character_slug:
+        comp.character_prompt = await _character_prompt(state, params.character_slug)
+    if mode != "none":
+        comp.tools_prompt = tool_calls.tools_system_prompt(req)
+    if params.enable_web_scraping or params.enable_web_search != "off":
+        await _web_context(state, plan)
+    comp.web_documents = plan.web_documents
+    plan.engine_request = {
+        "request_id": request_id,
+        "messages": engine_messages(req, comp),
+        "sampling": _sampling(req, primary),
+        "json_schema": _output_schema(req, mode),
+        "chat_template_kwargs": {"enable_thinking": False} if params.disable_thinking else {},
+        "prompt_cache_key": req.prompt_cache_key,
+    }
+    return plan
+
+
+async def _open_stream(plan: ChatPlan, state: GatewayState
+                       ) -> tuple[RoutedModel, AsyncIterator[dict[str, Any]], dict[str, Any]]:
+    """The first model (in fallback order) that starts answering, its stream and first chunk."""
+    last_error: ApiError | None = None
+    for routed in plan.candidates:
+        try:
+            handle = state.router.handle(routed.model)
+            request = dict(plan.engine_request, sampling=_sampling(plan.req, routed))
+            stream = stream_model(handle.generate, routed.model.id, routed.model.id, request)
+            first = await anext(stream)
+            return routed, stream, first
+        except ModelFailed as exc:
+            last_error = exc
+        except ApiError as exc:
+            if exc.status != 503:
+                raise
+            last_error = exc
+    assert last_error is not None
+    raise last_error
+
+
+def _chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
+                       ) -> AsyncIterator[dict[str, Any]]:
+    async def gen():
+        yield first
+        async for chunk in rest:
+            yield chunk
+
+    return gen()
+
+
+def _choice_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return {"content": entries} if entries is not None else None
+
+
+def _citations(plan: ChatPlan) -> list[dict[str, str]]:
+    return [d.as_dict() for d in plan.web_documents]
+
+
+async def run_unary(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
+    routed, stream, first = await _open_stream(plan, state)
+    plan.answered_by = routed
+    texts: dict[int, str] = {}
+    finish: dict[int, str | None] = {}
+    logprobs: dict[int, list] = {}
+    async for chunk in _chunks_with_first(first, stream):
+        if "usage" in chunk:
+            plan.usage.prompt_tokens = chunk["usage"]["prompt_tokens"]
+            plan.usage.completion_tokens = chunk["usage"]["completion_tokens"]
+            continue
+        i = chunk["index"]
+        texts[i] = texts.get(i, "") + chunk["text"]
+        if chunk.get("logprobs") is not None:
+            logprobs.setdefault(i, []).extend(chunk["logprobs"])
+        if chunk.get("finish_reason"):
+            finish[i] = chunk["finish_reason"]
+    choices = []
+    for i in sorted(texts):
+        f = plan.output_filter()
+        content = f.feed(texts[i]) + f.flush()
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        reason = finish.get(i) or "stop"
+        if plan.tool_mode != "none":
+            calls = tool_calls.parse_calls(content, plan.known_tools)
+            if calls:
+                message = {"role": "assistant", "content": None, "tool_calls": calls}
+                reason = "tool_calls"
+        if plan.params.return_search_results_as_documents and plan.web_documents:
+            message.setdefault("tool_calls", []).append(tool_calls.new_call(
+                "web_search_documents", {"documents": _citations(plan)}))
+        choices.append({"index": i, "message": message, "logprobs": _choice_logprobs(
+            logprobs.get(i)), "finish_reason": reason})
+    response: dict[str, Any] = {
+        "id": f"chatcmpl-{plan.request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": routed.model.id,
+        "choices": choices,
+        "usage": plan.usage.as_dict(),
+        "system_fingerprint": None,
+    }
+    if plan.web_documents:
+        response["service_parameters"] = {"web_search_citations": _citations(plan)}
+    return response
+
+
+def _sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+async def open_stream(plan: ChatPlan, state: GatewayState
+                      ) -> tuple[RoutedModel, AsyncIterator[str]]:
+    """Start the model (fallbacks included) before the response starts, so that a failure to
+    start is still an ordinary error response; then stream the rest as SSE events."""
+    routed, stream, first = await _open_stream(plan, state)
+    plan.answered_by = routed
+    return routed, _sse_events(plan, routed, _chunks_with_first(first, stream))
+
+
+async def _sse_events(plan: ChatPlan, routed: RoutedModel,
+                      chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    base = {"id": f"chatcmpl-{plan.request_id}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": routed.model.id}
+
+    def event(index: int, delta: dict[str, Any], finish: str | None = None,
+              logprobs: list | None = None) -> str:
+        return _sse({**base, "choices": [{"index": index, "delta": delta,
+                                          "logprobs": _choice_logprobs(logprobs),
+                                          "finish_reason": finish}]})
+
+    filters: dict[int, TextFilter] = {}
+    held: dict[int, str] = {}  # text held back while it may still be a tool call
+    started: set[int] = set()
+    if plan.params.include_search_results_in_stream and plan.web_documents:
+        yield _sse({**base, "choices": [],
+                    "service_parameters": {"web_search_citations": _citations(plan)}})
+    try:
+        async for chunk in chunks:
+            if "usage" in chunk:
+                plan.usage.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                plan.usage.completion_tokens = chunk["usage"]["completion_tokens"]
+                continue
+            i = chunk["index"]
+            plan.usage.completion_tokens += chunk.get("tokens", 0)
+            f = filters.setdefault(i, plan.output_filter())
+            text = f.feed(chunk["text"])
+            if i not in started:
+                started.add(i)
+                yield event(i, {"role": "assistant", "content": ""})
+            if plan.tool_mode != "none":
+                held[i] = held.get(i, "") + text
+                if plan.tool_mode == "auto" and not tool_calls.may_be_call(held[i]):
+                    text, held[i] = held[i], ""
+                else:
+                    text = ""
+            if text or chunk.get("logprobs"):
+                yield event(i, {"content": text}, logprobs=chunk.get("logprobs"))
+            if chunk.get("finish_reason"):
+                rest = held.pop(i, "") + f.flush()
+                reason = chunk["finish_reason"]
+                calls = tool_calls.parse_calls(rest, plan.known_tools) \
+                    if plan.tool_mode != "none" else None
+                if calls:
+                    yield event(i, {"tool_calls": [dict(c, index=n) for n, c in
+                                                   enumerate(calls)]})
+                    reason = "tool_calls"
+                elif rest:
+                    yield event(i, {"content": rest})
+                yield event(i, {}, finish=reason)
+        if plan.req.stream_options and plan.req.stream_options.include_usage:
+            yield _sse({**base, "choices": [], "usage": plan.usage.as_dict()})
+        yield _sse("[DONE]")
+    except ApiError as exc:
+        # The response has started: report the failure in the stream itself.
+        yield _sse({"error": exc.message, "code": exc.code})
+        yield _sse("[DONE]")

@@ -1,0 +1,74 @@
+"""Tool calling for any model: the tools are described in the system prompt; a required or
+named tool is enforced by a JSON schema on the output (structured generation), so even a small
+model returns a well-formed call; with `auto`, a reply in the tool-call form is parsed out."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from serve_app.schemas.chat import ChatCompletionRequest, ToolChoiceFunction
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def tool_mode(req: ChatCompletionRequest) -> str:
+    """`none`, `auto` or `forced`."""
+    if not req.tools or req.tool_choice == "none":
+        return "none"
+    if req.tool_choice == "required" or isinstance(req.tool_choice, ToolChoiceFunction):
+        return "forced"
+    return "auto"
+
+
+def tools_system_prompt(req: ChatCompletionRequest) -> str:
+    specs = "\n".join(json.dumps(t.function.model_dump(exclude_none=True)) for t in req.tools or [])
+    return ("You can call these functions:\n" + specs + "\nTo call one, reply with only "
+            '<tool_call>{"name": <function name>, "arguments": {<arguments>}}</tool_call>.')
+
+
+def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object",
+            "properties": {"name": {"type": "string", "const": name},
+                           "arguments": parameters or {"type": "object"}},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def forced_call_schema(req: ChatCompletionRequest) -> dict[str, Any]:
+    tools = req.tools or []
+    if isinstance(req.tool_choice, ToolChoiceFunction):
+        tools = [t for t in tools if t.function.name == req.tool_choice.function.name]
+    options = [_call_schema(t.function.name, t.function.parameters) for t in tools]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def new_call(name: str, arguments: Any) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": args}}
+
+
+def parse_calls(text: str, known: set[str]) -> list[dict[str, Any]] | None:
+    """Tool calls in a reply (`<tool_call>{...}</tool_call>` blocks or one bare JSON object
+    naming a known function), or None when the reply is ordinary text."""
+    bodies = _TAGGED.findall(text) or ([text.strip()] if text.strip().startswith("{") else [])
+    calls = []
+    for body in bodies:
+        try:
+            # strict=False: a model may put raw control characters (a tab) inside strings.
+            obj = json.loads(body, strict=False)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict) or obj.get("name") not in known:
+            return None
+        calls.append(new_call(obj["name"], obj.get("arguments", {})))
+    return calls or None
+
+
+def may_be_call(prefix: str) -> bool:
+    """Whether streamed text so far could still turn out to be a tool call (hold it back)."""
+    head = prefix.lstrip()
+    return head.startswith("{") or "<tool_call>".startswith(head[:11]) or head.startswith(
+        "<tool_call>")
