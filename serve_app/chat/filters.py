@@ -51,7 +51,8 @@ class ThinkStripper(TextFilter):
 class CaretCitations(TextFilter):
     """Rewrites bracket citations `[1]`, `[1, 2]` into the caret form `^1^`, `^1,2^`."""
 
-    _CITATION = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+    # Not right after a word character: `items[0]` in code is an index, not a citation.
+    _CITATION = re.compile(r"(?<![\w\]])\[(\d+(?:\s*,\s*\d+)*)\]")
     _PARTIAL = re.compile(r"\[[\d,\s]*$")
 
     def __init__(self) -> None:
