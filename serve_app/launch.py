@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +46,16 @@ def ray_environment(settings: Settings) -> dict[str, str]:
                                                     env.get("PYTHONPATH")])),
     })
     return env
+
+
+def _require_free_port(host: str, port: int) -> None:
+    """Serve gives up on a port it cannot bind; say so plainly before starting anything."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(f"{host}:{port} is in use ({exc.strerror}); stop what holds it "
+                             "or set PORT") from exc
 
 
 def _bin(name: str) -> str:
@@ -115,6 +126,7 @@ def main() -> int:
     if settings.port in (SERVE_PROXY_PORT, ray_port := int(os.environ.get("RAY_PORT", "6380"))):
         raise SystemExit(f"PORT={settings.port} is taken by Serve's proxy ({SERVE_PROXY_PORT}) "
                          f"or Ray ({ray_port}): choose another")
+    _require_free_port(settings.host, settings.port)
     result = bootstrap(settings)
     # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress on
     # the console, rather than silently inside a replica.
