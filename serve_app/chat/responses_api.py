@@ -156,8 +156,7 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[dict[str,
     try:
         async for chunk in chunks:
             if "usage" in chunk:
-                plan.usage.prompt_tokens = chunk["usage"]["prompt_tokens"]
-                plan.usage.completion_tokens = chunk["usage"]["completion_tokens"]
+                plan.usage.record(chunk["usage"])
                 continue
             if chunk["index"] != 0:
                 continue

@@ -38,6 +38,11 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
+    def record(self, reported: dict[str, int]) -> None:
+        """Take the engine's final count (it replaces the running count of the stream)."""
+        self.prompt_tokens = reported["prompt_tokens"]
+        self.completion_tokens = reported["completion_tokens"]
+
     def as_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
@@ -227,8 +232,7 @@ async def run_unary(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
     logprobs: dict[int, list] = {}
     async for chunk in chunks_with_first(first, stream):
         if "usage" in chunk:
-            plan.usage.prompt_tokens = chunk["usage"]["prompt_tokens"]
-            plan.usage.completion_tokens = chunk["usage"]["completion_tokens"]
+            plan.usage.record(chunk["usage"])
             continue
         i = chunk["index"]
         texts[i] = texts.get(i, "") + chunk["text"]
@@ -300,8 +304,7 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
     try:
         async for chunk in chunks:
             if "usage" in chunk:
-                plan.usage.prompt_tokens = chunk["usage"]["prompt_tokens"]
-                plan.usage.completion_tokens = chunk["usage"]["completion_tokens"]
+                plan.usage.record(chunk["usage"])
                 continue
             i = chunk["index"]
             plan.usage.completion_tokens += chunk.get("tokens", 0)
