@@ -150,7 +150,11 @@ def main() -> None:
         measure("bare Serve route", f"http://127.0.0.1:{BASE_PORT}/bare/ping", {},
                 args.duration, results)
     finally:
+        from serve_app.process_tree import ray_processes, reap
+
+        tree = ray_processes()
         ray.shutdown()
+        reap(tree)
         shutil.rmtree(data_dir, ignore_errors=True)
 
     print("\nratios (req/s):")

@@ -179,7 +179,11 @@ def main() -> None:
     asyncio.run(api_embeddings(base, ADMIN_KEY, results))
     import ray
 
+    from serve_app.process_tree import ray_processes, reap
+
+    tree = ray_processes()
     ray.shutdown()
+    reap(tree)
     print("\nratios (API / direct):")
     for conc in (1, 8):
         api, eng = results[("api", conc)], results[("engine", conc)]

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from serve_app.db.bootstrap import bootstrap
+from serve_app.process_tree import ray_processes, reap
 from serve_app.settings import PROJECT_ROOT, Settings
 
 READY_TIMEOUT_S = 600.0
@@ -104,7 +105,8 @@ def _wait_models_loaded(ray_port: int, serve_proc: subprocess.Popen) -> None:
         ray.shutdown()  # disconnects this driver; the cluster keeps running
 
 
-def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str]) -> None:
+def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str], temp_dir: Path) -> None:
+    tree = ray_processes(str(temp_dir))
     # `serve run` in the background ignores SIGINT: end it by PID before stopping Ray, or it
     # keeps retrying a cluster that is gone.
     if serve_proc is not None and serve_proc.poll() is None:
@@ -118,6 +120,7 @@ def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str]) -> None:
             serve_proc.wait()
     subprocess.run([_bin("ray"), "stop", "--force"], env=env, check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reap(tree)
 
 
 def main() -> int:
@@ -181,7 +184,7 @@ def main() -> int:
         return 0
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _stop(serve_proc, env)
+        _stop(serve_proc, env, temp_dir)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serve_app.process_tree import ray_processes, reap
 from tests.integration.web_server import FakeWeb
 
 ADMIN_KEY = "sk-integration-admin-key-000000000001"
@@ -119,8 +120,11 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
         yield Platform(replica_urls=urls, web=web)
     finally:
         web.close()
-        # serve.shutdown() costs seconds and ray.shutdown() ends Serve with the cluster.
+        # serve.shutdown() costs seconds and ray.shutdown() ends Serve with the cluster; the
+        # engine processes vLLM spawned are reaped after it.
+        tree = ray_processes()
         ray.shutdown()
+        reap(tree)
 
 
 @pytest.fixture(scope="session")
