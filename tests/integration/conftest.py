@@ -133,3 +133,11 @@ def inference_key(platform: Platform) -> str:
                       json={"apiKeyType": "INFERENCE", "description": "integration tests"})
     resp.raise_for_status()
     return resp.json()["data"]["apiKey"]
+
+
+@pytest.fixture(scope="session")
+def client(platform: Platform, inference_key: str):
+    """The `openai` SDK pointed at the platform, as a user would point it."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=platform.base_url, api_key=inference_key, max_retries=0, timeout=120)

@@ -9,7 +9,7 @@ import time
 import httpx
 import jsonschema
 import pytest
-from openai import APIStatusError, OpenAI
+from openai import APIStatusError
 from ray import serve
 
 pytestmark = pytest.mark.integration
@@ -17,10 +17,6 @@ pytestmark = pytest.mark.integration
 TINY = "tiny-chat"
 SMOL = "smollm2-135m-instruct"
 
-
-@pytest.fixture(scope="module")
-def client(platform, inference_key) -> OpenAI:
-    return OpenAI(base_url=platform.base_url, api_key=inference_key, max_retries=0, timeout=120)
 
 
 def test_unary_chat_answers_with_usage_and_model_headers(client):

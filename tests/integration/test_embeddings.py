@@ -7,16 +7,11 @@ import base64
 import httpx
 import numpy as np
 import pytest
-from openai import OpenAI
 
 pytestmark = pytest.mark.integration
 
 MODEL = "text-embedding-all-minilm-l6-v2"
 
-
-@pytest.fixture(scope="module")
-def client(platform, inference_key) -> OpenAI:
-    return OpenAI(base_url=platform.base_url, api_key=inference_key, max_retries=0)
 
 
 def test_float_and_base64_give_the_same_vectors(client):

@@ -5,17 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from openai import OpenAI
 
 pytestmark = pytest.mark.integration
 
 SMOL = "smollm2-135m-instruct"
 TINY = "tiny-chat"
 
-
-@pytest.fixture(scope="module")
-def client(platform, inference_key) -> OpenAI:
-    return OpenAI(base_url=platform.base_url, api_key=inference_key, max_retries=0, timeout=120)
 
 
 def test_response_object_with_output_text_and_usage(client):
