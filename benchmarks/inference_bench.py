@@ -15,7 +15,9 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,26 +118,24 @@ async def api_chat(base: str, key: str, tokens: int, results: dict) -> None:
                                              time.perf_counter() - start, [d[1] for d in done])
 
 
-async def api_embeddings(base: str, key: str, results: dict) -> None:
-    async with httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {key}"},
-                                 limits=httpx.Limits(max_connections=64)) as c:
-        async def one(text: str) -> None:
-            resp = await c.post(f"{base}/embeddings", json={"model": EMBEDDER, "input": text})
-            resp.raise_for_status()
-
-        await asyncio.gather(*(one(s) for s in SENTENCES[:16]))
-        for conc, count in ((1, 128), (32, len(SENTENCES))):
-            queue = list(SENTENCES[:count])
-            start = time.perf_counter()
-
-            async def worker(queue: list[str] = queue) -> None:
-                while queue:
-                    await one(queue.pop())
-
-            await asyncio.gather(*(worker() for _ in range(conc)))
-            rate = count / (time.perf_counter() - start)
-            results[("api_emb", conc)] = rate
-            print(f"  POST /embeddings         c={conc:<2} {rate:>7.1f} emb/s", flush=True)
+def api_embeddings(base: str, key: str, results: dict, seconds: int = 10) -> None:
+    """wrk drives POST /embeddings (one sentence per request): a Python client on the same two
+    cores would compete with the platform, whose Ray workers run at a lower priority."""
+    script = Path(tempfile.mkdtemp()) / "embed.lua"
+    body = json.dumps({"model": EMBEDDER, "input": SENTENCES[0]})
+    script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+                      'wrk.headers["Content-Type"] = "application/json"\n'
+                      f'wrk.headers["Authorization"] = "Bearer {key}"\n')
+    for conc in (1, 32):
+        out = subprocess.run(["wrk", f"-t{min(2, conc)}", f"-c{conc}", f"-d{seconds}s",
+                              "--latency", "-s", str(script), f"{base}/embeddings"],
+                             capture_output=True, text=True, check=True).stdout
+        rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+        errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        if errors:
+            raise RuntimeError(f"{errors.group(1)} failed embedding requests:\n{out}")
+        results[("api_emb", conc)] = rate
+        print(f"  POST /embeddings (wrk)   c={conc:<2} {rate:>7.1f} emb/s", flush=True)
 
 
 def start_platform(data_dir: str) -> str:
@@ -176,7 +176,7 @@ def main() -> None:
     print("through the API (Serve, throughput-optimised):", flush=True)
     base = start_platform(data_dir)
     asyncio.run(api_chat(base, ADMIN_KEY, args.tokens, results))
-    asyncio.run(api_embeddings(base, ADMIN_KEY, results))
+    api_embeddings(base, ADMIN_KEY, results)
     import ray
 
     from serve_app.process_tree import ray_processes, reap
