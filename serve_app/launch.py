@@ -41,7 +41,12 @@ def ray_environment(settings: Settings) -> dict[str, str]:
         # A token file left by an earlier `ray.init()` would otherwise turn token auth on.
         "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
         "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_SERVE_LOG_TO_STDERR": "0",
+        "RAY_SERVE_LOG_TO_STDERR": env.get("RAY_SERVE_LOG_TO_STDERR", "0"),
+        # Throughput-optimised mode holds replica log records until 1000 have gathered: an
+        # error would not reach the log file for hours. Access logs are off, so writing each
+        # record at once costs nothing on the request path.
+        "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": env.get(
+            "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1"),
         "DATA_DIR": str(settings.data_dir),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
                                                     env.get("PYTHONPATH")])),
