@@ -69,7 +69,7 @@ async def engine_direct(weights: str, tokens: int, results: dict) -> None:
         done = await asyncio.gather(*(one(i) for i in range(conc)))
         results[("engine", conc)] = summary("vLLM engine, direct", conc, sum(d[0] for d in done),
                                             time.perf_counter() - start, [d[1] for d in done])
-    engine.engine.shutdown()
+    engine.shutdown()
 
 
 def encode_direct(results: dict) -> None:

@@ -66,7 +66,7 @@ class TextDeployment:
     def __del__(self) -> None:
         for engine in getattr(self, "engines", {}).values():
             with contextlib.suppress(Exception):  # shutting down: nothing left to tell
-                engine.engine.shutdown()  # type: ignore[attr-defined]
+                engine.shutdown()
 
 
 def bind(name: str, models: list, settings: dict[str, Any]):

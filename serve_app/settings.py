@@ -29,7 +29,6 @@ class Settings(BaseSettings):
     # How often each ingress replica looks for keys changed outside the API (admin CLI)
     # and writes batched `lastUsedAt` stamps.
     key_sync_interval_s: float = 2.0
-    access_log: bool = False
     # Web search provider for `enable_web_search` (see serve_app/chat/web.py); unset: none.
     web_search_url: str | None = None
     web_search_api_key: str | None = None

@@ -33,7 +33,7 @@ class TextEngine(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
-    async def shutdown(self) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 def cpu_has_bf16() -> bool:
@@ -186,7 +186,7 @@ class VLLMEngine:
         return {"unfinished": int(self.engine.get_num_unfinished_requests()),
                 "cancelled_tokens": list(self.cancelled)}
 
-    async def shutdown(self) -> None:
+    def shutdown(self) -> None:
         self.engine.shutdown()
 
 

@@ -21,14 +21,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, key: C
     headers["x-service-is-content-violation"] = "false"
     if body.stream:
         routed, events = await open_stream(plan, state)
-        add_model_headers(request, routed.model, _router(plan, routed))
+        add_model_headers(request, routed.model, plan.router_label)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
     response = await run_unary(plan, state)
-    add_model_headers(request, plan.answered_by.model, _router(plan, plan.answered_by))
+    add_model_headers(request, plan.answered_by.model, plan.router_label)
     return json_response(request, response)
 
-
-def _router(plan, routed) -> str:
-    return "fallback" if routed is not plan.candidates[0] else routed.router

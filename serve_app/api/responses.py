@@ -20,13 +20,10 @@ async def create_response(body: ResponsesRequest, request: Request, key: Current
     plan = await plan_chat(to_chat_request(body), state, request.state.request_id)
     if body.stream:
         _, events = await stream_response(plan, state)
-        add_model_headers(request, plan.answered_by.model, _router(plan))
+        add_model_headers(request, plan.answered_by.model, plan.router_label)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     response = await respond(plan, state)
-    add_model_headers(request, plan.answered_by.model, _router(plan))
+    add_model_headers(request, plan.answered_by.model, plan.router_label)
     return json_response(request, response)
 
-
-def _router(plan) -> str:
-    return "fallback" if plan.answered_by is not plan.candidates[0] else plan.answered_by.router

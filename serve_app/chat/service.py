@@ -64,6 +64,13 @@ class ChatPlan:
     answered_by: RoutedModel | None = None
 
     @property
+    def router_label(self) -> str:
+        """`x-service-model-router` of the answer: `fallback` when a fallback answered."""
+        routed = self.answered_by
+        assert routed is not None, "no model has answered yet"
+        return "fallback" if routed is not self.candidates[0] else routed.router
+
+    @property
     def known_tools(self) -> set[str]:
         return {t.function.name for t in self.req.tools or []}
 
