@@ -12,12 +12,14 @@ from sqlalchemy import update
 from sqlmodel import Session, select
 
 from serve_app.control import api_keys as service
+from serve_app.control import characters
 from serve_app.db.bootstrap import bootstrap
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
 from serve_app.errors import ApiError
 from serve_app.money import as_number, to_nanos
 from serve_app.schemas.api_keys import CreateApiKeyRequest
+from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 from serve_app.settings import Settings
 
 
@@ -65,10 +67,30 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("id")
     revoke.add_argument("--account")
 
-    credit = sub.add_parser("credit", help="add USD and/or DIEM to an account's balance")
-    credit.add_argument("--usd", type=_amount, default=Decimal(0))
-    credit.add_argument("--diem", type=_amount, default=Decimal(0))
+    credit = sub.add_parser("credit", help="add USD to an account's balance")
+    credit.add_argument("--usd", type=_amount, required=True)
     credit.add_argument("--account")
+
+    stake = sub.add_parser("stake", help="set an account's staked tokens: each UTC day its "
+                                         "DIEM allocation is 1 DIEM per staked token")
+    stake.add_argument("--tokens", type=int, required=True)
+    stake.add_argument("--account")
+
+    character = sub.add_parser("create-character", help="create a public character")
+    character.add_argument("--slug", required=True)
+    character.add_argument("--name", required=True)
+    character.add_argument("--description", default="")
+    character.add_argument("--system-prompt", default="")
+    character.add_argument("--author", default="")
+    character.add_argument("--tag", action="append", default=[])
+    character.add_argument("--web-enabled", action="store_true")
+
+    review = sub.add_parser("add-review", help="add a review to a character")
+    review.add_argument("slug")
+    review.add_argument("--username", required=True)
+    review.add_argument("--rating", type=int, required=True)
+    review.add_argument("--message")
+    review.add_argument("--locale")
 
     sub.add_parser("accounts", help="list accounts with their balances")
     return parser
@@ -76,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _accounts(session: Session) -> list[dict]:
     return [{"id": a.id, "kind": a.kind, "walletAddress": a.wallet_address,
-             "usd": as_number(a.usd_balance_nanos), "diem": as_number(a.diem_balance_nanos)}
+             "usd": as_number(a.usd_balance_nanos), "diem": as_number(a.diem_balance_nanos),
+             "stakedTokens": a.staked_tokens}
             for a in session.exec(select(Account).order_by(Account.created_at)).all()]
 
 
@@ -91,6 +114,16 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
         with Session(engine, expire_on_commit=False) as session:
             if args.command == "accounts":
                 return _accounts(session)
+            if args.command == "create-character":
+                req = CreateCharacterRequest(
+                    slug=args.slug, name=args.name, description=args.description,
+                    systemPrompt=args.system_prompt, author=args.author, tags=args.tag,
+                    webEnabled=args.web_enabled)
+                return characters.create_character(session, **req.columns())
+            if args.command == "add-review":
+                req = CreateReviewRequest(username=args.username, rating=args.rating,
+                                          message=args.message, locale=args.locale)
+                return characters.add_review(session, args.slug, **req.columns())
             account_id = _account_id(session, args.account)
             if args.command == "create-key":
                 limit = None
@@ -108,8 +141,15 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
                 return {"revoked": args.id}
             if args.command == "credit":
                 session.execute(update(Account).where(Account.id == account_id).values(
-                    usd_balance_nanos=Account.usd_balance_nanos + to_nanos(args.usd),
-                    diem_balance_nanos=Account.diem_balance_nanos + to_nanos(args.diem)))
+                    usd_balance_nanos=Account.usd_balance_nanos + to_nanos(args.usd)))
+                session.commit()
+                return next(a for a in _accounts(session) if a["id"] == account_id)
+            if args.command == "stake":
+                if args.tokens < 0:
+                    raise SystemExit("--tokens must not be negative")
+                # The allocation of the current epoch is recomputed at the next request.
+                session.execute(update(Account).where(Account.id == account_id).values(
+                    staked_tokens=args.tokens, diem_epoch=None))
                 session.commit()
                 return next(a for a in _accounts(session) if a["id"] == account_id)
             raise SystemExit(f"unknown command {args.command}")

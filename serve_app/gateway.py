@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import api_keys, chat, embeddings, models, responses
+from serve_app.api import api_keys, billing, characters, chat, embeddings, models, responses
 from serve_app.errors import install_error_handlers
 from serve_app.middleware import RequestIdLogFilter, ServiceHeadersMiddleware
 from serve_app.state import GatewayState
@@ -69,6 +69,8 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(embeddings.router)
     app.include_router(chat.router)
     app.include_router(responses.router)
+    app.include_router(billing.router)
+    app.include_router(characters.router)
     app.add_middleware(ServiceHeadersMiddleware)
     return app
 

@@ -10,7 +10,9 @@ import brotli
 import orjson
 from fastapi import Request, Response
 
+from serve_app.billing.ledger import Balances
 from serve_app.catalog import CatalogModel
+from serve_app.money import from_nanos
 
 # Below this size compression costs more than it saves.
 MIN_COMPRESS_BYTES = 1024
@@ -46,3 +48,10 @@ def add_model_headers(request: Request, model: CatalogModel, router: str) -> Non
     headers["x-service-model-name"] = model.name
     headers["x-service-model-router"] = router
     headers.update(model.deprecation_headers())
+
+
+def set_balance_headers(request: Request, before: Balances) -> None:
+    """`x-service-balance-usd` / `-diem`: the balance before the request."""
+    headers = request.state.response_headers
+    headers["x-service-balance-usd"] = f"{from_nanos(before.usd_nanos):f}"
+    headers["x-service-balance-diem"] = f"{from_nanos(before.diem_nanos):f}"

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from serve_app.auth.key_store import KeyStore
+from serve_app.billing.service import Billing
 from serve_app.catalog import Catalog, load_catalog
 from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
@@ -28,6 +29,7 @@ class GatewayState:
     key_events: KeyEvents
     router: ModelRouter
     web: WebTools
+    billing: Billing
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -50,6 +52,7 @@ class GatewayState:
             router=ModelRouter(catalog, handles or {}),
             web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                          settings.web_search_url, settings.web_search_api_key),
+            billing=Billing(settings.resolved_database_url),
         )
 
     async def start(self) -> None:
@@ -57,6 +60,7 @@ class GatewayState:
         self._tasks = [
             asyncio.create_task(self.key_events.run(self.keys.invalidate)),
             asyncio.create_task(self.keys.run_sync_loop(self.settings.key_sync_interval_s)),
+            asyncio.create_task(self.billing.run_sweeper()),
         ]
 
     async def stop(self) -> None:
@@ -68,6 +72,7 @@ class GatewayState:
         self._tasks = []
         with contextlib.suppress(Exception):
             await self.keys.sync()  # write the last `lastUsedAt` stamps
+        self.billing.close()
         self.engine.dispose()
 
     async def key_changed(self, key_hashes: list[str]) -> None:

@@ -11,6 +11,7 @@ from sqlmodel import Session
 
 from serve_app.auth.key_store import KeyRecord
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
+from serve_app.responses import set_balance_headers
 from serve_app.state import GatewayState
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ def bearer_secret(request: Request) -> str:
 async def current_key(request: Request, state: State) -> KeyRecord:
     key = await state.keys.authenticate(bearer_secret(request))
     request.state.api_key = key
+    set_balance_headers(request, await state.billing.balances(key.account_id))
     return key
 
 

@@ -7,7 +7,10 @@ import base64
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
+from deployments.embedding import MAX_INPUT_TOKENS
 from serve_app.api.deps import CurrentKey, JsonBody, State
+from serve_app.billing.admission import hold_for
+from serve_app.billing.pricing import price
 from serve_app.errors import invalid_request
 from serve_app.model_calls import call_model
 from serve_app.responses import add_model_headers, json_response
@@ -31,6 +34,12 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     return vector
 
 
+def _max_tokens(texts: list[str]) -> int:
+    """No input has more tokens than UTF-8 bytes plus its two special tokens, nor more than
+    the per-input cap the engine enforces."""
+    return sum(min(len(t.encode()) + 2, MAX_INPUT_TOKENS) for t in texts)
+
+
 @router.post("/embeddings", dependencies=[JsonBody], summary="Create embeddings")
 async def create_embeddings(body: EmbeddingRequest, request: Request, key: CurrentKey,
                             state: State) -> Response:
@@ -41,9 +50,16 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, key: Curre
                               "dimensions")
     handle = state.router.handle(model)
     add_model_headers(request, model, routed.router)
-    result = await call_model(handle.embed, model.id, model.id, body.texts)
-    vectors = _shape(result["vectors"], body.dimensions)
+    texts = body.texts
+    hold = await hold_for(request, state, key, [model], lambda _m: {"input": _max_tokens(texts)})
+    try:
+        result = await call_model(handle.embed, model.id, model.id, texts)
+    except BaseException:
+        await hold.finish(None)
+        raise
     tokens = int(result["prompt_tokens"])
+    await hold.finish(price(model, {"input": tokens}))
+    vectors = _shape(result["vectors"], body.dimensions)
     payload = {
         "object": "list",
         "data": [{"object": "embedding", "index": i,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
+from serve_app.api.chat import chat_admission
 from serve_app.api.deps import CurrentKey, JsonBody, State
 from serve_app.chat.responses_api import respond, stream_response, to_chat_request
 from serve_app.chat.service import plan_chat
@@ -17,13 +18,19 @@ router = APIRouter(tags=["Chat"])
 @router.post("/responses", dependencies=[JsonBody], summary="Create a model response")
 async def create_response(body: ResponsesRequest, request: Request, key: CurrentKey,
                           state: State) -> Response:
-    plan = await plan_chat(to_chat_request(body), state, request.state.request_id)
-    if body.stream:
-        _, events = await stream_response(plan, state)
-        add_model_headers(request, plan.answered_by.model, plan.router_label)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    response = await respond(plan, state)
+    plan = await plan_chat(to_chat_request(body), state, request.state.request_id,
+                           chat_admission(request, state, key))
+    try:
+        if body.stream:
+            _, events = await stream_response(plan, state)
+            add_model_headers(request, plan.answered_by.model, plan.router_label)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        response = await respond(plan, state)
+        await plan.finish_charge()
+    except BaseException:
+        if plan.hold is not None:
+            await plan.hold.finish(None)
+        raise
     add_model_headers(request, plan.answered_by.model, plan.router_label)
     return json_response(request, response)
-

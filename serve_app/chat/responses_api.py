@@ -201,9 +201,14 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[dict[str,
                          output_index=0, content_index=0, text=shown)
             yield _event("response.output_item.done", next_seq(), output_index=0, item=final)
             output.append(final)
+        await plan.finish_charge()  # durable before the stream says it is complete
         yield _event("response.completed", next_seq(),
                      response=_response(plan, model_id, output, "completed", created))
     except ApiError as exc:
+        if plan.hold is not None:  # our failure is not charged
+            await plan.hold.finish(None)
         yield _event("response.failed", next_seq(), response={
             **_response(plan, model_id, [], "failed", created),
             "error": {"code": exc.code, "message": exc.message}})
+    finally:
+        await plan.finish_charge()  # a client that hung up pays for what it was sent

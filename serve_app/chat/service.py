@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlmodel import select
 
 from serve_app.api.deps import run_db
+from serve_app.billing.pricing import Cost, price
+from serve_app.billing.service import Hold
+from serve_app.catalog import CatalogModel
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.prompt import (
@@ -62,6 +65,39 @@ class ChatPlan:
     scraped_urls: int = 0
     usage: Usage = field(default_factory=Usage)
     answered_by: RoutedModel | None = None
+    hold: Hold | None = None
+
+    def max_units(self, model: CatalogModel) -> dict[str, int]:
+        """The most tokens this request can use on `model`, for the hold.
+
+        A prompt cannot have more tokens than its UTF-8 bytes plus the chat template's few
+        per message; prompts the server adds to (characters, web pages) count as the whole
+        context. The output is `max_tokens` (or the model's cap) for each of the `n` choices.
+        """
+        context = model.context_length
+        req = self.req
+        if self.params.character_slug or self.params.enable_web_scraping or \
+                self.params.enable_web_search != "off":
+            prompt = context or 1_000_000
+        else:
+            body = req.model_dump_json(include={"messages", "tools", "response_format"})
+            prompt = len(body.encode()) + 16 * len(req.messages) + 2048
+            prompt = min(prompt, context) if context else prompt
+        output = req.completion_limit or model.max_completion_tokens or context or 4096
+        if model.max_completion_tokens:
+            output = min(output, model.max_completion_tokens)
+        return {"input": prompt, "output": output * req.n}
+
+    def cost(self) -> Cost | None:
+        """What the answer measured, priced for the model that answered."""
+        if self.answered_by is None:
+            return None
+        return price(self.answered_by.model, {"input": self.usage.prompt_tokens,
+                                              "output": self.usage.completion_tokens})
+
+    async def finish_charge(self) -> None:
+        if self.hold is not None:
+            await self.hold.finish(self.cost())
 
     @property
     def router_label(self) -> str:
@@ -161,8 +197,13 @@ async def _web_context(state: GatewayState, plan: ChatPlan) -> None:
             raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
 
 
+Admit = Callable[["ChatPlan"], Awaitable[None]]
+
+
 async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
-                    request_id: str) -> ChatPlan:
+                    request_id: str, admit: Admit | None = None) -> ChatPlan:
+    """Validate and plan; `admit` (privacy, limits, the hold) runs once the request is known
+    to be valid and before any work (character lookup, web search, the model)."""
     primary = state.router.resolve(req.model, "text")
     candidates = [primary] + [state.router.resolve(f.model, "text") for f in req.fallbacks or []]
     params = _service_parameters(req, primary.suffix_params)
@@ -171,6 +212,8 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
     mode = tool_calls.tool_mode(req)
     plan = ChatPlan(request_id=request_id, req=req, params=params, candidates=candidates,
                     engine_request={}, tool_mode=mode)
+    if admit is not None:
+        await admit(plan)
     comp = Composition(citations=params.enable_web_citations)
     if params.include_service_system_prompt:
         comp.service_prompt = state.catalog.service_system_prompt
@@ -342,8 +385,15 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
                 yield event(i, {}, finish=reason)
         if plan.req.stream_options and plan.req.stream_options.include_usage:
             yield _sse({**base, "choices": [], "usage": plan.usage.as_dict()})
+        await plan.finish_charge()  # durable before the stream says it is done
         yield _sse("[DONE]")
     except ApiError as exc:
-        # The response has started: report the failure in the stream itself.
+        # The response has started: report the failure in the stream itself. Our failure
+        # is not charged.
+        if plan.hold is not None:
+            await plan.hold.finish(None)
         yield _sse({"error": exc.message, "code": exc.code})
         yield _sse("[DONE]")
+    finally:
+        # A client that hung up still pays for the tokens it was sent.
+        await plan.finish_charge()

@@ -6,6 +6,7 @@ otherwise a generated key that is shown once to the operator.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 from sqlalchemy import func
@@ -13,11 +14,24 @@ from sqlmodel import Session, select
 
 from serve_app.auth.secrets import generate_secret, hash_secret
 from serve_app.db.engine import make_engine, migrate
-from serve_app.db.tables import Account, AccountKind, ApiKey, ApiKeyType
+from serve_app.db.tables import Account, AccountKind, ApiKey, ApiKeyType, ServerSecret
 from serve_app.money import to_nanos
 from serve_app.settings import Settings
 
 MIN_ADMIN_KEY_LENGTH = 20
+
+
+CURSOR_SECRET = "usage_cursor"
+
+
+def ensure_secret(session: Session, name: str) -> str:
+    """A random secret shared by every replica through the database, made on first use."""
+    row = session.get(ServerSecret, name)
+    if row is None:
+        row = ServerSecret(name=name, value=secrets.token_hex(32))
+        session.add(row)
+        session.commit()
+    return row.value
 
 
 @dataclass(frozen=True)
@@ -34,6 +48,7 @@ def bootstrap(settings: Settings) -> BootstrapResult:
     engine = make_engine(url)
     try:
         with Session(engine) as session:
+            ensure_secret(session, CURSOR_SECRET)
             existing = session.exec(select(Account).order_by(Account.created_at)).first()
             if existing is not None:
                 return BootstrapResult(False, existing.id, None)

@@ -21,7 +21,10 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, write_transactions: bool = False) -> Engine:
+    """An engine for the URL. `write_transactions`: every SQLite transaction takes the write lock
+    when it begins (BEGIN IMMEDIATE), so a read-then-write cannot race another writer; the
+    money operations use such an engine (on PostgreSQL they lock rows instead)."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         db_path = url.split("///", 1)[-1]
@@ -37,6 +40,13 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
+            if write_transactions:
+                dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself, below
+
+        if write_transactions:
+            @event.listens_for(engine, "begin")
+            def _begin_immediate(conn) -> None:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)

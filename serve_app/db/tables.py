@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 
-from sqlalchemy import BigInteger, Column, DateTime, String
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, String, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -60,6 +60,10 @@ class Account(SQLModel, table=True):
     usd_balance_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     diem_balance_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     is_partner: bool = Field(default=False)
+    # Staked tokens: each UTC day (epoch) the DIEM balance is reset to this many DIEM.
+    staked_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False,
+                                                            server_default="0"))
+    diem_epoch: str | None = Field(default=None, max_length=10)  # the day diem belongs to
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
 
 
@@ -97,4 +101,153 @@ class Character(SQLModel, table=True):
     name: str = Field(max_length=128)
     description: str = Field(default="", max_length=2000)
     system_prompt: str = Field(default="", max_length=20000)
+    author: str = Field(default="", max_length=64)
+    tags: list = Field(default_factory=list, sa_column=Column(JSON, nullable=False,
+                                                              server_default="[]"))
+    photo_url: str | None = Field(default=None, max_length=500)
+    adult: bool = Field(default=False)
+    web_enabled: bool = Field(default=False)
+    featured: bool = Field(default=False)
+    model_id: str | None = Field(default=None, max_length=200)
+    updated_at: datetime = Field(default_factory=utcnow,
+                                 sa_column=_utc_column(nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+
+
+class Reservation(SQLModel, table=True):
+    """Money held for a request in flight: taken before the work, settled or released after.
+
+    A reservation left behind by a replica that died is released by the sweeper, so a hold is
+    never lost and never charged.
+    """
+
+    __tablename__ = "reservations"
+
+    request_id: str = Field(primary_key=True, max_length=64)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
+    api_key_id: str | None = Field(default=None, max_length=36)
+    # The key's consumption window the hold counts against (None: no limit applies).
+    window_start: str | None = Field(default=None, max_length=16)
+    usd_nanos: int = Field(sa_column=Column(BigInteger, nullable=False))
+    diem_nanos: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # The DIEM epoch the DIEM part came from: it is refunded only into the same epoch.
+    diem_epoch: str | None = Field(default=None, max_length=10)
+    created_at: datetime = Field(default_factory=utcnow,
+                                 sa_column=_utc_column(nullable=False, index=True))
+
+
+class LedgerEntry(SQLModel, table=True):
+    """One billable request, keyed by its request id: a repeated settlement changes nothing."""
+
+    __tablename__ = "ledger_entries"
+
+    request_id: str = Field(primary_key=True, max_length=64)
+    account_id: str = Field(foreign_key="accounts.id", max_length=36)
+    api_key_id: str | None = Field(default=None, max_length=36)
+    wallet_address: str | None = Field(default=None, max_length=128)
+    model_id: str = Field(max_length=200)
+    model_type: str = Field(max_length=16)
+    unit_type: str = Field(max_length=16)
+    # Units per type, e.g. {"input": 339, "output": 227}.
+    units: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    usd_nanos: int = Field(sa_column=Column(BigInteger, nullable=False))
+    diem_nanos: int = Field(sa_column=Column(BigInteger, nullable=False))
+    execution_ms: int | None = None
+    started_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+
+
+class LedgerLine(SQLModel, table=True):
+    """One priced line of an entry in one currency: what `GET /billing/usage-history` lists."""
+
+    __tablename__ = "ledger_lines"
+    __table_args__ = (Index("ix_ledger_lines_account_time", "account_id", "created_at", "id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(BigInteger().with_variant(
+        Integer, "sqlite"), primary_key=True, autoincrement=True))
+    request_id: str = Field(foreign_key="ledger_entries.request_id", index=True, max_length=64)
+    account_id: str = Field(max_length=36)
+    api_key_id: str | None = Field(default=None, max_length=36)
+    model_id: str = Field(max_length=200)
+    line_type: str = Field(max_length=32)  # input, output, cache_read, cache_write, image, ...
+    sku: str = Field(max_length=256)
+    currency: str = Field(max_length=16)  # USD or DIEM
+    units: int = Field(sa_column=Column(BigInteger, nullable=False))
+    amount_nanos: int = Field(sa_column=Column(BigInteger, nullable=False))
+    price_per_unit_usd: float
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    execution_ms: int | None = None
+    created_at: datetime = Field(sa_column=_utc_column(nullable=False))
+
+
+class UsageDaily(SQLModel, table=True):
+    """Daily rollup per (account, key, model, line type), kept in the settlement transaction
+    so analytics never scan the ledger. `api_key_id` is '' for usage without a key."""
+
+    __tablename__ = "usage_daily"
+    __table_args__ = (UniqueConstraint("account_id", "day", "api_key_id", "model_id",
+                                       "line_type", name="uq_usage_daily"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: str = Field(max_length=36)
+    day: date
+    api_key_id: str = Field(default="", max_length=36)
+    model_id: str = Field(max_length=200)
+    model_type: str = Field(max_length=16)
+    line_type: str = Field(max_length=32)
+    usd_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    diem_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    units: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    requests: int = Field(default=0)
+
+
+class KeySpendWindow(SQLModel, table=True):
+    """What a key spent (settled plus held) in one window of its `limitPeriod`."""
+
+    __tablename__ = "key_spend_windows"
+
+    api_key_id: str = Field(primary_key=True, max_length=36)
+    window_start: str = Field(primary_key=True, max_length=16)  # EPOCH:2026-11-22, MONTH:...
+    usd_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    diem_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+
+
+class CharacterReview(SQLModel, table=True):
+    __tablename__ = "character_reviews"
+    __table_args__ = (Index("ix_character_reviews_character_time", "character_id",
+                            "created_at"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    character_id: str = Field(foreign_key="characters.id", max_length=36)
+    account_id: str | None = Field(default=None, max_length=36)
+    username: str = Field(max_length=64)
+    rating: int
+    message: str | None = Field(default=None, max_length=4000)
+    locale: str | None = Field(default=None, max_length=16)
+    user_avatar_url: str | None = Field(default=None, max_length=500)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+
+
+class RateLimitEvent(SQLModel, table=True):
+    """A limit an account ran into: `GET /api_keys/rate_limits/log` lists the newest."""
+
+    __tablename__ = "rate_limit_events"
+    __table_args__ = (Index("ix_rate_limit_events_account_time", "account_id", "created_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: str = Field(max_length=36)
+    api_key_id: str | None = Field(default=None, max_length=36)
+    model_id: str | None = Field(default=None, max_length=200)
+    tier: str = Field(max_length=32)
+    limit_type: str = Field(max_length=32)  # RPM, TPM, FAILED_REQUESTS, ...
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+
+
+class ServerSecret(SQLModel, table=True):
+    """Random secrets shared by every replica (e.g. the key that signs usage cursors)."""
+
+    __tablename__ = "server_secrets"
+
+    name: str = Field(primary_key=True, max_length=64)
+    value: str = Field(max_length=128)

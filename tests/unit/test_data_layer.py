@@ -92,9 +92,10 @@ def test_cli_creates_keys_credits_and_revokes(database_url, tmp_path):
     assert created["id"] in {k["id"] for k in listed}
 
     before = cli(["accounts"], settings=settings)[0]["usd"]
-    after = cli(["credit", "--usd", "2.25", "--diem", "1"], settings=settings)
+    after = cli(["credit", "--usd", "2.25"], settings=settings)
     assert Decimal(str(after["usd"])) == Decimal(str(before)) + Decimal("2.25")
-    assert after["diem"] == 1
+    staked = cli(["stake", "--tokens", "40"], settings=settings)
+    assert staked["stakedTokens"] == 40
 
     cli(["revoke-key", created["id"]], settings=settings)
     fresh = KeyStore(make_engine(database_url))

@@ -1,0 +1,67 @@
+"""`/characters`: public personas whose prompt chat uses through `character_slug`, and their
+reviews. Any key reads them; an ADMIN key (or the CLI) creates them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from serve_app.api.deps import AdminKey, CurrentKey, JsonBody, State, run_db
+from serve_app.control import characters
+from serve_app.responses import json_response
+from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
+
+router = APIRouter(prefix="/characters", tags=["Characters"])
+
+
+@router.get("", summary="List characters")
+async def list_characters(
+    request: Request, key: CurrentKey, state: State,
+    limit: Annotated[int, Query(gt=0, le=100)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    search: Annotated[str | None, Query(max_length=200)] = None,
+    tags: Annotated[list[str] | None, Query(max_length=20)] = None,
+) -> Response:
+    data = await run_db(state, lambda s: characters.list_characters(
+        s, limit=limit, offset=offset, search=search, tags=tags or []))
+    return json_response(request, {"data": data, "object": "list"})
+
+
+@router.post("", dependencies=[JsonBody], summary="Create a character (operator)")
+async def create_character(body: CreateCharacterRequest, request: Request, key: AdminKey,
+                           state: State) -> Response:
+    data = await run_db(state, lambda s: characters.create_character(s, **body.columns()))
+    return json_response(request, {"data": data, "success": True})
+
+
+@router.get("/{slug}", summary="Get a character")
+async def get_character(slug: str, request: Request, key: CurrentKey, state: State) -> Response:
+    data = await run_db(state, lambda s: characters.get_character(s, slug))
+    return json_response(request, {"data": data})
+
+
+@router.get("/{slug}/reviews", summary="Reviews of a character (preview)")
+async def character_reviews(
+    slug: str, request: Request, key: CurrentKey, state: State,
+    page: Annotated[int, Query(gt=0)] = 1,
+    pageSize: Annotated[int, Query(gt=0, le=100)] = 20,
+) -> Response:
+    data = await run_db(state, lambda s: characters.review_page(
+        s, slug, page, pageSize, key.account_id))
+    pagination = data["pagination"]
+    request.state.response_headers.update({
+        "x-pagination-limit": str(pagination["pageSize"]),
+        "x-pagination-page": str(pagination["page"]),
+        "x-pagination-total": str(pagination["total"]),
+        "x-pagination-total-pages": str(pagination["totalPages"]),
+    })
+    return json_response(request, data)
+
+
+@router.post("/{slug}/reviews", dependencies=[JsonBody], summary="Add a review (operator)")
+async def add_review(slug: str, body: CreateReviewRequest, request: Request, key: AdminKey,
+                     state: State) -> Response:
+    data = await run_db(state, lambda s: characters.add_review(
+        s, slug, account_id=key.account_id, **body.columns()))
+    return json_response(request, {"data": data, "success": True})

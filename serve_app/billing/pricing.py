@@ -1,0 +1,97 @@
+"""Prices from the catalog: the most a request may cost (for the hold) and what it did cost.
+
+Catalog prices are USD (and DIEM) per million tokens for text and embeddings, per image for
+image models, per thousand characters for speech, per second or minute for audio and video.
+Amounts are integer nano-units (money.py); one DIEM pays for one USD of usage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+
+from serve_app.catalog import CatalogModel
+from serve_app.money import NANOS_PER_UNIT
+
+# line type -> (catalog pricing key, units per priced unit, unit name, usage-history label)
+LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
+    "input": ("input", 1_000_000, "tokens", "Input"),
+    "output": ("output", 1_000_000, "tokens", "Output"),
+    "cache_read": ("cache_input", 1_000_000, "tokens", "Cache Read"),
+    "cache_write": ("cache_write", 1_000_000, "tokens", "Cache Write"),
+    "image": ("generation", 1, "images", "Image"),
+    "characters": ("characters", 1_000, "chars", "Characters"),
+    "seconds": ("seconds", 1, "seconds", "Seconds"),
+    "minutes": ("minutes", 1, "minutes", "Minutes"),
+}
+
+# `modelType` of the analytics answer, per catalog model type.
+ANALYTICS_MODEL_TYPE: dict[str, str | None] = {
+    "text": "LLM", "image": "IMAGE", "upscale": "IMAGE", "inpaint": "IMAGE", "tts": "TTS",
+    "asr": "ASR", "video": "VIDEO", "embedding": None, "music": None,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PricedLine:
+    line_type: str
+    units: int
+    nanos: int
+    price_per_unit_usd: float  # per priced unit (per million tokens, per image, ...)
+
+    @property
+    def unit_scale(self) -> int:
+        return LINE_TYPES[self.line_type][1]
+
+    @property
+    def label(self) -> str:
+        return LINE_TYPES[self.line_type][3]
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    model: CatalogModel
+    lines: tuple[PricedLine, ...]
+
+    @property
+    def nanos(self) -> int:
+        return sum(line.nanos for line in self.lines)
+
+    @property
+    def units(self) -> dict[str, int]:
+        return {line.line_type: line.units for line in self.lines}
+
+
+def unit_price_usd(model: CatalogModel, line_type: str) -> Decimal:
+    key = LINE_TYPES[line_type][0]
+    entry = model.pricing.get(key)
+    if isinstance(entry, dict):
+        entry = entry.get("usd")
+    if entry is None:
+        return Decimal(0)
+    return Decimal(str(entry))
+
+
+def unit_type(model: CatalogModel) -> str:
+    """The unit of the analytics answer: tokens, images, chars, seconds or minutes."""
+    return {"image": "images", "upscale": "images", "inpaint": "images", "tts": "chars",
+            "asr": "seconds", "video": "seconds", "music": "seconds"}.get(model.type, "tokens")
+
+
+def price(model: CatalogModel, units: dict[str, int]) -> Cost:
+    """Price units per line type; each line is rounded up to a whole nano-unit."""
+    lines = []
+    for line_type, count in units.items():
+        if count <= 0:
+            continue
+        per_unit = unit_price_usd(model, line_type)
+        scale = LINE_TYPES[line_type][1]
+        nanos = int((per_unit * count * NANOS_PER_UNIT / scale).to_integral_value(ROUND_CEILING))
+        lines.append(PricedLine(line_type, count, nanos, float(per_unit)))
+    return Cost(model, tuple(lines))
+
+
+def sku(model: CatalogModel, line_type: str) -> str:
+    kind = {"text": "llm"}.get(model.type, model.type)
+    unit = {1_000_000: "mtoken", 1_000: "kchar"}.get(LINE_TYPES[line_type][1], "unit")
+    return f"{model.id}-{kind}-{line_type.replace('_', '-')}-{unit}"

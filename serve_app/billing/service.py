@@ -1,0 +1,160 @@
+"""Billing as the routes use it: hold before the work, settle or release after, balances for
+the headers, and the sweeper that releases holds of requests that never finished."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from cachetools import TTLCache
+from sqlmodel import Session
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.billing import ledger
+from serve_app.billing.ledger import Balances, Payer
+from serve_app.billing.pricing import Cost
+from serve_app.billing.writer import BatchWriter
+from serve_app.catalog import CatalogModel
+from serve_app.db.engine import make_engine
+from serve_app.db.tables import utcnow
+from serve_app.errors import ApiError
+
+logger = logging.getLogger("serve_app.billing")
+
+Clock = Callable[[], datetime]
+
+# A hold older than this belongs to a request that can no longer finish.
+HOLD_MAX_AGE = timedelta(hours=1)
+SWEEP_INTERVAL_S = 300.0
+BALANCE_CACHE_TTL_S = 2.0
+ANALYTICS_CACHE_TTL_S = 600.0  # the spec's 10 minutes
+
+
+def payer_of(key: KeyRecord) -> Payer:
+    return Payer(account_id=key.account_id, api_key_id=key.id, limit_period=key.limit_period,
+                 limit_usd_nanos=key.limit_usd_nanos, limit_diem_nanos=key.limit_diem_nanos)
+
+
+def check_privacy(key: KeyRecord, model: CatalogModel) -> None:
+    """The key's `modelPrivacy` tier against the model's privacy in the catalog."""
+    if key.model_privacy == "ALL" or model.is_private:
+        return
+    if key.model_privacy == "PRIVATE_TEXT" and model.type not in ("text", "embedding"):
+        return
+    rule = ("PRIVATE_ONLY allows only Private, TEE or E2EE models"
+            if key.model_privacy == "PRIVATE_ONLY"
+            else "PRIVATE_TEXT requires text and embedding models to be Private, TEE or E2EE")
+    raise ApiError(403, f"This API key's modelPrivacy is {key.model_privacy}: {rule}, and "
+                        f"model {model.id} is {model.privacy}", code="UNAUTHORIZED")
+
+
+@dataclass
+class Hold:
+    """Money held for one request; settled with the measured cost or released."""
+
+    billing: Billing
+    request_id: str
+    payer: Payer
+    before: Balances
+    started_at: datetime
+    started: float = field(default_factory=time.monotonic)
+    done: bool = False
+
+    async def settle(self, cost: Cost) -> None:
+        if self.done:
+            return
+        self.done = True
+        await self.billing.settle(self, cost)
+
+    async def release(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        await self.billing.release(self.request_id)
+
+    async def finish(self, cost: Cost | None) -> None:
+        """Settle when there is something to charge, otherwise release; survives the
+        cancellation of a caller whose client hung up."""
+        with contextlib.suppress(asyncio.CancelledError):
+            if cost is not None and cost.lines:
+                await self.settle(cost)
+            else:
+                await self.release()
+
+
+class Billing:
+    def __init__(self, database_url: str, *, clock: Clock = utcnow) -> None:
+        self._engine = make_engine(database_url, write_transactions=True)
+        self.writer = BatchWriter(self._engine)
+        self.clock = clock
+        self._balances: TTLCache[str, Balances] = TTLCache(maxsize=100_000,
+                                                            ttl=BALANCE_CACHE_TTL_S)
+        self.analytics_cache: TTLCache[tuple[str, str], dict] = TTLCache(
+            maxsize=10_000, ttl=ANALYTICS_CACHE_TTL_S)
+
+    async def hold(self, request_id: str, payer: Payer, amount_nanos: int) -> Hold:
+        now = self.clock()
+        result = await self.writer.run(
+            lambda s: ledger.hold(s, request_id, payer, amount_nanos, now))
+        self._balances[payer.account_id] = Balances(
+            result.before.usd_nanos - result.usd_nanos,
+            result.before.diem_nanos - result.diem_nanos)
+        return Hold(self, request_id, payer, result.before, now)
+
+    async def settle(self, hold: Hold, cost: Cost) -> ledger.Settled:
+        now = self.clock()
+        elapsed_ms = int((time.monotonic() - hold.started) * 1000)
+        settled = await self.writer.run(lambda s: ledger.settle(
+            s, hold.request_id, hold.payer, cost, started_at=hold.started_at, now=now,
+            execution_ms=elapsed_ms))
+        self._balances.pop(hold.payer.account_id, None)
+        return settled
+
+    async def release(self, request_id: str) -> None:
+        await self.writer.run(lambda s: ledger.release(s, request_id))
+
+    async def balances(self, account_id: str) -> Balances:
+        cached = self._balances.get(account_id)
+        if cached is not None:
+            return cached
+        now = self.clock()
+
+        def read() -> Balances:
+            with Session(self._engine) as session:
+                return ledger.balances(session, account_id, now)[0]
+
+        found = await asyncio.to_thread(read)
+        self._balances[account_id] = found
+        return found
+
+    async def sweep(self) -> int:
+        """Release the holds of requests that can no longer finish; returns how many."""
+        now = self.clock()
+
+        def stale() -> list[str]:
+            with Session(self._engine) as session:
+                return ledger.stale_holds(session, now, HOLD_MAX_AGE)
+
+        released = 0
+        for request_id in await asyncio.to_thread(stale):
+            if await self.writer.run(lambda s, r=request_id: ledger.release(s, r)):
+                logger.warning("released the stale hold of request %s", request_id)
+                released += 1
+        return released
+
+    async def run_sweeper(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception:
+                logger.exception("sweeping stale holds failed")
+            await asyncio.sleep(interval_s)
+
+    def close(self) -> None:
+        self.writer.close()
+        self._engine.dispose()

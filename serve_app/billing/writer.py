@@ -1,0 +1,149 @@
+"""Group commit: money operations of one replica run on one worker thread, as many as are
+waiting in one transaction. Each caller is answered only after the commit that holds its
+operation, so a charge is durable before the request is answered, and a busy replica pays for
+one commit per batch instead of one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+from sqlmodel import Session
+
+from serve_app.errors import ApiError
+
+logger = logging.getLogger("serve_app.billing")
+
+T = TypeVar("T")
+Operation = Callable[[Session], Any]
+
+MAX_BATCH = 64
+RETRIES = 8
+
+
+class _Job:
+    __slots__ = ("future", "loop", "op")
+
+    def __init__(self, op: Operation, future: asyncio.Future, loop: asyncio.AbstractEventLoop):
+        self.op, self.future, self.loop = op, future, loop
+
+    def answer(self, result: Any = None, error: BaseException | None = None) -> None:
+        def deliver() -> None:
+            if self.future.done():
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+
+        self.loop.call_soon_threadsafe(deliver)
+
+
+class BatchWriter:
+    """Runs operations (functions of a session) in batched transactions on a worker thread.
+
+    An operation that refuses (raises ApiError, e.g. 402) must do so before it writes: the
+    batch goes on without it. A database error (lock timeout, deadlock, serialization) rolls
+    the batch back, and its operations are retried one by one.
+    """
+
+    def __init__(self, engine: Engine, max_batch: int = MAX_BATCH) -> None:
+        self._engine = engine
+        self._max_batch = max_batch
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.batches = 0
+        self.operations = 0
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="billing-writer",
+                                                daemon=True)
+                self._thread.start()
+
+    async def run(self, op: Callable[[Session], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self._ensure_thread()
+        self._jobs.put(_Job(op, future, loop))
+        # The operation runs to its commit even if the caller is cancelled (a client that hung
+        # up): shield it, so the ledger never misses a write that the database has.
+        return await asyncio.shield(future)
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            first = self._jobs.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._jobs.put(None)
+                    break
+                batch.append(job)
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        if len(batch) > 1:
+            try:
+                results = self._transaction(batch)
+            except Exception as exc:
+                logger.info("billing batch of %d rolled back (%s); retrying one by one",
+                            len(batch), type(exc).__name__)
+            else:
+                for job, (result, error) in zip(batch, results, strict=True):
+                    job.answer(result, error)
+                return
+        for job in batch:
+            self._run_alone(job)
+
+    def _run_alone(self, job: _Job) -> None:
+        for attempt in range(RETRIES):
+            try:
+                (result, error), = self._transaction([job])
+            except DBAPIError as exc:
+                if attempt == RETRIES - 1:
+                    job.answer(error=exc)
+                    return
+                time.sleep(random.uniform(0.001, 0.01) * (attempt + 1))
+            except Exception as exc:
+                job.answer(error=exc)
+                return
+            else:
+                job.answer(result, error)
+                return
+
+    def _transaction(self, batch: list[_Job]) -> list[tuple[Any, BaseException | None]]:
+        results: list[tuple[Any, BaseException | None]] = []
+        with Session(self._engine, expire_on_commit=False) as session:
+            for job in batch:
+                try:
+                    results.append((job.op(session), None))
+                except ApiError as exc:  # a refusal: nothing of this operation was written
+                    results.append((None, exc))
+                except LookupError as exc:
+                    results.append((None, exc))
+            session.commit()
+        self.batches += 1
+        self.operations += len(batch)
+        return results
