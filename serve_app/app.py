@@ -59,6 +59,9 @@ class AppArgs(BaseModel):
     # Serve options of the Gateway deployment (num_replicas, ...) for callers of `build_app`
     # in Python; a config file sets them in its `deployments:` section instead.
     gateway_options: dict[str, Any] = {}
+    # Use the model deployments of this other Serve application instead of running them: a
+    # second gateway (another database, another region) shares one set of engines.
+    model_app: str | None = None
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -75,15 +78,19 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     unknown = [d for d in wanted if d not in MODEL_DEPLOYMENTS]
     if unknown:
         raise ValueError(f"no model deployment named {unknown}; known: {sorted(MODEL_DEPLOYMENTS)}")
-    for name in wanted:
-        for model in catalog.models:
-            if model.deployment == name:
-                check_weights(model, settings.data_dir)
-    handles = {
-        name: MODEL_DEPLOYMENTS[name](
-            [m for m in catalog.models if m.deployment == name], settings.model_dump(mode="json"))
-        for name in wanted
-    }
+    if app_args.model_app:
+        handles = {name: serve.get_deployment_handle(name, app_name=app_args.model_app)
+                   for name in wanted}
+    else:
+        for name in wanted:
+            for model in catalog.models:
+                if model.deployment == name:
+                    check_weights(model, settings.data_dir)
+        handles = {
+            name: MODEL_DEPLOYMENTS[name]([m for m in catalog.models if m.deployment == name],
+                                          settings.model_dump(mode="json"))
+            for name in wanted
+        }
     # The admin key is only needed by bootstrap; keep it out of replica arguments.
     replica_settings = settings.model_dump(mode="json", exclude={"admin_api_key"})
     gateway = Gateway.options(**app_args.gateway_options) if app_args.gateway_options else Gateway

@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     review.add_argument("--message")
     review.add_argument("--locale")
 
+    account = sub.add_parser("create-account", help="create an account with an ADMIN key "
+                                                    "(printed once)")
+    account.add_argument("--usd", type=_amount, default=Decimal(0))
+    account.add_argument("--partner", action="store_true",
+                         help="partner accounts get the partner rate-limit columns")
+    account.add_argument("--description", default="Account admin key")
+
     sub.add_parser("accounts", help="list accounts with their balances")
     return parser
 
@@ -99,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 def _accounts(session: Session) -> list[dict]:
     return [{"id": a.id, "kind": a.kind, "walletAddress": a.wallet_address,
              "usd": as_number(a.usd_balance_nanos), "diem": as_number(a.diem_balance_nanos),
-             "stakedTokens": a.staked_tokens}
+             "stakedTokens": a.staked_tokens, "isPartner": a.is_partner}
             for a in session.exec(select(Account).order_by(Account.created_at)).all()]
 
 
@@ -114,6 +121,13 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
         with Session(engine, expire_on_commit=False) as session:
             if args.command == "accounts":
                 return _accounts(session)
+            if args.command == "create-account":
+                new = Account(usd_balance_nanos=to_nanos(args.usd), is_partner=args.partner)
+                session.add(new)
+                session.commit()
+                key = service.create_key(session, new.id, CreateApiKeyRequest(
+                    apiKeyType="ADMIN", description=args.description))
+                return {"accountId": new.id, "apiKey": key["apiKey"], "keyId": key["id"]}
             if args.command == "create-character":
                 req = CreateCharacterRequest(
                     slug=args.slug, name=args.name, description=args.description,

@@ -14,7 +14,11 @@ from fastapi import FastAPI
 
 from serve_app.api import api_keys, billing, characters, chat, embeddings, models, responses
 from serve_app.errors import install_error_handlers
-from serve_app.middleware import RequestIdLogFilter, ServiceHeadersMiddleware
+from serve_app.middleware import (
+    RequestIdLogFilter,
+    RequestOutcomeMiddleware,
+    ServiceHeadersMiddleware,
+)
 from serve_app.state import GatewayState
 from serve_app.version import service_version
 
@@ -71,6 +75,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(responses.router)
     app.include_router(billing.router)
     app.include_router(characters.router)
+    app.add_middleware(RequestOutcomeMiddleware, on_finished=state.limits.request_finished)
     app.add_middleware(ServiceHeadersMiddleware)
     return app
 

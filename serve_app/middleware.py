@@ -13,6 +13,7 @@ import contextvars
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from starlette.datastructures import MutableHeaders
@@ -127,3 +128,32 @@ class ServiceHeadersMiddleware:
                 except ValueError:
                     return 0
         return 0
+
+
+class RequestOutcomeMiddleware:
+    """Tells `on_finished(request state, status)` how each HTTP request ended (the error
+    budgets count failed requests of any endpoint)."""
+
+    def __init__(self, app: ASGIApp, on_finished: Callable[[dict, int], None]) -> None:
+        self.app = app
+        self.on_finished = on_finished
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_watching(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_watching)
+        finally:
+            try:
+                self.on_finished(scope.get("state", {}), status)
+            except Exception:  # the answer is out; counting must not break it
+                logging.getLogger("serve_app.middleware").exception("outcome hook failed")

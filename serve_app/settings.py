@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +35,12 @@ class Settings(BaseSettings):
     web_search_api_key: str | None = None
     # `host:port` pairs the server may fetch although they are private (comma-separated).
     web_fetch_allowed_hosts: str = ""
+    # Where rate-limit counts live: `redis` (REDIS_URL), `ray` (one actor per cluster),
+    # `local` (this process only); `auto` picks Redis when REDIS_URL is set, else Ray under
+    # Serve, else local.
+    rate_limit_backend: Literal["auto", "local", "ray", "redis"] = "auto"
+    # Prefix of the rate-limit keys in Redis (several platforms can share one server).
+    redis_prefix: str = "inference"
 
     @property
     def allowed_fetch_hosts(self) -> frozenset[str]:

@@ -15,9 +15,28 @@ from serve_app.catalog import Catalog, load_catalog
 from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
 from serve_app.db.engine import make_engine
+from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
+from serve_app.limits.service import RateLimits
 from serve_app.net_guard import GuardedFetcher
 from serve_app.routing import ModelRouter
 from serve_app.settings import Settings
+
+
+def limiter_backend(settings: Settings) -> LimiterBackend:
+    choice = settings.rate_limit_backend
+    if choice == "auto":
+        import ray
+
+        choice = "redis" if settings.redis_url else "ray" if ray.is_initialized() else "local"
+    if choice == "redis":
+        if not settings.redis_url:
+            raise ValueError("RATE_LIMIT_BACKEND=redis needs REDIS_URL")
+        from serve_app.limits.redis_backend import RedisLimiter
+
+        return RedisLimiter(settings.redis_url, prefix=settings.redis_prefix)
+    if choice == "ray":
+        return RayLimiter()
+    return LocalLimiter()
 
 
 @dataclass
@@ -30,6 +49,7 @@ class GatewayState:
     router: ModelRouter
     web: WebTools
     billing: Billing
+    limits: RateLimits
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -53,6 +73,7 @@ class GatewayState:
             web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                          settings.web_search_url, settings.web_search_api_key),
             billing=Billing(settings.resolved_database_url),
+            limits=RateLimits(limiter_backend(settings), engine),
         )
 
     async def start(self) -> None:
@@ -73,6 +94,7 @@ class GatewayState:
         with contextlib.suppress(Exception):
             await self.keys.sync()  # write the last `lastUsedAt` stamps
         self.billing.close()
+        await self.limits.close()
         self.engine.dispose()
 
     async def key_changed(self, key_hashes: list[str]) -> None:

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from sqlmodel import col, select
 
-from serve_app.api.deps import AdminKey, JsonBody, State, run_db
+from serve_app.api.deps import AdminKey, CurrentKey, JsonBody, State, run_db
+from serve_app.billing.windows import next_epoch
 from serve_app.control import api_keys as service
+from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
+from serve_app.limits.policy import limits_for
+from serve_app.money import as_number
 from serve_app.schemas.api_keys import CreateApiKeyRequest, UpdateApiKeyRequest
 
 router = APIRouter(tags=["API Keys"])
 
 
 @router.post("/api_keys", dependencies=[JsonBody], summary="Create an API key")
-async def create_api_key(body: CreateApiKeyRequest, key: AdminKey, state: State) -> dict:
+async def create_api_key(body: CreateApiKeyRequest, request: Request, key: AdminKey,
+                         state: State) -> dict:
+    await state.limits.admit_key_creation(request, key)
     data = await run_db(state, lambda s: service.create_key(s, key.account_id, body))
     return {"data": data, "success": True}
 
@@ -29,6 +36,45 @@ async def update_api_key(body: UpdateApiKeyRequest, key: AdminKey, state: State)
 async def list_api_keys(key: AdminKey, state: State) -> dict:
     data = await run_db(state, lambda s: service.list_keys(s, key.account_id))
     return {"object": "list", "data": data}
+
+
+# Registered before `/api_keys/{key_id}`, which would otherwise take these paths.
+@router.get("/api_keys/rate_limits", summary="Rate limits, tier and balances of this key")
+async def rate_limits(key: CurrentKey, state: State) -> dict:
+    balances = await state.billing.balances(key.account_id)
+    now = state.billing.clock()
+    per_model = []
+    for model in state.catalog.models:
+        limits = limits_for(model, is_partner=key.is_partner)
+        if limits is None:
+            continue
+        entries = [{"amount": limits.requests_per_minute, "type": "RPM"}]
+        if limits.tokens_per_minute:
+            entries.append({"amount": limits.tokens_per_minute, "type": "TPM"})
+        per_model.append({"apiModelId": model.id, "rateLimits": entries})
+    return {"data": {
+        "accessPermitted": balances.usd_nanos + balances.diem_nanos > 0,
+        "apiTier": {"id": "partner" if key.is_partner else "paid", "isCharged": True},
+        "balances": {"USD": as_number(balances.usd_nanos) or 0,
+                     "DIEM": as_number(balances.diem_nanos) or 0},
+        "keyExpiration": iso_z(key.expires_at),
+        "nextEpochBegins": iso_z(next_epoch(now)),
+        "rateLimits": per_model,
+    }}
+
+
+@router.get("/api_keys/rate_limits/log", summary="The account's last 50 rate-limit events")
+async def rate_limit_log(key: AdminKey, state: State) -> dict:
+    def newest(session) -> list[RateLimitEvent]:
+        return list(session.exec(
+            select(RateLimitEvent).where(RateLimitEvent.account_id == key.account_id)
+            .order_by(col(RateLimitEvent.created_at).desc(), col(RateLimitEvent.id).desc())
+            .limit(50)).all())
+
+    events = await run_db(state, newest)
+    return {"object": "list", "data": [
+        {"apiKeyId": e.api_key_id, "modelId": e.model_id or "", "rateLimitTier": e.tier,
+         "rateLimitType": e.limit_type, "timestamp": iso_z(e.created_at)} for e in events]}
 
 
 @router.get("/api_keys/{key_id}", summary="Get an API key")

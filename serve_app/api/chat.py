@@ -2,35 +2,73 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from serve_app.api.deps import CurrentKey, JsonBody, State
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.admission import hold_for
-from serve_app.chat.service import Admit, ChatPlan, open_stream, plan_chat, run_unary
+from serve_app.chat.prompt import UnsupportedFeature
+from serve_app.chat.service import (
+    Admit,
+    ChatPlan,
+    Limit,
+    open_stream,
+    plan_chat,
+    run_unary,
+)
 from serve_app.responses import add_model_headers, json_response
+from serve_app.routing import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.state import GatewayState
 
 router = APIRouter(tags=["Chat"])
 
 
-def chat_admission(request: Request, state: GatewayState, key: KeyRecord) -> Admit:
-    """Privacy tier and the hold for the model and its fallbacks, before any work."""
+def chat_admission(request: Request, state: GatewayState, key: KeyRecord,
+                   prompt_estimate: int) -> tuple[Limit, Admit]:
+    """The steps before the work: rate limits and error budgets as soon as the model is
+    known; the privacy tier and the hold for the model and its fallbacks once the request is
+    valid."""
+
+    async def limit(routed: RoutedModel):
+        return await state.limits.admit(request, key, routed.model, prompt_estimate,
+                                        feature_budget=True)
 
     async def admit(plan: ChatPlan) -> None:
         plan.hold = await hold_for(request, state, key, [c.model for c in plan.candidates],
                                    plan.max_units)
 
-    return admit
+    return limit, admit
+
+
+async def planned(request: Request, state: GatewayState, key: KeyRecord,
+                  make_plan: Callable[[Limit, Admit], Awaitable[ChatPlan]],
+                  prompt_estimate: int) -> ChatPlan:
+    """Plan a chat request; an unsupported feature counts toward its own error budget."""
+    limit, admit = chat_admission(request, state, key, prompt_estimate)
+    try:
+        return await make_plan(limit, admit)
+    except UnsupportedFeature:
+        state.limits.unsupported_feature(request, key,
+                                         getattr(request.state, "limit_model", ""))
+        raise
+
+
+def prompt_estimate(body_json: str) -> int:
+    """Tokens of a prompt before it is tokenised: about four bytes per token."""
+    return len(body_json.encode()) // 4 + 1
 
 
 @router.post("/chat/completions", dependencies=[JsonBody], summary="Chat completion")
 async def chat_completions(body: ChatCompletionRequest, request: Request, key: CurrentKey,
                            state: State) -> Response:
-    plan = await plan_chat(body, state, request.state.request_id,
-                           chat_admission(request, state, key))
+    plan = await planned(
+        request, state, key,
+        lambda limit, admit: plan_chat(body, state, request.state.request_id, admit, limit),
+        prompt_estimate(body.model_dump_json(include={"messages"})))
     try:
         headers = request.state.response_headers
         headers["x-service-is-content-violation"] = "false"

@@ -45,20 +45,23 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, key: Curre
                             state: State) -> Response:
     routed = state.router.resolve(body.model, "embedding")
     model = routed.model
+    texts = body.texts
+    ticket = await state.limits.admit(request, key, model, sum(len(t) for t in texts) // 4 + 1)
     if body.dimensions is not None and model.dimensions and body.dimensions > model.dimensions:
         raise invalid_request(f"dimensions must be at most {model.dimensions} for {model.id}",
                               "dimensions")
-    handle = state.router.handle(model)
-    add_model_headers(request, model, routed.router)
-    texts = body.texts
     hold = await hold_for(request, state, key, [model], lambda _m: {"input": _max_tokens(texts)})
     try:
+        handle = state.router.handle(model)
+        add_model_headers(request, model, routed.router)
         result = await call_model(handle.embed, model.id, model.id, texts)
     except BaseException:
         await hold.finish(None)
         raise
     tokens = int(result["prompt_tokens"])
     await hold.finish(price(model, {"input": tokens}))
+    if ticket is not None:
+        await ticket.correct(tokens)
     vectors = _shape(result["vectors"], body.dimensions)
     payload = {
         "object": "list",

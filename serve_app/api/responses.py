@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from serve_app.api.chat import chat_admission
+from serve_app.api.chat import planned, prompt_estimate
 from serve_app.api.deps import CurrentKey, JsonBody, State
 from serve_app.chat.responses_api import respond, stream_response, to_chat_request
 from serve_app.chat.service import plan_chat
@@ -18,8 +18,12 @@ router = APIRouter(tags=["Chat"])
 @router.post("/responses", dependencies=[JsonBody], summary="Create a model response")
 async def create_response(body: ResponsesRequest, request: Request, key: CurrentKey,
                           state: State) -> Response:
-    plan = await plan_chat(to_chat_request(body), state, request.state.request_id,
-                           chat_admission(request, state, key))
+    chat_request = to_chat_request(body)
+    plan = await planned(
+        request, state, key,
+        lambda limit, admit: plan_chat(chat_request, state, request.state.request_id, admit,
+                                       limit),
+        prompt_estimate(chat_request.model_dump_json(include={"messages"})))
     try:
         if body.stream:
             _, events = await stream_response(plan, state)

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from serve_app.auth.secrets import hash_secret
-from serve_app.db.tables import ApiKey, ApiKeyType, as_utc, utcnow
+from serve_app.db.tables import Account, ApiKey, ApiKeyType, as_utc, utcnow
 from serve_app.errors import ApiError, authentication_failed
 
 logger = logging.getLogger("serve_app.auth")
@@ -45,13 +45,14 @@ class KeyRecord:
     limit_usd_nanos: int | None
     limit_diem_nanos: int | None
     expires_at: datetime | None
+    is_partner: bool = False  # the account's partner status: the partner rate-limit columns
 
     @property
     def is_admin(self) -> bool:
         return self.key_type == ApiKeyType.ADMIN
 
     @classmethod
-    def from_row(cls, row: ApiKey) -> KeyRecord:
+    def from_row(cls, row: ApiKey, *, is_partner: bool = False) -> KeyRecord:
         return cls(
             id=row.id,
             account_id=row.account_id,
@@ -63,6 +64,7 @@ class KeyRecord:
             limit_usd_nanos=row.limit_usd_nanos,
             limit_diem_nanos=row.limit_diem_nanos,
             expires_at=as_utc(row.expires_at),
+            is_partner=is_partner,
         )
 
 
@@ -102,10 +104,14 @@ class KeyStore:
 
     def _load(self, key_hash: str) -> KeyRecord | None:
         with Session(self.engine) as session:
-            row = session.exec(
-                select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.deleted_at.is_(None))
+            found = session.exec(
+                select(ApiKey, Account.is_partner).join(Account)
+                .where(ApiKey.key_hash == key_hash, ApiKey.deleted_at.is_(None))
             ).first()
-            return KeyRecord.from_row(row) if row else None
+            if found is None:
+                return None
+            row, is_partner = found
+            return KeyRecord.from_row(row, is_partner=bool(is_partner))
 
     def invalidate(self, key_hashes: Iterable[str] | None) -> None:
         """Forget the given keys (all keys when None)."""

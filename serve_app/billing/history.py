@@ -22,7 +22,7 @@ from sqlalchemy import and_, or_
 from sqlmodel import Session, select
 
 from serve_app.billing.pricing import LINE_TYPES
-from serve_app.db.tables import LedgerLine, as_utc
+from serve_app.db.tables import LedgerLine, iso_z
 from serve_app.errors import invalid_request
 from serve_app.money import as_number
 
@@ -43,16 +43,12 @@ class Walk:
     after: tuple[datetime, int] | None = None  # the last line returned
 
 
-def _iso(value: datetime) -> str:
-    return as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def encode_cursor(secret: bytes, account_id: str, walk: Walk, now: datetime) -> str:
     assert walk.after is not None
     payload = {"a": account_id, "t": int(now.timestamp()), "n": walk.page_size,
-               "s": _iso(walk.start) if walk.start else None,
-               "e": _iso(walk.end) if walk.end else None, "c": walk.currency,
-               "p": [_iso(walk.after[0]), walk.after[1]]}
+               "s": iso_z(walk.start) if walk.start else None,
+               "e": iso_z(walk.end) if walk.end else None, "c": walk.currency,
+               "p": [iso_z(walk.after[0]), walk.after[1]]}
     raw = json.dumps(payload, separators=(",", ":")).encode()
     sig = hmac.new(secret, raw, hashlib.sha256).digest()[:_SIG_BYTES]
     return base64.urlsafe_b64encode(sig + raw).decode().rstrip("=")
@@ -114,7 +110,7 @@ def line_record(line: LedgerLine) -> dict[str, Any]:
         "notes": "API Inference",
         "pricePerUnitUsd": line.price_per_unit_usd,
         "sku": line.sku,
-        "timestamp": _iso(line.created_at),
+        "timestamp": iso_z(line.created_at),
         "units": line.units / scale,
     }
 

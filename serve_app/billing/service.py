@@ -75,7 +75,7 @@ class Hold:
         if self.done:
             return
         self.done = True
-        await self.billing.release(self.request_id)
+        await self.billing.release(self)
 
     async def finish(self, cost: Cost | None) -> None:
         """Settle when there is something to charge, otherwise release; survives the
@@ -115,8 +115,9 @@ class Billing:
         self._balances.pop(hold.payer.account_id, None)
         return settled
 
-    async def release(self, request_id: str) -> None:
-        await self.writer.run(lambda s: ledger.release(s, request_id))
+    async def release(self, hold: Hold) -> None:
+        await self.writer.run(lambda s: ledger.release(s, hold.request_id))
+        self._balances.pop(hold.payer.account_id, None)
 
     async def balances(self, account_id: str) -> Balances:
         cached = self._balances.get(account_id)

@@ -28,6 +28,7 @@ from serve_app.chat.prompt import (
 from serve_app.chat.web import WebDocument, WebUnavailable, find_urls
 from serve_app.db.tables import Character
 from serve_app.errors import ApiError
+from serve_app.limits.service import Ticket
 from serve_app.model_calls import ModelFailed, stream_model
 from serve_app.routing import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
@@ -66,6 +67,7 @@ class ChatPlan:
     usage: Usage = field(default_factory=Usage)
     answered_by: RoutedModel | None = None
     hold: Hold | None = None
+    ticket: Ticket | None = None  # the rate-limit admission, corrected by the measured tokens
 
     def max_units(self, model: CatalogModel) -> dict[str, int]:
         """The most tokens this request can use on `model`, for the hold.
@@ -96,8 +98,12 @@ class ChatPlan:
                                               "output": self.usage.completion_tokens})
 
     async def finish_charge(self) -> None:
+        """Settle the hold with the measured cost and correct the token count."""
         if self.hold is not None:
             await self.hold.finish(self.cost())
+        if self.ticket is not None:
+            ticket, self.ticket = self.ticket, None
+            await ticket.correct(self.usage.prompt_tokens + self.usage.completion_tokens)
 
     @property
     def router_label(self) -> str:
@@ -198,20 +204,25 @@ async def _web_context(state: GatewayState, plan: ChatPlan) -> None:
 
 
 Admit = Callable[["ChatPlan"], Awaitable[None]]
+Limit = Callable[[RoutedModel], Awaitable[Ticket | None]]
 
 
 async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
-                    request_id: str, admit: Admit | None = None) -> ChatPlan:
-    """Validate and plan; `admit` (privacy, limits, the hold) runs once the request is known
-    to be valid and before any work (character lookup, web search, the model)."""
+                    request_id: str, admit: Admit | None = None,
+                    limit: Limit | None = None) -> ChatPlan:
+    """Validate and plan. `limit` (rate limits, error budgets) runs as soon as the model is
+    known, before the request is checked against it; `admit` (privacy, the hold) runs once
+    the request is known to be valid and before any work (characters, web search, the
+    model)."""
     primary = state.router.resolve(req.model, "text")
+    ticket = await limit(primary) if limit is not None else None
     candidates = [primary] + [state.router.resolve(f.model, "text") for f in req.fallbacks or []]
     params = _service_parameters(req, primary.suffix_params)
     req = req.model_copy(update={"service_parameters": params})
     check_capabilities(req, primary.model)
     mode = tool_calls.tool_mode(req)
     plan = ChatPlan(request_id=request_id, req=req, params=params, candidates=candidates,
-                    engine_request={}, tool_mode=mode)
+                    engine_request={}, tool_mode=mode, ticket=ticket)
     if admit is not None:
         await admit(plan)
     comp = Composition(citations=params.enable_web_citations)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from serve_app.auth.secrets import generate_secret, hash_secret
-from serve_app.db.tables import Account, ApiKey, as_utc, utcnow
+from serve_app.billing.windows import window_start
+from serve_app.db.tables import Account, ApiKey, KeySpendWindow, UsageDaily, iso_z, utcnow
 from serve_app.errors import ApiError, invalid_request
-from serve_app.money import as_number, to_nanos
+from serve_app.money import NANOS_PER_UNIT, as_number, to_nanos
 from serve_app.schemas.api_keys import (
     ConsumptionLimit,
     CreateApiKeyRequest,
@@ -19,11 +21,6 @@ from serve_app.schemas.api_keys import (
 )
 
 MAX_ACTIVE_KEYS = 500
-
-
-def _iso(value: datetime | None) -> str | None:
-    value = as_utc(value)
-    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z") if value else None
 
 
 def _limits(row: ApiKey) -> dict[str, Any]:
@@ -43,10 +40,10 @@ def key_record(row: ApiKey) -> dict[str, Any]:
         "consumptionLimits": _limits(row),
         "limitPeriod": row.limit_period,
         "modelPrivacy": row.model_privacy,
-        "createdAt": _iso(row.created_at),
-        "expiresAt": _iso(row.expires_at),
+        "createdAt": iso_z(row.created_at),
+        "expiresAt": iso_z(row.expires_at),
         "last6Chars": row.last6,
-        "lastUsedAt": _iso(row.last_used_at),
+        "lastUsedAt": iso_z(row.last_used_at),
     }
 
 
@@ -103,7 +100,7 @@ def create_key(session: Session, account_id: str, req: CreateApiKeyRequest) -> d
         "consumptionLimit": _limits(row),
         "limitPeriod": row.limit_period,
         "modelPrivacy": row.model_privacy,
-        "expiresAt": _iso(row.expires_at),
+        "expiresAt": iso_z(row.expires_at),
     }
 
 
@@ -140,15 +137,48 @@ def update_key(session: Session, account_id: str, req: UpdateApiKeyRequest) -> t
     return key_record(row), row.key_hash
 
 
+def _amount(nanos: int) -> str:
+    return f"{Decimal(nanos) / NANOS_PER_UNIT:.4f}"
+
+
+def _with_usage(session: Session, rows: list[ApiKey]) -> list[dict[str, Any]]:
+    """Records with `usage.trailingSevenDays` (from the daily rollups) and, for keys with a
+    consumption limit, `currentPeriodUsage` (the key's current window)."""
+    now = utcnow()
+    ids = [r.id for r in rows]
+    week: dict[str, tuple[int, int]] = {}
+    if ids:
+        for key_id, usd, diem in session.exec(
+                select(UsageDaily.api_key_id, func.sum(UsageDaily.usd_nanos),
+                       func.sum(UsageDaily.diem_nanos))
+                .where(col(UsageDaily.api_key_id).in_(ids),
+                       UsageDaily.day >= (now - timedelta(days=6)).date())
+                .group_by(UsageDaily.api_key_id)).all():
+            week[key_id] = (int(usd or 0), int(diem or 0))
+    records = []
+    for row in rows:
+        record = key_record(row)
+        usd, diem = week.get(row.id, (0, 0))
+        record["usage"] = {"trailingSevenDays": {"usd": _amount(usd), "vcu": _amount(0),
+                                                 "diem": _amount(diem)}}
+        if row.limit_usd_nanos is not None or row.limit_diem_nanos is not None:
+            window = session.get(KeySpendWindow, (row.id, window_start(row.limit_period, now)))
+            record["currentPeriodUsage"] = {
+                "usd": _amount(window.usd_nanos if window else 0),
+                "diem": _amount(window.diem_nanos if window else 0)}
+        records.append(record)
+    return records
+
+
 def list_keys(session: Session, account_id: str) -> list[dict[str, Any]]:
     rows = session.exec(select(ApiKey).where(
         ApiKey.account_id == account_id, ApiKey.deleted_at.is_(None))
         .order_by(ApiKey.created_at)).all()
-    return [key_record(r) for r in rows]
+    return _with_usage(session, list(rows))
 
 
 def get_key(session: Session, account_id: str, key_id: str) -> dict[str, Any]:
-    return key_record(_owned_key(session, account_id, key_id))
+    return _with_usage(session, [_owned_key(session, account_id, key_id)])[0]
 
 
 def delete_key(session: Session, account_id: str, key_id: str) -> str:

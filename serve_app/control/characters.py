@@ -7,12 +7,8 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from serve_app.db.tables import Character, CharacterReview, as_utc, utcnow
+from serve_app.db.tables import Character, CharacterReview, iso_z, utcnow
 from serve_app.errors import ApiError
-
-
-def _iso(value) -> str:
-    return as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def find_character(session: Session, slug: str) -> Character:
@@ -36,13 +32,13 @@ def _stats(session: Session, character_ids: list[str]) -> dict[str, tuple[int, i
 def character_record(row: Character, stats: tuple[int, int]) -> dict[str, Any]:
     count, total = stats
     return {
-        "adult": row.adult, "author": row.author, "createdAt": _iso(row.created_at),
+        "adult": row.adult, "author": row.author, "createdAt": iso_z(row.created_at),
         "description": row.description or None, "featured": row.featured, "id": row.id,
         "modelId": row.model_id, "name": row.name, "photoUrl": row.photo_url,
         "shareUrl": None, "slug": row.slug,
         "stats": {"averageRating": round(total / count, 2) if count else 0, "imports": 0,
                   "ratingCount": count, "ratingSum": total, "userRating": None},
-        "tags": list(row.tags or []), "updatedAt": _iso(row.updated_at),
+        "tags": list(row.tags or []), "updatedAt": iso_z(row.updated_at),
         "webEnabled": row.web_enabled,
     }
 
@@ -77,7 +73,7 @@ def review_page(session: Session, slug: str, page: int, page_size: int,
         .offset((page - 1) * page_size).limit(page_size)).all()
     return {
         "object": "list",
-        "data": [{"characterId": r.character_id, "createdAt": _iso(r.created_at), "id": r.id,
+        "data": [{"characterId": r.character_id, "createdAt": iso_z(r.created_at), "id": r.id,
                   "isOwner": account_id is not None and r.account_id == account_id,
                   "locale": r.locale, "message": r.message, "rating": r.rating,
                   "userAvatarUrl": r.user_avatar_url, "username": r.username} for r in rows],
@@ -108,7 +104,7 @@ def add_review(session: Session, slug: str, *, account_id: str | None = None,
     session.add(character)
     session.commit()
     session.refresh(row)
-    return {"characterId": row.character_id, "createdAt": _iso(row.created_at), "id": row.id,
+    return {"characterId": row.character_id, "createdAt": iso_z(row.created_at), "id": row.id,
             "isOwner": True, "locale": row.locale, "message": row.message,
             "rating": row.rating, "userAvatarUrl": row.user_avatar_url,
             "username": row.username}

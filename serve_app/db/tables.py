@@ -21,6 +21,12 @@ def as_utc(value: datetime | None) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def iso_z(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC with milliseconds and a `Z`, as every answer writes times."""
+    value = as_utc(value)
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z") if value else None
+
+
 def new_id() -> str:
     return str(uuid.uuid4())
 

@@ -1,14 +1,23 @@
-"""One local Ray instance and one Serve application per test session, reached over HTTP.
+"""One local Ray instance per test session, reached over HTTP, with two Serve applications:
+
+* `inference`: the embedded default (SQLite, rate limits in the Ray actor) with the model
+  deployments;
+* `inference-pg`: a second gateway on PostgreSQL with rate limits in Redis (a redis-server of
+  the session's own, so a test can restart it), using the first application's models. It runs
+  when PostgreSQL and redis-server are available; its tests skip with the reason otherwise.
 
 Serve runs as `make run` runs it: throughput-optimised, each Gateway replica on its own
-direct-ingress port. Two Gateway replicas get two ports, so tests can address each one.
+direct-ingress port. Each application has two Gateway replicas, so tests can address each one.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +31,8 @@ from tests.integration.web_server import FakeWeb
 ADMIN_KEY = "sk-integration-admin-key-000000000001"
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
-GATEWAY_REPLICAS = 2
+GATEWAY_REPLICAS = 2  # per application
+PG_PREFIX = "/pg/api/v1"
 
 
 def _free_port_run(count: int) -> int:
@@ -43,12 +53,60 @@ def _free_port_run(count: int) -> int:
     raise RuntimeError("no free port range")
 
 
+class RedisServer:
+    """A redis-server of the test session (not the machine's), so a test may restart it."""
+
+    def __init__(self) -> None:
+        self.port = _free_port_run(1)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
 @dataclass
 class Platform:
     replica_urls: list[str]
     web: FakeWeb
+    data_dir: Path
+    pg_urls: list[str] = field(default_factory=list)
+    pg_database_url: str | None = None
+    pg_skip_reason: str | None = None
+    redis: RedisServer | None = None
     admin_key: str = ADMIN_KEY
     clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def sqlite_url(self) -> str:
+        return f"sqlite:///{self.data_dir / 'platform.db'}"
+
+    def app_urls(self, app: str) -> list[str]:
+        """The replica base URLs of `sqlite` (the default app) or `postgres`."""
+        if app == "sqlite":
+            return self.replica_urls
+        if self.pg_skip_reason:
+            pytest.skip(self.pg_skip_reason)
+        return self.pg_urls
+
+    def database_url(self, app: str) -> str:
+        return self.sqlite_url if app == "sqlite" else str(self.pg_database_url)
 
     @property
     def base_url(self) -> str:
@@ -58,26 +116,67 @@ class Platform:
         return {"Authorization": f"Bearer {key or self.admin_key}"}
 
 
-def _wait_for(url: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
+def _postgres_schema() -> tuple[str | None, str | None]:
+    """(database URL of a fresh schema, None) or (None, why there is none)."""
+    from tests.conftest import _PG_REASON, POSTGRES_URL
+
+    if _PG_REASON:
+        return None, _PG_REASON
+    if shutil.which("redis-server") is None:
+        return None, "redis-server is not installed: the PostgreSQL/Redis application is off"
+    import psycopg
+
+    schema = f"it_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return f"{POSTGRES_URL}?options=-csearch_path%3D{schema}", None
+
+
+def _drop_schema(url: str) -> None:
+    import psycopg
+
+    from tests.conftest import POSTGRES_URL
+
+    schema = url.rsplit("%3D", 1)[-1]
+    with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _wait_running(serve, app: str) -> None:
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not ready: {last}")
+        status = serve.status().applications[app].status
+        if status == "RUNNING":
+            return
+        if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+            raise RuntimeError(f"application failed: {serve.status().applications[app]}")
+        time.sleep(1)
+    raise TimeoutError(f"{app} not running")
+
+
+def _replicas_by_app(ports: range) -> tuple[list[str], list[str]]:
+    """Which direct-ingress port serves which application (they differ in route prefix)."""
+    default, pg = [], []
+    for port in ports:
+        for prefix, found in (("/api/v1", default), (PG_PREFIX, pg)):
+            url = f"http://127.0.0.1:{port}{prefix}"
+            try:
+                if httpx.get(f"{url}/models", timeout=5).status_code == 200:
+                    found.append(url)
+            except httpx.HTTPError:
+                pass
+    return default, pg
 
 
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory) -> Iterator[Platform]:
-    base = _free_port_run(GATEWAY_REPLICAS + 1)
+    pg_url, pg_reason = _postgres_schema()
+    replicas = GATEWAY_REPLICAS * (1 if pg_reason else 2)
+    base = _free_port_run(replicas + 1)
     os.environ.update({
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(base),
-        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(base + GATEWAY_REPLICAS),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(base + replicas),
         "RAY_SERVE_PORT_QUARANTINE_S": "0",
         "RAY_SERVE_DEFAULT_HTTP_HOST": "127.0.0.1",
         "RAY_AUTH_MODE": "disabled",
@@ -92,8 +191,10 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     # Built model folders outlive the session: the tiny model takes seconds, SmolLM2 ~40 s.
     os.environ.setdefault("TEST_MODEL_DIR", str(REPO / ".cache" / "models"))
     web = FakeWeb()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": base + GATEWAY_REPLICAS})
+    # Logical CPUs for placement only (the machine has 2 cores): two applications of two
+    # Gateway replicas each, plus the model replicas, need a little more than 2.
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": base + replicas})
     app = build_app({
         "settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
                      "initial_credit_usd": 100, "model_catalog": str(CATALOG),
@@ -104,22 +205,34 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
         "model_deployments": ["text-xs", "text-s", "embedding"],
     })
     serve.run(app, name="inference", route_prefix="/api/v1", blocking=False)
-    urls = [f"http://127.0.0.1:{base + i}/api/v1" for i in range(GATEWAY_REPLICAS)]
-    for url in urls:
-        _wait_for(f"{url}/models")
     # Serve answers before the model replicas are up: wait until they are.
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        status = serve.status().applications["inference"].status
-        if status == "RUNNING":
-            break
-        if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-            raise RuntimeError(f"application failed: {serve.status().applications['inference']}")
-        time.sleep(1)
+    _wait_running(serve, "inference")
+    redis = None
+    if pg_url:
+        redis = RedisServer()
+        pg_app = build_app({
+            "settings": {"data_dir": str(tmp_path_factory.mktemp("pg-data")),
+                         "database_url": pg_url, "admin_api_key": ADMIN_KEY,
+                         "initial_credit_usd": 100, "model_catalog": str(CATALOG),
+                         "redis_url": redis.url, "redis_prefix": f"it-{uuid.uuid4().hex[:6]}"},
+            "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
+            "model_deployments": ["text-xs", "text-s", "embedding"],
+            "model_app": "inference",
+        })
+        serve.run(pg_app, name="inference-pg", route_prefix=PG_PREFIX, blocking=False)
+        _wait_running(serve, "inference-pg")
+    urls, pg_urls = _replicas_by_app(range(base, base + replicas))
+    assert len(urls) == GATEWAY_REPLICAS, urls
+    assert len(pg_urls) == (GATEWAY_REPLICAS if pg_url else 0), pg_urls
     try:
-        yield Platform(replica_urls=urls, web=web)
+        yield Platform(replica_urls=urls, web=web, data_dir=data_dir, pg_urls=pg_urls,
+                       pg_database_url=pg_url, pg_skip_reason=pg_reason, redis=redis)
     finally:
         web.close()
+        if redis is not None:
+            redis.stop()
+        if pg_url:
+            _drop_schema(pg_url)
         # serve.shutdown() costs seconds and ray.shutdown() ends Serve with the cluster; the
         # engine processes vLLM spawned are reaped after it.
         tree = ray_processes()

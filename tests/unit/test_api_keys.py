@@ -35,7 +35,11 @@ def test_create_returns_the_secret_once_with_the_published_fields(pg_gateway):
     listed = pg_gateway.client.get("/api/v1/api_keys", headers=pg_gateway.auth()).json()
     assert listed["object"] == "list"
     record = next(k for k in listed["data"] if k["id"] == data["id"])
-    assert set(record) == RECORD_FIELDS
+    # List and get add the key's usage; the limited key also its current-period usage.
+    assert set(record) == RECORD_FIELDS | {"usage", "currentPeriodUsage"}
+    assert record["usage"] == {"trailingSevenDays": {"usd": "0.0000", "vcu": "0.0000",
+                                                     "diem": "0.0000"}}
+    assert record["currentPeriodUsage"] == {"usd": "0.0000", "diem": "0.0000"}
     assert record["last6Chars"] == data["apiKey"][-6:]
     assert "apiKey" not in record
 

@@ -1,0 +1,1 @@
+"""Rate limits and error budgets, counted in one place for every replica and node."""

@@ -1,0 +1,141 @@
+"""Where the counts live, behind one interface:
+
+* `LocalLimiter`: in this process (unit tests, a single replica without Ray).
+* `RayLimiter`: one named Ray actor for the whole cluster, the embedded default. Each replica
+  sends the decisions that arrive while its previous call is in flight as one batch, so a busy
+  replica pays one actor call per batch, not per request.
+* `RedisLimiter` (redis_backend.py): Lua scripts on a Redis server, one round trip per
+  decision; several Serve applications or clusters share one count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from serve_app.limits.core import LimiterCore, Outcome
+from serve_app.limits.policy import BUDGET_WINDOW_MS, WINDOW_MS
+
+logger = logging.getLogger("serve_app.limits")
+
+ACTOR_NAME = "rate-limiter"
+ACTOR_NAMESPACE = "inference-platform"
+
+
+class LimiterBackend(Protocol):
+    name: str
+
+    async def decide(self, bucket: str, rpm: int, tpm: int, tokens: int,
+                     budgets: list[tuple[str, int]], now_ms: int) -> Outcome: ...
+
+    async def adjust(self, bucket: str, window_ms: int, delta: int) -> None: ...
+
+    async def record(self, key: str, now_ms: int, member: str) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalLimiter:
+    name = "local"
+
+    def __init__(self) -> None:
+        self.core = LimiterCore()
+
+    async def decide(self, bucket: str, rpm: int, tpm: int, tokens: int,
+                     budgets: list[tuple[str, int]], now_ms: int) -> Outcome:
+        return self.core.decide(bucket, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS, budgets,
+                                now_ms)
+
+    async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
+        self.core.adjust(bucket, window_ms, delta)
+
+    async def record(self, key: str, now_ms: int, member: str) -> int:
+        return self.core.record(key, now_ms, BUDGET_WINDOW_MS)
+
+    async def close(self) -> None:
+        return None
+
+
+def _actor_class() -> Any:
+    import ray  # imported here: the gateway runs without Ray in unit tests
+
+    @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=1)
+    class RateLimiterActor:
+        """The cluster's one count. Calls run one at a time, so each batch is atomic."""
+
+        def __init__(self) -> None:
+            self.core = LimiterCore()
+            self.calls = 0
+
+        def decide_many(self, calls: list[tuple]) -> list[list[int]]:
+            self.calls += 1
+            if self.calls % 10_000 == 0:
+                self.core.expire(calls[-1][-1], WINDOW_MS, BUDGET_WINDOW_MS)
+            out = []
+            for bucket, rpm, tpm, tokens, budgets, now in calls:
+                o = self.core.decide(bucket, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS,
+                                     budgets, now)
+                out.append([0, o.budget, o.limit, o.count, o.resets_ms] if o.budget
+                           else [1, o.code, o.window_ms, o.requests, o.tokens])
+            return out
+
+        def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
+            self.core.adjust(bucket, window_ms, delta)
+
+        def record(self, key: str, now_ms: int) -> int:
+            return self.core.record(key, now_ms, BUDGET_WINDOW_MS)
+
+    return RateLimiterActor
+
+
+class RayLimiter:
+    name = "ray"
+
+    def __init__(self) -> None:
+        self._actor: Any = None
+        self._pending: list[tuple[tuple, asyncio.Future]] = []
+        self._flushing = False
+
+    def _get_actor(self) -> Any:
+        if self._actor is None:
+            self._actor = _actor_class().options(
+                name=ACTOR_NAME, namespace=ACTOR_NAMESPACE, get_if_exists=True,
+                lifetime="detached").remote()
+        return self._actor
+
+    async def decide(self, bucket: str, rpm: int, tpm: int, tokens: int,
+                     budgets: list[tuple[str, int]], now_ms: int) -> Outcome:
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append(((bucket, rpm, tpm, tokens, budgets, now_ms), future))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+        return Outcome.from_wire(await future)
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    results = await self._get_actor().decide_many.remote([c for c, _ in batch])
+                except Exception as exc:  # every waiter gets the failure
+                    self._actor = None
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._flushing = False
+
+    async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
+        await self._get_actor().adjust.remote(bucket, window_ms, delta)
+
+    async def record(self, key: str, now_ms: int, member: str) -> int:
+        return await self._get_actor().record.remote(key, now_ms)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,205 @@
+"""Step 4 of a request, as the routes use it: decide (budgets and per-minute limits in one
+call to the backend), set the rate-limit headers, refuse with 429, correct the token count
+after the work, count failed and unsupported-feature requests, and log what was refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.catalog import CatalogModel
+from serve_app.db.tables import RateLimitEvent
+from serve_app.errors import ApiError
+from serve_app.limits.backends import LimiterBackend
+from serve_app.limits.core import OK, OVER_REQUESTS, Outcome
+from serve_app.limits.policy import (
+    API_KEY_CREATIONS_PER_MINUTE,
+    BUDGET_WINDOW_MS,
+    FAILED_REQUESTS_MAX,
+    UNSUPPORTED_FEATURE_MAX,
+    WINDOW_MS,
+    Limits,
+    limits_for,
+)
+
+logger = logging.getLogger("serve_app.limits")
+
+# A flood of refusals logs one event per (key, model, type) per second and replica.
+_LOG_EVERY_S = 1.0
+
+
+@dataclass
+class Ticket:
+    """An admitted request: its bucket and window, and the tokens counted for it so far."""
+
+    limiter: RateLimits
+    bucket: str
+    window_ms: int
+    tokens: int
+
+    async def correct(self, measured_tokens: int) -> None:
+        """Replace the estimate by the measured total (prompt and completion)."""
+        delta, self.tokens = measured_tokens - self.tokens, measured_tokens
+        if delta:
+            with contextlib.suppress(Exception):  # a lost correction is not worth a 500
+                await self.limiter.backend.adjust(self.bucket, self.window_ms, delta)
+
+
+def _failed_key(owner: str, model_id: str) -> str:
+    return f"{owner}|{model_id}|FAILED"
+
+
+def _unsupported_key(owner: str, model_id: str) -> str:
+    return f"{owner}|{model_id}|UNSUPPORTED"
+
+
+class RateLimits:
+    def __init__(self, backend: LimiterBackend, engine: Engine,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.backend = backend
+        self._engine = engine
+        self.clock = clock
+        self._logged: dict[tuple, float] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    async def admit(self, request: Any, key: KeyRecord, model: CatalogModel, tokens: int, *,
+                    feature_budget: bool = False) -> Ticket | None:
+        """Admit a request for `model` (budgets, then requests and tokens per minute) or raise
+        429. `tokens` is the prompt estimate; `feature_budget`: the route counts
+        unsupported-feature requests (chat, responses)."""
+        request.state.limit_model = model.id
+        limits = limits_for(model, is_partner=key.is_partner)
+        budgets = [(_failed_key(key.id, model.id), FAILED_REQUESTS_MAX),
+                   (_failed_key(key.id, ""), FAILED_REQUESTS_MAX)]
+        if feature_budget:
+            budgets.append((_unsupported_key(key.id, model.id), UNSUPPORTED_FEATURE_MAX))
+        if limits is None:
+            limits = Limits(0, None, "unlimited")
+        now = self._now_ms()
+        bucket = f"{key.id}|{limits.bucket}"
+        outcome = await self.backend.decide(bucket, limits.requests_per_minute,
+                                            limits.tokens_per_minute or 0, tokens, budgets, now)
+        headers = request.state.response_headers
+        if outcome.budget:
+            kind = "FAILED_REQUESTS" if outcome.budget <= 2 else "UNSUPPORTED_FEATURE_REQUESTS"
+            self._log(key, model.id, limits.tier, kind)
+            raise self._budget_error(kind, outcome, model.id)
+        if limits.requests_per_minute:
+            self._set_headers(headers, limits, outcome, now)
+        if outcome.code != OK:
+            kind = "RPM" if outcome.code == OVER_REQUESTS else "TPM"
+            self._log(key, model.id, limits.tier, kind)
+            what = ("requests" if kind == "RPM" else "tokens")
+            amount = (limits.requests_per_minute if kind == "RPM"
+                      else limits.tokens_per_minute)
+            raise ApiError(429, f"Rate limit exceeded: {amount} {what} per minute for model "
+                                f"{model.id} with this API key; retry after the reset in "
+                                "x-ratelimit-reset-requests", code="RATE_LIMIT_EXCEEDED")
+        if not limits.requests_per_minute:
+            return None
+        return Ticket(self, bucket, outcome.window_ms, tokens)
+
+    @staticmethod
+    def _set_headers(headers: dict[str, str], limits: Limits, outcome: Outcome,
+                     now: int) -> None:
+        reset_ms = outcome.window_ms + WINDOW_MS
+        headers["x-ratelimit-limit-requests"] = str(limits.requests_per_minute)
+        headers["x-ratelimit-remaining-requests"] = str(
+            max(0, limits.requests_per_minute - outcome.requests))
+        headers["x-ratelimit-reset-requests"] = str(math.ceil(reset_ms / 1000))
+        if limits.tokens_per_minute:
+            headers["x-ratelimit-limit-tokens"] = str(limits.tokens_per_minute)
+            headers["x-ratelimit-remaining-tokens"] = str(
+                max(0, limits.tokens_per_minute - outcome.tokens))
+            headers["x-ratelimit-reset-tokens"] = str(max(0, math.ceil((reset_ms - now) / 1000)))
+        headers["x-ratelimit-type"] = "api_key"
+
+    @staticmethod
+    def _budget_error(kind: str, outcome: Outcome, model_id: str) -> ApiError:
+        what = "failed" if kind == "FAILED_REQUESTS" else "unsupported-feature"
+        resets = math.ceil(outcome.resets_ms / 1000)
+        message = (f"Too many {what} requests: more than {outcome.limit} {what} requests in "
+                   f"{BUDGET_WINDOW_MS // 1000} seconds for model {model_id or '(any)'} with "
+                   "this API key")
+        return ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                        headers={"x-ratelimit-remaining": "0",
+                                 "x-ratelimit-resets": str(resets)},
+                        extra={"customMessage": message})
+
+    async def admit_key_creation(self, request: Any, key: KeyRecord) -> None:
+        """API key creation: 20 per minute per account."""
+        now = self._now_ms()
+        outcome = await self.backend.decide(f"{key.account_id}|api_key_create",
+                                            API_KEY_CREATIONS_PER_MINUTE, 0, 0, [], now)
+        limits = Limits(API_KEY_CREATIONS_PER_MINUTE, None, "api_key_create")
+        self._set_headers(request.state.response_headers, limits, outcome, now)
+        if outcome.code != OK:
+            self._log(key, None, "paid", "RPM")
+            raise ApiError(429, f"Rate limit exceeded: at most {API_KEY_CREATIONS_PER_MINUTE} "
+                                "API keys may be created per minute", code="RATE_LIMIT_EXCEEDED")
+
+    def request_finished(self, state: dict[str, Any], status: int) -> None:
+        """Count a failed request (any endpoint) toward its key's error budget."""
+        key = state.get("api_key")
+        if key is None or status < 400 or status == 429 or state.get("unsupported_feature"):
+            return
+        model_id = state.get("limit_model") or ""
+        self._spawn(self.backend.record(_failed_key(key.id, model_id), self._now_ms(),
+                                        state.get("request_id", "")))
+
+    def unsupported_feature(self, request: Any, key: KeyRecord, model_id: str) -> None:
+        """Count an unsupported-feature request (its own budget, not the failed one)."""
+        request.state.unsupported_feature = True
+        self._spawn(self.backend.record(_unsupported_key(key.id, model_id), self._now_ms(),
+                                        request.state.request_id))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished_task)
+
+    def _finished_task(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("error budget count lost: %s", task.exception())
+
+    def _log(self, key: KeyRecord, model_id: str | None, tier: str, kind: str) -> None:
+        """Remember a refusal for `GET /api_keys/rate_limits/log`, without slowing the 429."""
+        logger.info("rate limit %s for key %s model %s", kind, key.id, model_id)
+        mark = (key.id, model_id, kind)
+        now = time.monotonic()
+        if now - self._logged.get(mark, 0.0) < _LOG_EVERY_S:
+            return
+        self._logged[mark] = now
+        if len(self._logged) > 10_000:
+            self._logged.clear()
+        event = RateLimitEvent(account_id=key.account_id, api_key_id=key.id, model_id=model_id,
+                               tier=tier, limit_type=kind,
+                               created_at=datetime.fromtimestamp(self.clock(), UTC))
+
+        def write() -> None:
+            with Session(self._engine) as session:
+                session.add(event)
+                session.commit()
+
+        self._spawn(asyncio.to_thread(write))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 2)
+        await self.backend.close()

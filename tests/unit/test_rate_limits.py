@@ -1,0 +1,158 @@
+"""Rate limits: the backends against the shared scenarios (local always, Redis when reachable),
+and the limits as the in-process gateway applies them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from serve_app.catalog import CatalogModel
+from serve_app.limits.backends import LocalLimiter
+from serve_app.limits.policy import limits_for
+from tests.limiter_scenarios import SCENARIOS
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _redis_unavailable() -> str | None:
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+        return None
+    except Exception as exc:  # any failure means: skip with the reason
+        return f"Redis not reachable at {REDIS_URL}: {exc}"
+
+
+_REDIS_REASON = _redis_unavailable()
+
+
+def _backend(kind: str):
+    if kind == "local":
+        return LocalLimiter()
+    if _REDIS_REASON:
+        pytest.skip(_REDIS_REASON)
+    from serve_app.limits.redis_backend import RedisLimiter
+
+    return RedisLimiter(REDIS_URL, prefix=f"test-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.mark.parametrize("kind", ["local", "redis"])
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_backend_scenarios(kind, scenario):
+    async def main():
+        backend = _backend(kind)
+        try:
+            await scenario(backend)
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+def test_redis_outage_falls_back_and_recovers():
+    """With Redis unreachable, decisions are counted in the replica and the service answers."""
+    from serve_app.limits.core import OK, OVER_REQUESTS
+    from serve_app.limits.redis_backend import RedisLimiter
+
+    async def main():
+        backend = RedisLimiter("redis://127.0.0.1:1/0", prefix="down")
+        try:
+            seen = [await backend.decide("k|class:M", 2, 0, 0, [], 1000 + i) for i in range(3)]
+            assert [o.code for o in seen] == [OK, OK, OVER_REQUESTS]
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+def test_default_table_partner_columns_and_overrides():
+    def model(**kw):
+        base = {"id": "m", "type": "text", "name": "m", "deployment": "d", "engine": "e",
+                "size_class": "S", "pricing": {}}
+        return CatalogModel(**{**base, **kw})
+
+    assert (limits_for(model(), is_partner=False).requests_per_minute,
+            limits_for(model(), is_partner=False).tokens_per_minute) == (150, 3_000_000)
+    assert limits_for(model(), is_partner=True).requests_per_minute == 300
+    assert limits_for(model(type="embedding", size_class=None),
+                      is_partner=False).requests_per_minute == 500
+    image = limits_for(model(type="image", size_class=None), is_partner=True)
+    assert image.requests_per_minute == 60 and image.tokens_per_minute is None
+    assert limits_for(model(type="video", size_class=None), is_partner=False) is None
+    custom = limits_for(model(rate_limits={"requests_per_minute": 7}), is_partner=False)
+    assert custom.requests_per_minute == 7 and custom.bucket == "model:m"
+
+
+def test_key_creation_is_limited_to_20_per_minute(gateway):
+    statuses = []
+    for i in range(21):
+        resp = gateway.client.post("/api/v1/api_keys", headers=gateway.auth(),
+                                   json={"apiKeyType": "INFERENCE", "description": f"k{i}"})
+        statuses.append(resp.status_code)
+    assert statuses == [200] * 20 + [429]
+    assert resp.json()["code"] == "RATE_LIMIT_EXCEEDED"
+    assert resp.headers["x-ratelimit-remaining-requests"] == "0"
+    log = gateway.client.get("/api/v1/api_keys/rate_limits/log", headers=gateway.auth())
+    assert log.status_code == 200
+    # The event is written off the request path: wait for it.
+    for _ in range(50):
+        events = log.json()["data"]
+        if events:
+            break
+        import time
+
+        time.sleep(0.05)
+        log = gateway.client.get("/api/v1/api_keys/rate_limits/log", headers=gateway.auth())
+    assert events[0]["rateLimitType"] == "RPM" and events[0]["rateLimitTier"] == "paid"
+    assert log.json()["object"] == "list"
+
+
+def test_rate_limits_endpoint_answers_either_key_type(gateway):
+    inference = gateway.create_key()["apiKey"]
+    resp = gateway.client.get("/api/v1/api_keys/rate_limits", headers=gateway.auth(inference))
+    assert resp.status_code == 200
+    data = resp.json()["data"]
+    assert data["accessPermitted"] is True
+    assert data["apiTier"] == {"id": "paid", "isCharged": True}
+    assert data["balances"] == {"USD": 10, "DIEM": 0}
+    assert data["keyExpiration"] is None and data["nextEpochBegins"].endswith("T00:00:00.000Z")
+    limits = {m["apiModelId"]: m["rateLimits"] for m in data["rateLimits"]}
+    assert limits["smollm2-135m-instruct"] == [{"amount": 500, "type": "RPM"},
+                                               {"amount": 5_000_000, "type": "TPM"}]
+    denied = gateway.client.get("/api/v1/api_keys/rate_limits/log",
+                                headers=gateway.auth(inference))
+    assert denied.status_code == 401
+
+
+def test_failed_requests_trip_the_error_budget(gateway):
+    """Requests to a model whose deployment is down fail (503); the 51st failure in 30 s trips
+    the key's budget for that model: 429 with the threshold named."""
+    key = gateway.create_key()["apiKey"]
+    body = {"model": "text-embedding-all-minilm-l6-v2", "input": "hello"}
+    for _ in range(51):
+        resp = gateway.client.post("/api/v1/embeddings", headers=gateway.auth(key), json=body)
+        assert resp.status_code == 503
+        assert resp.headers["x-ratelimit-limit-requests"] == "500"
+    import time
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # failures are counted just after each answer
+        resp = gateway.client.post("/api/v1/embeddings", headers=gateway.auth(key), json=body)
+        if resp.status_code == 429:
+            break
+    assert resp.status_code == 429
+    body = resp.json()
+    assert body["code"] == "RATE_LIMIT_EXCEEDED"
+    assert "more than 50 failed requests in 30 seconds" in body["customMessage"]
+    assert resp.headers["x-ratelimit-remaining"] == "0"
+    assert int(resp.headers["x-ratelimit-resets"]) > time.time()
+    assert "x-ratelimit-remaining-requests" not in resp.headers
+    # Another key is not affected.
+    other = gateway.create_key()["apiKey"]
+    assert gateway.client.post("/api/v1/embeddings", headers=gateway.auth(other),
+                               json={"model": "text-embedding-all-minilm-l6-v2",
+                                     "input": "x"}).status_code == 503
