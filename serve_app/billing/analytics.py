@@ -1,5 +1,6 @@
-"""`GET /billing/usage-analytics`, computed from the daily rollups (never the ledger): 90 days
-of a busy account are at most days x keys x models x line types rows."""
+"""`GET /billing/usage-analytics`, computed from the daily rollups (never the ledger), with the
+grouping done by the database: a few small grouped queries over at most days x keys x models x
+line types rollup rows, whatever the number of requests behind them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlalchemy import func, select
+from sqlmodel import Session, col
 
 from serve_app.billing.pricing import ANALYTICS_MODEL_TYPE, LINE_TYPES, unit_type
 from serve_app.catalog import Catalog
@@ -21,43 +23,64 @@ def _ms(day: date) -> int:
     return int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp() * 1000)
 
 
-def _num(nanos: int) -> float | int:
-    return as_number(nanos) or 0
+def _num(nanos: int | None) -> float | int:
+    return as_number(int(nanos or 0)) or 0
+
+
+def _day(value: date | str) -> date:
+    """SQLite hands grouped dates back as text."""
+    return value if isinstance(value, date) else date.fromisoformat(value)
 
 
 def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: date,
                     last: date, label: str) -> dict[str, Any]:
-    rows = session.exec(select(UsageDaily).where(
-        UsageDaily.account_id == account_id, UsageDaily.day >= first,
-        UsageDaily.day <= last)).all()
-    key_ids = {r.api_key_id for r in rows if r.api_key_id}
-    descriptions = {k.id: k.description for k in session.exec(
-        select(ApiKey).where(ApiKey.id.in_(key_ids))).all()} if key_ids else {}
+    u = UsageDaily
+    in_range = (u.account_id == account_id, u.day >= first, u.day <= last)
+    usd, diem, units = func.sum(u.usd_nanos), func.sum(u.diem_nanos), func.sum(u.units)
+
+    def grouped(*columns):
+        return session.execute(select(*columns, usd, diem, units).where(*in_range)
+                               .group_by(*columns)).all()
 
     days = [last - timedelta(days=i) for i in range((last - first).days + 1)]
-    by_day: dict[date, list[int]] = {d: [0, 0] for d in days}
+    by_day = {d: (0, 0) for d in days}
+    for day, d_usd, d_diem, _ in grouped(u.day):
+        by_day[_day(day)] = (d_usd, d_diem)
+
     models: dict[str, dict[str, Any]] = {}
-    keys: dict[str, dict[str, Any]] = {}
-    model_daily: dict[date, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    key_daily: dict[date, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in rows:
-        by_day[r.day][0] += r.usd_nanos
-        by_day[r.day][1] += r.diem_nanos
-        m = models.setdefault(r.model_id, {"usd": 0, "diem": 0, "units": 0, "types": {},
-                                           "model_type": r.model_type})
-        m["usd"] += r.usd_nanos
-        m["diem"] += r.diem_nanos
-        m["units"] += r.units
-        t = m["types"].setdefault(r.line_type, [0, 0, 0])
-        t[0] += r.usd_nanos
-        t[1] += r.diem_nanos
-        t[2] += r.units
-        k = keys.setdefault(r.api_key_id, {"usd": 0, "diem": 0, "units": 0})
-        k["usd"] += r.usd_nanos
-        k["diem"] += r.diem_nanos
-        k["units"] += r.units
-        model_daily[r.day][r.model_id] += r.diem_nanos
-        key_daily[r.day][r.api_key_id] += r.usd_nanos + r.diem_nanos
+    for model_id, model_type, line_type, m_usd, m_diem, m_units in grouped(
+            u.model_id, u.model_type, u.line_type):
+        m = models.setdefault(model_id, {"usd": 0, "diem": 0, "units": 0, "types": {},
+                                         "model_type": model_type})
+        m["usd"] += m_usd
+        m["diem"] += m_diem
+        m["units"] += m_units
+        m["types"][line_type] = (m_usd, m_diem, m_units)
+    ranked_models = sorted(models.items(), key=lambda kv: -(kv[1]["usd"] + kv[1]["diem"]))
+    top_models = [model_id for model_id, _ in ranked_models[:TOP]]
+
+    keys = sorted(((key_id, k_usd, k_diem, k_units)
+                   for key_id, k_usd, k_diem, k_units in grouped(u.api_key_id)),
+                  key=lambda row: -(row[1] + row[2]))
+    top_keys = [row[0] for row in keys[:TOP]]
+    key_ids = [row[0] for row in keys if row[0]]
+    descriptions = dict(session.execute(select(ApiKey.id, ApiKey.description).where(
+        col(ApiKey.id).in_(key_ids))).all()) if key_ids else {}
+
+    model_daily: dict[date, dict[str, int]] = defaultdict(dict)
+    if top_models:
+        for day, model_id, _, d_diem, _ in session.execute(
+                select(u.day, u.model_id, usd, diem, units)
+                .where(*in_range, col(u.model_id).in_(top_models))
+                .group_by(u.day, u.model_id)).all():
+            model_daily[_day(day)][model_id] = d_diem
+    key_daily: dict[date, dict[str, int]] = defaultdict(dict)
+    if top_keys:
+        for day, key_id, d_usd, d_diem, _ in session.execute(
+                select(u.day, u.api_key_id, usd, diem, units)
+                .where(*in_range, col(u.api_key_id).in_(top_keys))
+                .group_by(u.day, u.api_key_id)).all():
+            key_daily[_day(day)][key_id] = d_usd + d_diem
 
     def name_of(model_id: str) -> str:
         model = catalog.by_id.get(model_id)
@@ -67,8 +90,13 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
         model = catalog.by_id.get(model_id)
         return unit_type(model) if model is not None else "tokens"
 
+    def key_label(key_id: str) -> str:
+        if not key_id:
+            return "Web App"
+        return descriptions.get(key_id) or key_id
+
     by_model = []
-    for model_id, m in sorted(models.items(), key=lambda kv: -(kv[1]["usd"] + kv[1]["diem"])):
+    for model_id, m in ranked_models:
         entry: dict[str, Any] = {
             "modelName": name_of(model_id), "unitType": unit_of(model_id),
             "modelType": ANALYTICS_MODEL_TYPE.get(m["model_type"]),
@@ -77,28 +105,20 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
             entry["breakdown"] = [
                 {"type": LINE_TYPES[t][3], "usd": _num(v[0]), "diem": _num(v[1]), "units": v[2]}
                 for t, v in sorted(m["types"].items(), key=lambda kv: -(kv[1][0] + kv[1][1]))]
-        by_model.append((model_id, entry))
-    top_models = [model_id for model_id, _ in by_model[:TOP]]
-
-    def key_label(key_id: str) -> str:
-        return descriptions.get(key_id) or key_id if key_id else "Web App"
-
-    by_key = [({"apiKeyId": key_id or None, "description": key_label(key_id),
-                "totalUsd": _num(k["usd"]), "totalDiem": _num(k["diem"]),
-                "totalUnits": k["units"]}, key_id)
-              for key_id, k in sorted(keys.items(), key=lambda kv: -(kv[1]["usd"] + kv[1]["diem"]))]
-    top_keys = [key_id for _, key_id in by_key[:TOP]]
+        by_model.append(entry)
 
     return {
         "lookback": label,
         "byDate": [{"date": f"{d.isoformat()}T00:00:00.000Z", "USD": _num(by_day[d][0]),
                     "DIEM": _num(by_day[d][1])} for d in days],
-        "byModel": [entry for _, entry in by_model],
-        "byModelDaily": [{"date": _ms(d), **{name_of(m): _num(model_daily[d].get(m, 0))
+        "byModel": by_model,
+        "byModelDaily": [{"date": _ms(d), **{name_of(m): _num(model_daily[d].get(m))
                                              for m in top_models}} for d in reversed(days)],
         "topModels": [name_of(m) for m in top_models],
-        "byKey": [entry for entry, _ in by_key],
-        "byKeyDaily": [{"date": _ms(d), **{key_label(k): _num(key_daily[d].get(k, 0))
+        "byKey": [{"apiKeyId": key_id or None, "description": key_label(key_id),
+                   "totalUsd": _num(k_usd), "totalDiem": _num(k_diem), "totalUnits": k_units}
+                  for key_id, k_usd, k_diem, k_units in keys],
+        "byKeyDaily": [{"date": _ms(d), **{key_label(k): _num(key_daily[d].get(k))
                                            for k in top_keys}} for d in reversed(days)],
         "topKeyNames": [key_label(k) for k in top_keys],
     }
