@@ -77,36 +77,29 @@ def _dialect_insert(session: Session):
     return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
 
 
-def _refresh_diem_epoch(session: Session, account_id: str, now: datetime) -> None:
-    """A new UTC day resets the DIEM allocation to the staked amount (1 DIEM per token)."""
-    today = epoch_day(now)
-    session.execute(
-        update(_accounts)
-        .where(_accounts.c.id == account_id,
-               (_accounts.c.diem_epoch.is_(None)) | (_accounts.c.diem_epoch != today))
-        .values(diem_balance_nanos=_accounts.c.staked_tokens * NANOS_PER_UNIT,
-                diem_epoch=today))
-
-
-def _locked_account(session: Session, account_id: str):
+def _locked_account(session: Session, account_id: str, now: datetime) -> tuple[int, int, str]:
+    """(USD, DIEM, epoch) of the account, locked. A new UTC day resets the DIEM allocation to
+    the staked amount (1 DIEM per token): the caller's UPDATE writes it with the epoch."""
     row = session.execute(
         select(_accounts.c.usd_balance_nanos, _accounts.c.diem_balance_nanos,
-               _accounts.c.diem_epoch)
+               _accounts.c.diem_epoch, _accounts.c.staked_tokens)
         .where(_accounts.c.id == account_id).with_for_update()).first()
     if row is None:
         raise ApiError(401, "Account not found", code="AUTHENTICATION_FAILED")
-    return row
+    today = epoch_day(now)
+    if row.diem_epoch != today:
+        return row.usd_balance_nanos, row.staked_tokens * NANOS_PER_UNIT, today
+    return row.usd_balance_nanos, row.diem_balance_nanos, today
 
 
 def _locked_window(session: Session, payer: Payer, start: str):
-    session.execute(_dialect_insert(session)(_windows)
-                    .values(api_key_id=payer.api_key_id, window_start=start, usd_nanos=0,
-                            diem_nanos=0)
-                    .on_conflict_do_nothing(index_elements=["api_key_id", "window_start"]))
+    """The key's window (created at zero when new), locked: one statement."""
+    stmt = _dialect_insert(session)(_windows).values(
+        api_key_id=payer.api_key_id, window_start=start, usd_nanos=0, diem_nanos=0)
     return session.execute(
-        select(_windows.c.usd_nanos, _windows.c.diem_nanos)
-        .where(_windows.c.api_key_id == payer.api_key_id, _windows.c.window_start == start)
-        .with_for_update()).one()
+        stmt.on_conflict_do_update(index_elements=["api_key_id", "window_start"],
+                                   set_={"usd_nanos": _windows.c.usd_nanos})
+        .returning(_windows.c.usd_nanos, _windows.c.diem_nanos)).one()
 
 
 def _add_to_window(session: Session, key_id: str, start: str, usd: int, diem: int) -> None:
@@ -119,9 +112,7 @@ def _add_to_window(session: Session, key_id: str, start: str, usd: int, diem: in
 def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
          now: datetime) -> HoldResult:
     """Reserve the most the request may cost against balance and key limit, or refuse (402)."""
-    _refresh_diem_epoch(session, payer.account_id, now)
-    account = _locked_account(session, payer.account_id)
-    usd_balance, diem_balance = account.usd_balance_nanos, account.diem_balance_nanos
+    usd_balance, diem_balance, epoch = _locked_account(session, payer.account_id, now)
     before = Balances(usd_balance, diem_balance)
     diem_room = diem_balance
     window = start = None
@@ -144,14 +135,14 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
                             f"current {payer.limit_period} period",
                        code="API_KEY_USD_SPEND_LIMIT_EXCEEDED")
     session.execute(update(_accounts).where(_accounts.c.id == payer.account_id).values(
-        usd_balance_nanos=_accounts.c.usd_balance_nanos - usd_part,
-        diem_balance_nanos=_accounts.c.diem_balance_nanos - diem_part))
+        usd_balance_nanos=usd_balance - usd_part, diem_balance_nanos=diem_balance - diem_part,
+        diem_epoch=epoch))
     if start is not None and payer.api_key_id is not None:
         _add_to_window(session, payer.api_key_id, start, usd_part, diem_part)
     session.execute(_holds.insert().values(
         request_id=request_id, account_id=payer.account_id, api_key_id=payer.api_key_id,
         window_start=start, usd_nanos=usd_part, diem_nanos=diem_part,
-        diem_epoch=account.diem_epoch, created_at=now))
+        diem_epoch=epoch, created_at=now))
     return HoldResult(before, usd_part, diem_part)
 
 

@@ -72,13 +72,9 @@ def _actor_class() -> Any:
             self.calls += 1
             if self.calls % 10_000 == 0:
                 self.core.expire(calls[-1][-1], WINDOW_MS, BUDGET_WINDOW_MS)
-            out = []
-            for bucket, rpm, tpm, tokens, budgets, now in calls:
-                o = self.core.decide(bucket, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS,
-                                     budgets, now)
-                out.append([0, o.budget, o.limit, o.count, o.resets_ms] if o.budget
-                           else [1, o.code, o.window_ms, o.requests, o.tokens])
-            return out
+            return [self.core.decide(bucket, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS,
+                                     budgets, now).to_wire()
+                    for bucket, rpm, tpm, tokens, budgets, now in calls]
 
         def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
             self.core.adjust(bucket, window_ms, delta)
@@ -96,6 +92,8 @@ class RayLimiter:
         self._actor: Any = None
         self._pending: list[tuple[tuple, asyncio.Future]] = []
         self._flushing = False
+        # While the actor cannot be reached (it is restarting), count in this replica.
+        self._fallback = LocalLimiter()
 
     def _get_actor(self) -> Any:
         if self._actor is None:
@@ -119,11 +117,14 @@ class RayLimiter:
                 batch, self._pending = self._pending, []
                 try:
                     results = await self._get_actor().decide_many.remote([c for c, _ in batch])
-                except Exception as exc:  # every waiter gets the failure
+                except Exception as exc:  # the actor is down or restarting
+                    logger.warning("rate-limit actor unreachable (%s): counting in this "
+                                   "replica for now", exc)
                     self._actor = None
-                    for _, future in batch:
+                    for call, future in batch:
+                        outcome = await self._fallback.decide(*call)
                         if not future.done():
-                            future.set_exception(exc)
+                            future.set_result(outcome.to_wire())
                     continue
                 for (_, future), result in zip(batch, results, strict=True):
                     if not future.done():

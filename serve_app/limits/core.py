@@ -39,6 +39,12 @@ class Outcome:
     count: int = 0
     resets_ms: int = 0
 
+    def to_wire(self) -> list[int]:
+        """The five integers the Lua script returns for the same decision."""
+        if self.budget:
+            return [0, self.budget, self.limit, self.count, self.resets_ms]
+        return [1, self.code, self.window_ms, self.requests, self.tokens]
+
     @classmethod
     def from_wire(cls, raw: list[int]) -> Outcome:
         kind, code, a, b, c = (int(x) for x in raw)
