@@ -1,17 +1,18 @@
 """Where the counts live, behind one interface:
 
 * `LocalLimiter`: in this process (unit tests, a single replica without Ray).
-* `RayLimiter`: one named Ray actor for the whole cluster, the embedded default. Each replica
-  sends the decisions that arrive while its previous call is in flight as one batch, so a busy
-  replica pays one actor call per batch, not per request.
-* `RedisLimiter` (redis_backend.py): Lua scripts on a Redis server, one round trip per
-  decision; several Serve applications or clusters share one count.
+* `RayLimiter`: one named Ray actor for the whole cluster, the embedded default; the
+  decisions waiting together go in one actor call.
+* `RedisLimiter` (redis_backend.py): a Lua script on a Redis server; the decisions waiting
+  together go in one pipelined round trip. Several Serve applications or clusters share one
+  count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from serve_app.limits.core import LimiterCore, Outcome
@@ -85,13 +86,50 @@ def _actor_class() -> Any:
     return RateLimiterActor
 
 
+Call = tuple[str, int, int, int, list[tuple[str, int]], int]
+
+
+class DecisionBatcher:
+    """Sends the decisions that arrive while the previous batch is in flight as one batch:
+    one round trip each at low load, many decisions per round trip under load."""
+
+    def __init__(self, send: Callable[[list[Call]], Awaitable[list[list[int]]]]) -> None:
+        self._send = send
+        self._pending: list[tuple[Call, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+
+    async def decide(self, call: Call) -> Outcome:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self._pending.append((call, future))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush())
+        return Outcome.from_wire(await future)
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    results = await self._send([call for call, _ in batch])
+                except Exception as exc:  # the sender's own fallback failed too
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._flusher = None
+
+
 class RayLimiter:
     name = "ray"
 
     def __init__(self) -> None:
         self._actor: Any = None
-        self._pending: list[tuple[tuple, asyncio.Future]] = []
-        self._flushing = False
+        self._batcher = DecisionBatcher(self._send)
         # While the actor cannot be reached (it is restarting), count in this replica.
         self._fallback = LocalLimiter()
 
@@ -104,33 +142,16 @@ class RayLimiter:
 
     async def decide(self, bucket: str, rpm: int, tpm: int, tokens: int,
                      budgets: list[tuple[str, int]], now_ms: int) -> Outcome:
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending.append(((bucket, rpm, tpm, tokens, budgets, now_ms), future))
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
-        return Outcome.from_wire(await future)
+        return await self._batcher.decide((bucket, rpm, tpm, tokens, budgets, now_ms))
 
-    async def _flush(self) -> None:
+    async def _send(self, calls: list[Call]) -> list[list[int]]:
         try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    results = await self._get_actor().decide_many.remote([c for c, _ in batch])
-                except Exception as exc:  # the actor is down or restarting
-                    logger.warning("rate-limit actor unreachable (%s): counting in this "
-                                   "replica for now", exc)
-                    self._actor = None
-                    for call, future in batch:
-                        outcome = await self._fallback.decide(*call)
-                        if not future.done():
-                            future.set_result(outcome.to_wire())
-                    continue
-                for (_, future), result in zip(batch, results, strict=True):
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._flushing = False
+            return await self._get_actor().decide_many.remote(calls)
+        except Exception as exc:  # the actor is down or restarting
+            logger.warning("rate-limit actor unreachable (%s): counting in this replica for "
+                           "now", exc)
+            self._actor = None
+            return [(await self._fallback.decide(*call)).to_wire() for call in calls]
 
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
         await self._get_actor().adjust.remote(bucket, window_ms, delta)

@@ -1,4 +1,5 @@
-"""The Redis backend: the rules of core.py as Lua scripts, one round trip per decision.
+"""The Redis backend: the rules of core.py as Lua scripts; the decisions of a replica that
+wait together go in one pipelined round trip.
 
 Keys carry the owner in a hash tag (`{owner}`), so a request's bucket and budgets sit in one
 Redis Cluster slot. When Redis cannot be reached, decisions fall back to this replica's own
@@ -18,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from serve_app.limits.backends import LocalLimiter
+from serve_app.limits.backends import Call, DecisionBatcher, LocalLimiter
 from serve_app.limits.core import Outcome
 from serve_app.limits.policy import BUDGET_WINDOW_MS, WINDOW_MS
 
@@ -96,6 +97,7 @@ class RedisLimiter:
         self._record = self._redis.register_script(RECORD)
         self._fallback = LocalLimiter()
         self._down_until = 0.0
+        self._batcher = DecisionBatcher(self._send)
 
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -107,15 +109,30 @@ class RedisLimiter:
 
     async def decide(self, bucket: str, rpm: int, tpm: int, tokens: int,
                      budgets: list[tuple[str, int]], now_ms: int) -> Outcome:
+        return await self._batcher.decide((bucket, rpm, tpm, tokens, budgets, now_ms))
+
+    def _script_input(self, call: Call) -> tuple[list[str], list[int]]:
+        bucket, rpm, tpm, tokens, budgets, now_ms = call
+        keys = [_tagged(self._prefix, bucket)] + [_tagged(self._prefix, k) for k, _ in budgets]
+        args = [now_ms, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS,
+                *[limit for _, limit in budgets]]
+        return keys, args
+
+    async def _send(self, calls: list[Call]) -> list[list[int]]:
+        """The decisions waiting together, pipelined: one round trip for all of them."""
         if self._available():
-            keys = [_tagged(self._prefix, bucket)] + [_tagged(self._prefix, k) for k, _ in budgets]
-            args = [now_ms, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS,
-                    *[limit for _, limit in budgets]]
             try:
-                return Outcome.from_wire(await self._decide(keys=keys, args=args))
+                if len(calls) == 1:
+                    keys, args = self._script_input(calls[0])
+                    return [[int(x) for x in await self._decide(keys=keys, args=args)]]
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for call in calls:
+                        keys, args = self._script_input(call)
+                        await self._decide(keys=keys, args=args, client=pipe)
+                    return [[int(x) for x in r] for r in await pipe.execute()]
             except (RedisError, OSError) as exc:
                 self._went_down(exc)
-        return await self._fallback.decide(bucket, rpm, tpm, tokens, budgets, now_ms)
+        return [(await self._fallback.decide(*call)).to_wire() for call in calls]
 
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
         if self._available():
