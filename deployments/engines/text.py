@@ -7,7 +7,8 @@ A request is plain data (built by the gateway, serve_app/chat/engine_request.py)
                 repetition_penalty, seed, stop, stop_token_ids, max_tokens, n, logprobs,
                 top_logprobs}, "json_schema", "max_tokens_explicit"}
 Chunks:
-  {"index", "text", "tokens", "finish_reason", "logprobs"}   one choice advanced
+  {"index", "text", "tokens", "finish_reason", "logprobs"}   one choice advanced (the first
+                                                             also has "prompt_tokens")
   {"usage": {"prompt_tokens", "completion_tokens"}}           last
   {"error": {...}}                                           instead of anything else
 """
@@ -161,12 +162,17 @@ class VLLMEngine:
             return
         top = (request["sampling"].get("top_logprobs") or 0)
         completion = 0
+        first = True
         try:
             # Cancelling this generator (a client that disconnects) makes vLLM abort.
             async for out in self.engine.generate(engine_input, params, request["request_id"]):
                 for choice in out.outputs:
                     completion += len(choice.token_ids)
-                    yield self._chunk(choice, params, top)
+                    chunk = self._chunk(choice, params, top)
+                    if first:  # the prompt is billed even if the client leaves mid-stream
+                        chunk["prompt_tokens"] = prompt_tokens
+                        first = False
+                    yield chunk
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled.append(completion)
             raise

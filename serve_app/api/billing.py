@@ -121,7 +121,7 @@ def _analytics_range(lookback: str | None, start: str | None, end: str | None,
                                   "startDate")
         return first, last, f"{start}:{end}"
     lookback = lookback or "7d"
-    if not _LOOKBACK.match(lookback):
+    if not _LOOKBACK.fullmatch(lookback):
         raise invalid_request("lookback must be a positive number of days such as '7d'",
                               "lookback")
     days = int(lookback[:-1])

@@ -1,5 +1,6 @@
 """`/characters`: public personas whose prompt chat uses through `character_slug`, and their
-reviews. Any key reads them; an ADMIN key (or the CLI) creates them."""
+reviews. Any key reads them; an ADMIN key of the operator's account (or the CLI) creates
+them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from serve_app.api.deps import AdminKey, CurrentKey, JsonBody, State, run_db
+from serve_app.api.deps import CurrentKey, JsonBody, OperatorKey, State, run_db
 from serve_app.control import characters
 from serve_app.responses import json_response
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
@@ -19,7 +20,7 @@ router = APIRouter(prefix="/characters", tags=["Characters"])
 async def list_characters(
     request: Request, key: CurrentKey, state: State,
     limit: Annotated[int, Query(gt=0, le=100)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     search: Annotated[str | None, Query(max_length=200)] = None,
     tags: Annotated[list[str] | None, Query(max_length=20)] = None,
 ) -> Response:
@@ -29,7 +30,7 @@ async def list_characters(
 
 
 @router.post("", dependencies=[JsonBody], summary="Create a character (operator)")
-async def create_character(body: CreateCharacterRequest, request: Request, key: AdminKey,
+async def create_character(body: CreateCharacterRequest, request: Request, key: OperatorKey,
                            state: State) -> Response:
     data = await run_db(state, lambda s: characters.create_character(s, **body.columns()))
     return json_response(request, {"data": data, "success": True})
@@ -44,7 +45,7 @@ async def get_character(slug: str, request: Request, key: CurrentKey, state: Sta
 @router.get("/{slug}/reviews", summary="Reviews of a character (preview)")
 async def character_reviews(
     slug: str, request: Request, key: CurrentKey, state: State,
-    page: Annotated[int, Query(gt=0)] = 1,
+    page: Annotated[int, Query(gt=0, le=1_000_000)] = 1,
     pageSize: Annotated[int, Query(gt=0, le=100)] = 20,
 ) -> Response:
     data = await run_db(state, lambda s: characters.review_page(
@@ -60,7 +61,7 @@ async def character_reviews(
 
 
 @router.post("/{slug}/reviews", dependencies=[JsonBody], summary="Add a review (operator)")
-async def add_review(slug: str, body: CreateReviewRequest, request: Request, key: AdminKey,
+async def add_review(slug: str, body: CreateReviewRequest, request: Request, key: OperatorKey,
                      state: State) -> Response:
     data = await run_db(state, lambda s: characters.add_review(
         s, slug, account_id=key.account_id, **body.columns()))

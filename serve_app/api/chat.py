@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from serve_app.api.deps import CurrentKey, JsonBody, State
 from serve_app.auth.key_store import KeyRecord
@@ -75,7 +76,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, key: C
         if body.stream:
             routed, events = await open_stream(plan, state)
             add_model_headers(request, routed.model, plan.router_label)
+            # The stream settles before its last event; should it never run (the client
+            # left first), the background task settles or releases the hold instead.
             return StreamingResponse(events, media_type="text/event-stream",
+                                     background=BackgroundTask(plan.finish_charge),
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
         response = await run_unary(plan, state)

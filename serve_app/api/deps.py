@@ -55,6 +55,17 @@ async def admin_key(key: CurrentKey) -> KeyRecord:
 AdminKey = Annotated[KeyRecord, Depends(admin_key)]
 
 
+async def operator_key(key: AdminKey) -> KeyRecord:
+    """An ADMIN key of the operator's account: for what every account sees (characters)."""
+    if not key.is_operator:
+        raise ApiError(403, "Only the operator's account may publish characters and reviews",
+                       code="UNAUTHORIZED")
+    return key
+
+
+OperatorKey = Annotated[KeyRecord, Depends(operator_key)]
+
+
 def require_json(request: Request) -> None:
     """415 for a body that is not JSON, before anything tries to parse it."""
     content_type = request.headers.get("content-type", "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from serve_app.api.chat import planned, prompt_estimate
 from serve_app.api.deps import CurrentKey, JsonBody, State
@@ -28,7 +29,10 @@ async def create_response(body: ResponsesRequest, request: Request, key: Current
         if body.stream:
             _, events = await stream_response(plan, state)
             add_model_headers(request, plan.answered_by.model, plan.router_label)
+            # The stream settles before its last event; should it never run (the client
+            # left first), the background task settles or releases the hold instead.
             return StreamingResponse(events, media_type="text/event-stream",
+                                     background=BackgroundTask(plan.finish_charge),
                                      headers={"Cache-Control": "no-cache"})
         response = await respond(plan, state)
         await plan.finish_charge()

@@ -46,13 +46,15 @@ class KeyRecord:
     limit_diem_nanos: int | None
     expires_at: datetime | None
     is_partner: bool = False  # the account's partner status: the partner rate-limit columns
+    is_operator: bool = False  # the operator's account (publishes characters)
 
     @property
     def is_admin(self) -> bool:
         return self.key_type == ApiKeyType.ADMIN
 
     @classmethod
-    def from_row(cls, row: ApiKey, *, is_partner: bool = False) -> KeyRecord:
+    def from_row(cls, row: ApiKey, *, is_partner: bool = False,
+                 is_operator: bool = False) -> KeyRecord:
         return cls(
             id=row.id,
             account_id=row.account_id,
@@ -65,6 +67,7 @@ class KeyRecord:
             limit_diem_nanos=row.limit_diem_nanos,
             expires_at=as_utc(row.expires_at),
             is_partner=is_partner,
+            is_operator=is_operator,
         )
 
 
@@ -105,13 +108,14 @@ class KeyStore:
     def _load(self, key_hash: str) -> KeyRecord | None:
         with Session(self.engine) as session:
             found = session.exec(
-                select(ApiKey, Account.is_partner).join(Account)
+                select(ApiKey, Account.is_partner, Account.is_operator).join(Account)
                 .where(ApiKey.key_hash == key_hash, ApiKey.deleted_at.is_(None))
             ).first()
             if found is None:
                 return None
-            row, is_partner = found
-            return KeyRecord.from_row(row, is_partner=bool(is_partner))
+            row, is_partner, is_operator = found
+            return KeyRecord.from_row(row, is_partner=bool(is_partner),
+                                      is_operator=bool(is_operator))
 
     def invalidate(self, key_hashes: Iterable[str] | None) -> None:
         """Forget the given keys (all keys when None)."""

@@ -32,6 +32,14 @@ def _day(value: date | str) -> date:
     return value if isinstance(value, date) else date.fromisoformat(value)
 
 
+def _unique_labels(labels: dict[str, str]) -> dict[str, str]:
+    counts: dict[str, int] = defaultdict(int)
+    for label in labels.values():
+        counts[label] += 1
+    return {key: label if counts[label] == 1 else f"{label} ({key[-6:]})"
+            for key, label in labels.items()}
+
+
 def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: date,
                     last: date, label: str) -> dict[str, Any]:
     u = UsageDaily
@@ -90,15 +98,22 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
         model = catalog.by_id.get(model_id)
         return unit_type(model) if model is not None else "tokens"
 
-    def key_label(key_id: str) -> str:
+    def raw_key_label(key_id: str) -> str:
         if not key_id:
             return "Web App"
         return descriptions.get(key_id) or key_id
 
+    # The daily series are keyed by label: two keys (or models) of one name get their ids.
+    key_labels = _unique_labels({k: raw_key_label(k) for k, *_ in keys})
+    model_labels = _unique_labels({m: name_of(m) for m in models})
+
+    def key_label(key_id: str) -> str:
+        return key_labels[key_id]
+
     by_model = []
     for model_id, m in ranked_models:
         entry: dict[str, Any] = {
-            "modelName": name_of(model_id), "unitType": unit_of(model_id),
+            "modelName": model_labels[model_id], "unitType": unit_of(model_id),
             "modelType": ANALYTICS_MODEL_TYPE.get(m["model_type"]),
             "totalUsd": _num(m["usd"]), "totalDiem": _num(m["diem"]), "totalUnits": m["units"]}
         if len(m["types"]) > 1:
@@ -112,9 +127,9 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
         "byDate": [{"date": f"{d.isoformat()}T00:00:00.000Z", "USD": _num(by_day[d][0]),
                     "DIEM": _num(by_day[d][1])} for d in days],
         "byModel": by_model,
-        "byModelDaily": [{"date": _ms(d), **{name_of(m): _num(model_daily[d].get(m))
+        "byModelDaily": [{"date": _ms(d), **{model_labels[m]: _num(model_daily[d].get(m))
                                              for m in top_models}} for d in reversed(days)],
-        "topModels": [name_of(m) for m in top_models],
+        "topModels": [model_labels[m] for m in top_models],
         "byKey": [{"apiKeyId": key_id or None, "description": key_label(key_id),
                    "totalUsd": _num(k_usd), "totalDiem": _num(k_diem), "totalUnits": k_units}
                   for key_id, k_usd, k_diem, k_units in keys],

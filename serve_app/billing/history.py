@@ -22,7 +22,7 @@ from sqlalchemy import and_, or_
 from sqlmodel import Session, select
 
 from serve_app.billing.pricing import LINE_TYPES
-from serve_app.db.tables import LedgerLine, iso_z
+from serve_app.db.tables import LedgerLine, as_utc, iso_z
 from serve_app.errors import invalid_request
 from serve_app.money import as_number
 
@@ -48,7 +48,8 @@ def encode_cursor(secret: bytes, account_id: str, walk: Walk, now: datetime) -> 
     payload = {"a": account_id, "t": int(now.timestamp()), "n": walk.page_size,
                "s": iso_z(walk.start) if walk.start else None,
                "e": iso_z(walk.end) if walk.end else None, "c": walk.currency,
-               "p": [iso_z(walk.after[0]), walk.after[1]]}
+               # The position keeps microseconds: the ledger's times have them.
+               "p": [as_utc(walk.after[0]).isoformat(), walk.after[1]]}
     raw = json.dumps(payload, separators=(",", ":")).encode()
     sig = hmac.new(secret, raw, hashlib.sha256).digest()[:_SIG_BYTES]
     return base64.urlsafe_b64encode(sig + raw).decode().rstrip("=")

@@ -8,10 +8,11 @@ allocation is consumed before USD, and each ledger line records which currency p
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
@@ -27,6 +28,8 @@ from serve_app.db.tables import (
 )
 from serve_app.errors import ApiError
 from serve_app.money import NANOS_PER_UNIT
+
+logger = logging.getLogger("serve_app.billing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,18 @@ class Settled:
     repeated: bool = False
 
 
+def _late_hold(session: Session, request_id: str, payer: Payer, cost_nanos: int,
+               now: datetime) -> None:
+    """The work of a request whose hold was swept (it ran past the sweeper's age limit) is
+    still charged: as much of its cost as the balance holds now, whatever the key's limit."""
+    usd, diem, _ = _locked_account(session, payer.account_id, now)
+    amount = max(0, min(cost_nanos, usd + diem))
+    logger.warning("request %s settled after its hold was released: charging %d of %d nanos",
+                   request_id, amount, cost_nanos)
+    hold(session, request_id, Payer(payer.account_id, payer.api_key_id,
+                                    wallet_address=payer.wallet_address), amount, now)
+
+
 def _line_totals(cost: Cost, total: int) -> list[int]:
     """Each line's share of the charge: its price, scaled down when the charge was capped at
     the hold, the rounding remainder on the first line."""
@@ -198,11 +213,12 @@ def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, start
     """Charge the measured cost (at most what was held), DIEM first, and write the ledger entry
     with its lines and daily rollups. A second settlement of the same request changes nothing."""
     res = _locked_hold(session, request_id)
-    if res is None:  # settled before (the hold is gone), or never held
+    if res is None:  # settled before (the hold is gone), or the sweeper released it
         existing = session.get(LedgerEntry, request_id)
         if existing is not None:
             return Settled(existing.usd_nanos, existing.diem_nanos, repeated=True)
-        raise LookupError(f"no hold for request {request_id}")
+        _late_hold(session, request_id, payer, cost.nanos, now)
+        res = _locked_hold(session, request_id)
     total = min(cost.nanos, res.usd_nanos + res.diem_nanos)
     diem = min(total, res.diem_nanos)
     usd = total - diem
@@ -251,6 +267,29 @@ def _rollup_upsert(session: Session):
               "diem_nanos": c.diem_nanos + excluded.diem_nanos,
               "units": c.units + excluded.units,
               "requests": c.requests + excluded.requests})
+
+
+def seed_window(session: Session, key_id: str, account_id: str, period: str,
+                now: datetime) -> None:
+    """Start the key's current window, if it has none, from what the key already spent in it
+    (the daily rollups): a limit set, or a period changed, mid-window counts the spending
+    before the change."""
+    start = window_start(period, now)
+    today = now.astimezone(UTC).date()
+    first = {"EPOCH": today, "MONTH": today.replace(day=1)}.get(period, date(1970, 1, 1))
+    c = _rollups.c
+    usd, diem = session.execute(
+        select(func.coalesce(func.sum(c.usd_nanos), 0), func.coalesce(func.sum(c.diem_nanos), 0))
+        .where(c.account_id == account_id, c.api_key_id == key_id, c.day >= first)).one()
+    stmt = _dialect_insert(session)(_windows).values(
+        api_key_id=key_id, window_start=start, usd_nanos=int(usd), diem_nanos=int(diem))
+    # A window that exists already counts everything (holds in flight included): keep it.
+    session.execute(stmt.on_conflict_do_nothing(index_elements=["api_key_id", "window_start"]))
+
+
+def drop_windows(session: Session, key_id: str) -> None:
+    """A key without limits keeps no windows; setting a limit again seeds a fresh one."""
+    session.execute(delete(_windows).where(_windows.c.api_key_id == key_id))
 
 
 def stale_holds(session: Session, now: datetime, max_age: timedelta) -> list[str]:

@@ -99,8 +99,14 @@ class Billing:
 
     async def hold(self, request_id: str, payer: Payer, amount_nanos: int) -> Hold:
         now = self.clock()
-        result = await self.writer.run(
-            lambda s: ledger.hold(s, request_id, payer, amount_nanos, now))
+        try:
+            result = await self.writer.run(
+                lambda s: ledger.hold(s, request_id, payer, amount_nanos, now))
+        except asyncio.CancelledError:
+            # The caller left while the hold was being written: the hold commits all the
+            # same (the writer is shielded), so queue its release right behind it.
+            self.writer.submit(lambda s: ledger.release(s, request_id))
+            raise
         self._balances[payer.account_id] = Balances(
             result.before.usd_nanos - result.usd_nanos,
             result.before.diem_nanos - result.diem_nanos)

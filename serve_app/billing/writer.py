@@ -72,11 +72,16 @@ class BatchWriter:
                                                 daemon=True)
                 self._thread.start()
 
-    async def run(self, op: Callable[[Session], T]) -> T:
+    def submit(self, op: Operation) -> asyncio.Future:
+        """Queue an operation (operations run in the order they were queued)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         self._ensure_thread()
         self._jobs.put(_Job(op, future, loop))
+        return future
+
+    async def run(self, op: Callable[[Session], T]) -> T:
+        future = self.submit(op)
         # The operation runs to its commit even if the caller is cancelled (a client that hung
         # up): shield it, so the ledger never misses a write that the database has.
         return await asyncio.shield(future)
@@ -140,8 +145,6 @@ class BatchWriter:
                 try:
                     results.append((job.op(session), None))
                 except ApiError as exc:  # a refusal: nothing of this operation was written
-                    results.append((None, exc))
-                except LookupError as exc:
                     results.append((None, exc))
             session.commit()
         self.batches += 1

@@ -151,16 +151,16 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[dict[str,
         seq += 1
         return seq
 
-    yield _event("response.created", next_seq(),
-                 response=_response(plan, model_id, [], "in_progress", created))
     try:
+        yield _event("response.created", next_seq(),
+                     response=_response(plan, model_id, [], "in_progress", created))
         async for chunk in chunks:
             if "usage" in chunk:
                 plan.usage.record(chunk["usage"])
                 continue
             if chunk["index"] != 0:
                 continue
-            plan.usage.completion_tokens += chunk.get("tokens", 0)
+            plan.usage.saw(chunk)
             text = text_filter.feed(chunk["text"])
             if not streaming_text:
                 buffered += text

@@ -42,6 +42,12 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
+    def saw(self, chunk: dict[str, Any]) -> None:
+        """Count a streamed chunk: the first carries the prompt's tokens."""
+        if "prompt_tokens" in chunk:
+            self.prompt_tokens = chunk["prompt_tokens"]
+        self.completion_tokens += chunk.get("tokens", 0)
+
     def record(self, reported: dict[str, int]) -> None:
         """Take the engine's final count (it replaces the running count of the stream)."""
         self.prompt_tokens = reported["prompt_tokens"]
@@ -225,24 +231,31 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
                     engine_request={}, tool_mode=mode, ticket=ticket)
     if admit is not None:
         await admit(plan)
-    comp = Composition(citations=params.enable_web_citations)
-    if params.include_service_system_prompt:
-        comp.service_prompt = state.catalog.service_system_prompt
-    if params.character_slug:
-        comp.character_prompt = await _character_prompt(state, params.character_slug)
-    if mode != "none":
-        comp.tools_prompt = tool_calls.tools_system_prompt(req)
-    if params.enable_web_scraping or params.enable_web_search != "off":
-        await _web_context(state, plan)
-    comp.web_documents = plan.web_documents
-    plan.engine_request = {
-        "request_id": request_id,
-        "messages": engine_messages(req, comp),
-        "sampling": _sampling(req, primary),
-        "json_schema": _output_schema(req, mode),
-        "chat_template_kwargs": {"enable_thinking": False} if params.disable_thinking else {},
-        "prompt_cache_key": req.prompt_cache_key,
-    }
+    try:
+        comp = Composition(citations=params.enable_web_citations)
+        if params.include_service_system_prompt:
+            comp.service_prompt = state.catalog.service_system_prompt
+        if params.character_slug:
+            comp.character_prompt = await _character_prompt(state, params.character_slug)
+        if mode != "none":
+            comp.tools_prompt = tool_calls.tools_system_prompt(req)
+        if params.enable_web_scraping or params.enable_web_search != "off":
+            await _web_context(state, plan)
+        comp.web_documents = plan.web_documents
+        plan.engine_request = {
+            "request_id": request_id,
+            "messages": engine_messages(req, comp),
+            "sampling": _sampling(req, primary),
+            "json_schema": _output_schema(req, mode),
+            "chat_template_kwargs": {"enable_thinking": False} if params.disable_thinking else {},
+            "prompt_cache_key": req.prompt_cache_key,
+        }
+    except BaseException:
+        # Nothing ran on the model: the hold goes back (a missing character, a failed
+        # web search, a client that left).
+        if plan.hold is not None:
+            await plan.hold.finish(None)
+        raise
     return plan
 
 
@@ -295,6 +308,7 @@ async def run_unary(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
         if "usage" in chunk:
             plan.usage.record(chunk["usage"])
             continue
+        plan.usage.saw(chunk)
         i = chunk["index"]
         texts[i] = texts.get(i, "") + chunk["text"]
         if chunk.get("logprobs") is not None:
@@ -359,16 +373,16 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
     filters: dict[int, TextFilter] = {}
     held: dict[int, str] = {}  # text held back while it may still be a tool call
     started: set[int] = set()
-    if plan.params.include_search_results_in_stream and plan.web_documents:
-        yield _sse({**base, "choices": [],
-                    "service_parameters": {"web_search_citations": _citations(plan)}})
     try:
+        if plan.params.include_search_results_in_stream and plan.web_documents:
+            yield _sse({**base, "choices": [],
+                        "service_parameters": {"web_search_citations": _citations(plan)}})
         async for chunk in chunks:
             if "usage" in chunk:
                 plan.usage.record(chunk["usage"])
                 continue
             i = chunk["index"]
-            plan.usage.completion_tokens += chunk.get("tokens", 0)
+            plan.usage.saw(chunk)
             f = filters.setdefault(i, plan.output_filter())
             text = f.feed(chunk["text"])
             if i not in started:

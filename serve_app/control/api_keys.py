@@ -10,6 +10,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from serve_app.auth.secrets import generate_secret, hash_secret
+from serve_app.billing.ledger import drop_windows, seed_window
 from serve_app.billing.windows import window_start
 from serve_app.db.tables import Account, ApiKey, KeySpendWindow, UsageDaily, iso_z, utcnow
 from serve_app.errors import ApiError, invalid_request
@@ -132,6 +133,11 @@ def update_key(session: Session, account_id: str, req: UpdateApiKeyRequest) -> t
         _apply_limits(row, limit, limit.model_fields_set or {"usd", "diem", "vcu"})
     row.updated_at = utcnow()
     session.add(row)
+    if given & {"consumptionLimit", "limitPeriod"}:
+        if row.limit_usd_nanos is None and row.limit_diem_nanos is None:
+            drop_windows(session, row.id)
+        else:
+            seed_window(session, row.id, account_id, row.limit_period, row.updated_at)
     session.commit()
     session.refresh(row)
     return key_record(row), row.key_hash

@@ -61,7 +61,7 @@ def bootstrap(settings: Settings) -> BootstrapResult:
             elif len(secret) < MIN_ADMIN_KEY_LENGTH:
                 raise ValueError(f"ADMIN_API_KEY must be at least {MIN_ADMIN_KEY_LENGTH} "
                                  "characters long")
-            account = Account(kind=AccountKind.API,
+            account = Account(kind=AccountKind.API, is_operator=True,
                               usd_balance_nanos=to_nanos(settings.initial_credit_usd))
             session.add(account)
             session.flush()

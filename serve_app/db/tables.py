@@ -6,7 +6,17 @@ import uuid
 from datetime import UTC, date, datetime
 from enum import StrEnum
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+    false,
+)
 from sqlmodel import Field, SQLModel
 
 
@@ -66,6 +76,8 @@ class Account(SQLModel, table=True):
     usd_balance_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     diem_balance_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     is_partner: bool = Field(default=False)
+    # The operator's account (the first one): it alone publishes characters for every account.
+    is_operator: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     # Staked tokens: each UTC day (epoch) the DIEM balance is reset to this many DIEM.
     staked_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False,
                                                             server_default="0"))

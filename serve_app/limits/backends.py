@@ -22,6 +22,8 @@ logger = logging.getLogger("serve_app.limits")
 
 ACTOR_NAME = "rate-limiter"
 ACTOR_NAMESPACE = "inference-platform"
+# A decision that takes longer is made in the replica instead (the actor is out of reach).
+ACTOR_TIMEOUT_S = 2.0
 
 
 class LimiterBackend(Protocol):
@@ -146,8 +148,9 @@ class RayLimiter:
 
     async def _send(self, calls: list[Call]) -> list[list[int]]:
         try:
-            return await self._get_actor().decide_many.remote(calls)
-        except Exception as exc:  # the actor is down or restarting
+            return await asyncio.wait_for(self._get_actor().decide_many.remote(calls),
+                                          ACTOR_TIMEOUT_S)
+        except Exception as exc:  # the actor is down, restarting or out of reach
             logger.warning("rate-limit actor unreachable (%s): counting in this replica for "
                            "now", exc)
             self._actor = None

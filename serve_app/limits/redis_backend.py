@@ -50,7 +50,7 @@ if rpm > 0 and req + 1 > rpm then return {1, -1, start, req, used} end
 if tpm > 0 and used > 0 and used + tokens > tpm then return {1, -2, start, req, used} end
 req, used = req + 1, used + tokens
 redis.call('HSET', KEYS[1], 's', start, 'r', req, 't', used)
-redis.call('PEXPIREAT', KEYS[1], start + window)
+redis.call('PEXPIRE', KEYS[1], math.max(1, start + window - now))
 return {1, 0, start, req, used}
 """
 

@@ -203,3 +203,41 @@ def test_character_slug_puts_the_character_prompt_before_the_conversation(platfo
     assert grown >= 60  # the character's prompt went into the model's input
     reviews = httpx.get(f"{url}/characters/ship-captain/reviews", headers=auth).json()
     assert reviews["summary"] == {"averageRating": 0, "totalReviews": 0}
+
+
+def test_a_request_refused_after_its_hold_gives_the_hold_back(platform, tmp_path):
+    url = platform.base_url
+    admin = _new_account(platform, "sqlite", "1", tmp_path)
+    resp = httpx.post(f"{url}/chat/completions", headers={"Authorization": f"Bearer {admin}"},
+                      timeout=60, json={
+                          "model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}],
+                          "service_parameters": {"character_slug": "nobody-by-this-name"}})
+    assert resp.status_code == 404 and resp.json()["code"] == "CHARACTER_NOT_FOUND"
+    assert _balance_nanos(url, admin) == _nanos("1")  # the whole-context hold came back
+    assert _history_nanos(url, admin) == (0, 0)
+
+
+def test_a_client_that_leaves_mid_stream_pays_for_its_prompt_and_what_it_got(platform,
+                                                                            tmp_path):
+    import time
+
+    url = platform.base_url
+    admin = _new_account(platform, "sqlite", "1", tmp_path)
+    body = {"model": "tiny-chat", "max_tokens": 200, "stream": True, "temperature": 1,
+            "messages": [{"role": "user", "content": "Tell me a very long story. " * 20}]}
+    with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {admin}"}) as stream:
+        for line in stream.iter_lines():
+            if '"content"' in line and '"content":""' not in line:
+                break  # one token in: hang up
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        history = httpx.get(f"{url}/billing/usage-history", params={"pageSize": 10},
+                            headers={"Authorization": f"Bearer {admin}"}).json()["data"]
+        if history:
+            break
+        time.sleep(0.25)
+    kinds = {r["sku"]: r for r in history}
+    prompt = kinds["tiny-chat-llm-input-mtoken"]["inferenceDetails"]["promptTokens"]
+    assert prompt > 100  # the prompt is charged although the usage chunk never came
+    assert _balance_nanos(url, admin) < _nanos("1")

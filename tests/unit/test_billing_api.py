@@ -13,6 +13,7 @@ from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
 from serve_app.billing.service import Billing, check_privacy
 from serve_app.catalog import CatalogModel
+from serve_app.cli import run as cli
 from serve_app.errors import ApiError
 from serve_app.money import to_nanos
 
@@ -76,8 +77,8 @@ def test_usage_is_sunset_with_410_naming_the_replacement(gateway):
 
 
 def test_usage_history_walks_every_line_once_with_cursors(gateway):
-    now = datetime.now(UTC).replace(microsecond=0)
-    _fill(gateway, [(now - timedelta(minutes=30 - i), None, TEXT,
+    now = datetime.now(UTC)  # microseconds matter: a page must not end mid-millisecond
+    _fill(gateway, [(now - timedelta(minutes=30 - i, microseconds=137 * i), None, TEXT,
                      {"input": 1000 + i, "output": 10}) for i in range(25)])
     seen, cursor, pages = [], None, 0
     while True:
@@ -92,6 +93,8 @@ def test_usage_history_walks_every_line_once_with_cursors(gateway):
         if cursor is None:
             break
     assert pages == 5 and len(seen) == 50  # 25 requests x (input, output) lines
+    lines = {(r["inferenceDetails"]["requestId"], r["sku"]) for r in seen}
+    assert len(lines) == 50  # no line twice across page boundaries
     stamps = [r["timestamp"] for r in seen]
     assert stamps == sorted(stamps)
     first = seen[0]
@@ -174,7 +177,8 @@ def test_usage_analytics_shapes(gateway):
 
 
 @pytest.mark.parametrize("params", [
-    {"lookback": "91d"}, {"lookback": "0d"}, {"lookback": "7"}, {"startDate": "2026-01-01"},
+    {"lookback": "91d"}, {"lookback": "0d"}, {"lookback": "7"}, {"lookback": "7d\n"},
+    {"startDate": "2026-01-01"},
     {"startDate": "2026-01-10", "endDate": "2026-01-01"},
     {"startDate": "2026-01-01", "endDate": "2026-06-01"}, {"startDate": "01-01-2026",
                                                            "endDate": "2026-01-02"},
@@ -247,3 +251,32 @@ def test_characters_and_reviews(gateway):
     refused = gateway.client.post("/api/v1/characters", headers=gateway.auth(inference),
                                   json={"slug": "x", "name": "x"})
     assert refused.status_code == 401
+    # Another account's ADMIN key may not publish to every account.
+    other = cli(["create-account", "--usd", "1"], settings=gateway.state.settings)["apiKey"]
+    denied = gateway.client.post("/api/v1/characters", headers=gateway.auth(other),
+                                 json={"slug": "x", "name": "x"})
+    assert denied.status_code == 403 and denied.json()["code"] == "UNAUTHORIZED"
+    huge = gateway.client.get("/api/v1/characters/sage/reviews",
+                              params={"page": 10**20}, headers=gateway.auth(inference))
+    assert huge.status_code == 400
+
+
+def test_a_limit_set_after_spending_counts_what_was_spent(gateway):
+    key = gateway.create_key(description="late limit")
+    _fill(gateway, [(datetime.now(UTC), key["id"], TEXT, {"output": 30_000})])  # 0.03 USD
+    resp = gateway.client.patch("/api/v1/api_keys", headers=gateway.auth(), json={
+        "id": key["id"], "consumptionLimit": {"usd": 0.04}, "limitPeriod": "EPOCH"})
+    assert resp.status_code == 200
+
+    async def attempt():
+        billing = Billing(gateway.state.settings.resolved_database_url)
+        try:
+            payer = Payer(gateway.account_id, api_key_id=key["id"], limit_period="EPOCH",
+                          limit_usd_nanos=to_nanos("0.04"))
+            await billing.hold("after-limit", payer, to_nanos("0.02"))
+        finally:
+            billing.close()
+
+    with pytest.raises(ApiError) as err:
+        asyncio.run(attempt())
+    assert err.value.code == "API_KEY_USD_SPEND_LIMIT_EXCEEDED"

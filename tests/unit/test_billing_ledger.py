@@ -8,7 +8,6 @@ import asyncio
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func
@@ -273,7 +272,7 @@ def test_limit_windows_roll_over_on_the_clock(database_url, period):
         assert seen[2:] == [False, False]
 
 
-def test_stale_holds_are_released(database_url, tmp_path: Path):
+def test_stale_holds_are_released_and_a_late_settlement_still_charges(database_url):
     clock = Clock(datetime(2026, 11, 22, 8, 0, tzinfo=UTC))
     books = _books(database_url, usd="1")
 
@@ -281,12 +280,17 @@ def test_stale_holds_are_released(database_url, tmp_path: Path):
         billing = Billing(database_url, clock=clock)
         try:
             await billing.hold("orphan", Payer(books.account_id), to_nanos("0.5"))
+            slow = await billing.hold("slow", Payer(books.account_id), to_nanos("0.2"))
             assert await billing.sweep() == 0
             clock.now += timedelta(hours=2)
-            assert await billing.sweep() == 1
+            assert await billing.sweep() == 2
+            assert books.account().usd_balance_nanos == to_nanos("1")
+            # The slow request finishes after its hold was swept: its work is still charged.
+            settled = await billing.settle(slow, price(MODEL, {"output": 1_000_000}))
+            assert settled.usd_nanos == to_nanos("0.1")
         finally:
             billing.close()
 
     asyncio.run(main())
-    assert books.account().usd_balance_nanos == to_nanos("1")
-    assert books.holds() == 0 and books.ledger_nanos() == (0, 0)
+    assert books.account().usd_balance_nanos == to_nanos("0.9")
+    assert books.holds() == 0 and books.ledger_nanos() == (to_nanos("0.1"), 0)
