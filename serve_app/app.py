@@ -8,6 +8,7 @@ that wires deployments together from a config.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -26,6 +27,17 @@ from serve_app.state import GatewayState
 logger = logging.getLogger("serve_app.app")
 
 
+@dataclass(frozen=True)
+class OtherAppDeployment:
+    """A model deployment of another Serve application, looked up by the replica itself."""
+
+    app_name: str
+    deployment: str
+
+    def resolve(self) -> Any:
+        return serve.get_deployment_handle(self.deployment, app_name=self.app_name)
+
+
 @serve.deployment(
     name="Gateway",
     max_ongoing_requests=256,
@@ -39,7 +51,8 @@ class Gateway:
     def __init__(self, settings: dict[str, Any], handles: dict[str, Any], key_hub: Any) -> None:
         self._state = GatewayState.create(
             Settings.model_validate(settings),
-            handles=handles,
+            handles={name: h.resolve() if isinstance(h, OtherAppDeployment) else h
+                     for name, h in handles.items()},
             key_events=ServeKeyEvents(key_hub),
         )
 
@@ -79,8 +92,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     if unknown:
         raise ValueError(f"no model deployment named {unknown}; known: {sorted(MODEL_DEPLOYMENTS)}")
     if app_args.model_app:
-        handles = {name: serve.get_deployment_handle(name, app_name=app_args.model_app)
-                   for name in wanted}
+        handles = {name: OtherAppDeployment(app_args.model_app, name) for name in wanted}
     else:
         for name in wanted:
             for model in catalog.models:
