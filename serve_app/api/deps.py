@@ -39,6 +39,7 @@ def bearer_secret(request: Request) -> str:
 async def current_key(request: Request, state: State) -> KeyRecord:
     key = await state.keys.authenticate(bearer_secret(request))
     request.state.api_key = key
+    state.limits.check_failed_budget(key)
     set_balance_headers(request, await state.billing.balances(key.account_id))
     return key
 

@@ -71,6 +71,7 @@ class RateLimits:
         self._engine = engine
         self.clock = clock
         self._logged: dict[tuple, float] = {}
+        self._tripped: dict[str, int] = {}  # key id -> ms until its model-less budget refills
         self._tasks: set[asyncio.Task] = set()
 
     def _now_ms(self) -> int:
@@ -158,8 +159,27 @@ class RateLimits:
         if key is None or status < 400 or status == 429 or state.get("unsupported_feature"):
             return
         model_id = state.get("limit_model") or ""
-        self._spawn(self.backend.record(_failed_key(key.id, model_id), self._now_ms(),
-                                        state.get("request_id", "")))
+        self._spawn(self._count_failure(key, model_id, state.get("request_id", "")))
+
+    async def _count_failure(self, key: KeyRecord, model_id: str, request_id: str) -> None:
+        now = self._now_ms()
+        count = await self.backend.record(_failed_key(key.id, model_id), now, request_id)
+        if not model_id and count > FAILED_REQUESTS_MAX:
+            # Endpoints without a model make no limiter call: they read this mark. Each replica
+            # that counts a failure past the threshold sets it, from the shared count.
+            self._tripped[key.id] = now + BUDGET_WINDOW_MS
+
+    def check_failed_budget(self, key: KeyRecord) -> None:
+        """429 for a key whose failed-request budget (endpoints without a model) is spent."""
+        until = self._tripped.get(key.id)
+        if until is None:
+            return
+        if self._now_ms() >= until:
+            del self._tripped[key.id]
+            return
+        raise self._budget_error("FAILED_REQUESTS", Outcome(
+            budget=1, limit=FAILED_REQUESTS_MAX, count=FAILED_REQUESTS_MAX + 1,
+            resets_ms=until), "")
 
     def unsupported_feature(self, request: Any, key: KeyRecord, model_id: str) -> None:
         """Count an unsupported-feature request (its own budget, not the failed one)."""

@@ -156,3 +156,29 @@ def test_failed_requests_trip_the_error_budget(gateway):
     assert gateway.client.post("/api/v1/embeddings", headers=gateway.auth(other),
                                json={"model": "text-embedding-all-minilm-l6-v2",
                                      "input": "x"}).status_code == 503
+
+
+def test_failed_requests_on_endpoints_without_a_model_trip_and_recover(gateway):
+    """More than 50 failures in 30 s (here 404s of /api_keys/{id}) close every endpoint to
+    the key; 30 s later (a controlled clock) it is open again."""
+    import time
+
+    now = [time.time()]
+    gateway.state.limits.clock = lambda: now[0]
+    key = gateway.create_key(apiKeyType="ADMIN")["apiKey"]
+    for i in range(51):
+        resp = gateway.client.get(f"/api/v1/api_keys/missing-{i}", headers=gateway.auth(key))
+        assert resp.status_code == 404
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # failures are counted just after each answer
+        resp = gateway.client.get("/api/v1/api_keys", headers=gateway.auth(key))
+        if resp.status_code == 429:
+            break
+        time.sleep(0.02)
+    assert resp.status_code == 429
+    assert "more than 50 failed requests in 30 seconds" in resp.json()["customMessage"]
+    assert resp.headers["x-ratelimit-remaining"] == "0"
+    # The operator's own key is not affected.
+    assert gateway.client.get("/api/v1/api_keys", headers=gateway.auth()).status_code == 200
+    now[0] += 30
+    assert gateway.client.get("/api/v1/api_keys", headers=gateway.auth(key)).status_code == 200
