@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
@@ -12,14 +10,7 @@ from serve_app.api.deps import CurrentKey, JsonBody, State
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.admission import hold_for
 from serve_app.chat.prompt import UnsupportedFeature
-from serve_app.chat.service import (
-    Admit,
-    ChatPlan,
-    Limit,
-    open_stream,
-    plan_chat,
-    run_unary,
-)
+from serve_app.chat.service import ChatPlan, open_stream, plan_chat, run_unary
 from serve_app.responses import add_model_headers, json_response
 from serve_app.routing import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest
@@ -28,48 +19,37 @@ from serve_app.state import GatewayState
 router = APIRouter(tags=["Chat"])
 
 
-def chat_admission(request: Request, state: GatewayState, key: KeyRecord,
-                   prompt_estimate: int) -> tuple[Limit, Admit]:
-    """The steps before the work: rate limits and error budgets as soon as the model is
-    known; the privacy tier and the hold for the model and its fallbacks once the request is
-    valid."""
+def prompt_estimate(req: ChatCompletionRequest) -> int:
+    """Tokens of a prompt before it is tokenised: about four bytes per token."""
+    return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
+
+
+async def admitted_plan(request: Request, state: GatewayState, key: KeyRecord,
+                        req: ChatCompletionRequest) -> ChatPlan:
+    """Plan a chat request with the steps before the work: rate limits and error budgets as
+    soon as the model is known; the privacy tier and the hold for the model and its fallbacks
+    once the request is valid. An unsupported feature counts toward its own error budget."""
 
     async def limit(routed: RoutedModel):
-        return await state.limits.admit(request, key, routed.model, prompt_estimate,
+        return await state.limits.admit(request, key, routed.model, prompt_estimate(req),
                                         feature_budget=True)
 
     async def admit(plan: ChatPlan) -> None:
         plan.hold = await hold_for(request, state, key, [c.model for c in plan.candidates],
                                    plan.max_units)
 
-    return limit, admit
-
-
-async def planned(request: Request, state: GatewayState, key: KeyRecord,
-                  make_plan: Callable[[Limit, Admit], Awaitable[ChatPlan]],
-                  prompt_estimate: int) -> ChatPlan:
-    """Plan a chat request; an unsupported feature counts toward its own error budget."""
-    limit, admit = chat_admission(request, state, key, prompt_estimate)
     try:
-        return await make_plan(limit, admit)
+        return await plan_chat(req, state, request.state.request_id, admit, limit)
     except UnsupportedFeature:
         state.limits.unsupported_feature(request, key,
                                          getattr(request.state, "limit_model", ""))
         raise
 
 
-def prompt_estimate(body_json: str) -> int:
-    """Tokens of a prompt before it is tokenised: about four bytes per token."""
-    return len(body_json.encode()) // 4 + 1
-
-
 @router.post("/chat/completions", dependencies=[JsonBody], summary="Chat completion")
 async def chat_completions(body: ChatCompletionRequest, request: Request, key: CurrentKey,
                            state: State) -> Response:
-    plan = await planned(
-        request, state, key,
-        lambda limit, admit: plan_chat(body, state, request.state.request_id, admit, limit),
-        prompt_estimate(body.model_dump_json(include={"messages"})))
+    plan = await admitted_plan(request, state, key, body)
     try:
         headers = request.state.response_headers
         headers["x-service-is-content-violation"] = "false"
@@ -85,8 +65,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, key: C
         response = await run_unary(plan, state)
         await plan.finish_charge()
     except BaseException:
-        if plan.hold is not None:
-            await plan.hold.finish(None)
+        await plan.release()
         raise
     add_model_headers(request, plan.answered_by.model, plan.router_label)
     return json_response(request, response)

@@ -6,10 +6,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from serve_app.api.chat import planned, prompt_estimate
+from serve_app.api.chat import admitted_plan
 from serve_app.api.deps import CurrentKey, JsonBody, State
 from serve_app.chat.responses_api import respond, stream_response, to_chat_request
-from serve_app.chat.service import plan_chat
 from serve_app.responses import add_model_headers, json_response
 from serve_app.schemas.responses import ResponsesRequest
 
@@ -19,12 +18,7 @@ router = APIRouter(tags=["Chat"])
 @router.post("/responses", dependencies=[JsonBody], summary="Create a model response")
 async def create_response(body: ResponsesRequest, request: Request, key: CurrentKey,
                           state: State) -> Response:
-    chat_request = to_chat_request(body)
-    plan = await planned(
-        request, state, key,
-        lambda limit, admit: plan_chat(chat_request, state, request.state.request_id, admit,
-                                       limit),
-        prompt_estimate(chat_request.model_dump_json(include={"messages"})))
+    plan = await admitted_plan(request, state, key, to_chat_request(body))
     try:
         if body.stream:
             _, events = await stream_response(plan, state)
@@ -37,8 +31,7 @@ async def create_response(body: ResponsesRequest, request: Request, key: Current
         response = await respond(plan, state)
         await plan.finish_charge()
     except BaseException:
-        if plan.hold is not None:
-            await plan.hold.finish(None)
+        await plan.release()
         raise
     add_model_headers(request, plan.answered_by.model, plan.router_label)
     return json_response(request, response)

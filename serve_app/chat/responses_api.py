@@ -205,8 +205,7 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[dict[str,
         yield _event("response.completed", next_seq(),
                      response=_response(plan, model_id, output, "completed", created))
     except ApiError as exc:
-        if plan.hold is not None:  # our failure is not charged
-            await plan.hold.finish(None)
+        await plan.release()  # our failure is not charged
         yield _event("response.failed", next_seq(), response={
             **_response(plan, model_id, [], "failed", created),
             "error": {"code": exc.code, "message": exc.message}})

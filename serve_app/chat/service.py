@@ -103,6 +103,11 @@ class ChatPlan:
         return price(self.answered_by.model, {"input": self.usage.prompt_tokens,
                                               "output": self.usage.completion_tokens})
 
+    async def release(self) -> None:
+        """Give the hold back: the request failed before, or on our side of, the work."""
+        if self.hold is not None:
+            await self.hold.finish(None)
+
     async def finish_charge(self) -> None:
         """Settle the hold with the measured cost and correct the token count."""
         if self.hold is not None:
@@ -253,8 +258,7 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
     except BaseException:
         # Nothing ran on the model: the hold goes back (a missing character, a failed
         # web search, a client that left).
-        if plan.hold is not None:
-            await plan.hold.finish(None)
+        await plan.release()
         raise
     return plan
 
@@ -415,8 +419,7 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
     except ApiError as exc:
         # The response has started: report the failure in the stream itself. Our failure
         # is not charged.
-        if plan.hold is not None:
-            await plan.hold.finish(None)
+        await plan.release()
         yield _sse({"error": exc.message, "code": exc.code})
         yield _sse("[DONE]")
     finally:
