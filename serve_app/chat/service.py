@@ -10,8 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlmodel import select
-
 from serve_app.api.deps import run_db
 from serve_app.billing.pricing import Cost, price
 from serve_app.billing.service import Hold
@@ -26,7 +24,7 @@ from serve_app.chat.prompt import (
     last_user_text,
 )
 from serve_app.chat.web import WebDocument, WebUnavailable, find_urls
-from serve_app.db.tables import Character
+from serve_app.control.characters import find_character
 from serve_app.errors import ApiError
 from serve_app.limits.service import Ticket
 from serve_app.model_calls import ModelFailed, stream_model
@@ -184,12 +182,7 @@ def _output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | No
 
 
 async def _character_prompt(state: GatewayState, slug: str) -> str:
-    def load(session) -> Character | None:
-        return session.exec(select(Character).where(Character.slug == slug)).first()
-
-    character = await run_db(state, load)
-    if character is None:
-        raise ApiError(404, f"Character {slug!r} not found", code="CHARACTER_NOT_FOUND")
+    character = await run_db(state, lambda session: find_character(session, slug))
     return character.system_prompt
 
 

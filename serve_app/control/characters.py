@@ -43,6 +43,14 @@ def character_record(row: Character, stats: tuple[int, int]) -> dict[str, Any]:
     }
 
 
+def review_record(row: CharacterReview, account_id: str | None) -> dict[str, Any]:
+    """The published review shape; `isOwner` when the reader's account wrote it."""
+    return {"characterId": row.character_id, "createdAt": iso_z(row.created_at), "id": row.id,
+            "isOwner": account_id is not None and row.account_id == account_id,
+            "locale": row.locale, "message": row.message, "rating": row.rating,
+            "userAvatarUrl": row.user_avatar_url, "username": row.username}
+
+
 def list_characters(session: Session, *, limit: int, offset: int, search: str | None,
                     tags: list[str]) -> list[dict[str, Any]]:
     query = select(Character)
@@ -73,10 +81,7 @@ def review_page(session: Session, slug: str, page: int, page_size: int,
         .offset((page - 1) * page_size).limit(page_size)).all()
     return {
         "object": "list",
-        "data": [{"characterId": r.character_id, "createdAt": iso_z(r.created_at), "id": r.id,
-                  "isOwner": account_id is not None and r.account_id == account_id,
-                  "locale": r.locale, "message": r.message, "rating": r.rating,
-                  "userAvatarUrl": r.user_avatar_url, "username": r.username} for r in rows],
+        "data": [review_record(r, account_id) for r in rows],
         "pagination": {"page": page, "pageSize": page_size, "total": total,
                        "totalPages": -(-total // page_size)},
         "summary": {"averageRating": round(rating_sum / total, 2) if total else 0,
@@ -104,7 +109,4 @@ def add_review(session: Session, slug: str, *, account_id: str | None = None,
     session.add(character)
     session.commit()
     session.refresh(row)
-    return {"characterId": row.character_id, "createdAt": iso_z(row.created_at), "id": row.id,
-            "isOwner": True, "locale": row.locale, "message": row.message,
-            "rating": row.rating, "userAvatarUrl": row.user_avatar_url,
-            "username": row.username}
+    return review_record(row, account_id)
