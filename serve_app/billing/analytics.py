@@ -67,28 +67,24 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
     ranked_models = sorted(models.items(), key=lambda kv: -(kv[1]["usd"] + kv[1]["diem"]))
     top_models = [model_id for model_id, _ in ranked_models[:TOP]]
 
-    keys = sorted(((key_id, k_usd, k_diem, k_units)
-                   for key_id, k_usd, k_diem, k_units in grouped(u.api_key_id)),
-                  key=lambda row: -(row[1] + row[2]))
+    keys = sorted(grouped(u.api_key_id), key=lambda row: -(row[1] + row[2]))
     top_keys = [row[0] for row in keys[:TOP]]
     key_ids = [row[0] for row in keys if row[0]]
     descriptions = dict(session.execute(select(ApiKey.id, ApiKey.description).where(
         col(ApiKey.id).in_(key_ids))).all()) if key_ids else {}
 
-    model_daily: dict[date, dict[str, int]] = defaultdict(dict)
-    if top_models:
-        for day, model_id, _, d_diem, _ in session.execute(
-                select(u.day, u.model_id, usd, diem, units)
-                .where(*in_range, col(u.model_id).in_(top_models))
-                .group_by(u.day, u.model_id)).all():
-            model_daily[_day(day)][model_id] = d_diem
-    key_daily: dict[date, dict[str, int]] = defaultdict(dict)
-    if top_keys:
-        for day, key_id, d_usd, d_diem, _ in session.execute(
-                select(u.day, u.api_key_id, usd, diem, units)
-                .where(*in_range, col(u.api_key_id).in_(top_keys))
-                .group_by(u.day, u.api_key_id)).all():
-            key_daily[_day(day)][key_id] = d_usd + d_diem
+    def daily(column, ids: list[str]) -> dict[date, dict[str, tuple[int, int]]]:
+        """day -> id -> (USD, DIEM) of the top models or keys."""
+        series: dict[date, dict[str, tuple[int, int]]] = defaultdict(dict)
+        if ids:
+            for day, item, d_usd, d_diem, _ in session.execute(
+                    select(u.day, column, usd, diem, units)
+                    .where(*in_range, col(column).in_(ids)).group_by(u.day, column)).all():
+                series[_day(day)][item] = (d_usd, d_diem)
+        return series
+
+    model_daily = daily(u.model_id, top_models)  # the spec's series: DIEM usage
+    key_daily = daily(u.api_key_id, top_keys)  # spend, USD and DIEM
 
     def name_of(model_id: str) -> str:
         model = catalog.by_id.get(model_id)
@@ -107,9 +103,6 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
     key_labels = _unique_labels({k: raw_key_label(k) for k, *_ in keys})
     model_labels = _unique_labels({m: name_of(m) for m in models})
 
-    def key_label(key_id: str) -> str:
-        return key_labels[key_id]
-
     by_model = []
     for model_id, m in ranked_models:
         entry: dict[str, Any] = {
@@ -127,13 +120,13 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
         "byDate": [{"date": f"{d.isoformat()}T00:00:00.000Z", "USD": _num(by_day[d][0]),
                     "DIEM": _num(by_day[d][1])} for d in days],
         "byModel": by_model,
-        "byModelDaily": [{"date": _ms(d), **{model_labels[m]: _num(model_daily[d].get(m))
+        "byModelDaily": [{"date": _ms(d), **{model_labels[m]: _num(model_daily[d].get(m, (0, 0))[1])
                                              for m in top_models}} for d in reversed(days)],
         "topModels": [model_labels[m] for m in top_models],
-        "byKey": [{"apiKeyId": key_id or None, "description": key_label(key_id),
+        "byKey": [{"apiKeyId": key_id or None, "description": key_labels[key_id],
                    "totalUsd": _num(k_usd), "totalDiem": _num(k_diem), "totalUnits": k_units}
                   for key_id, k_usd, k_diem, k_units in keys],
-        "byKeyDaily": [{"date": _ms(d), **{key_label(k): _num(key_daily[d].get(k))
+        "byKeyDaily": [{"date": _ms(d), **{key_labels[k]: _num(sum(key_daily[d].get(k, (0, 0))))
                                            for k in top_keys}} for d in reversed(days)],
-        "topKeyNames": [key_label(k) for k in top_keys],
+        "topKeyNames": [key_labels[k] for k in top_keys],
     }
