@@ -28,6 +28,24 @@ def _postgres_unavailable() -> str | None:
 _PG_REASON = _postgres_unavailable()
 
 
+def new_postgres_schema(prefix: str) -> str:
+    """A fresh, empty schema of the test database; the URL that uses it."""
+    import psycopg
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+
+
+def drop_postgres_schema(url: str) -> None:
+    import psycopg
+
+    schema = url.rsplit("%3D", 1)[-1]
+    with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request, tmp_path: Path) -> Iterator[str]:
     """A migrated, empty database of each kind; PostgreSQL gets a schema of its own."""
@@ -40,16 +58,9 @@ def database_url(request, tmp_path: Path) -> Iterator[str]:
         return
     if _PG_REASON:
         pytest.skip(_PG_REASON)
-    import psycopg
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    plain = POSTGRES_URL.replace("+psycopg", "")
-    with psycopg.connect(plain, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    url = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    url = new_postgres_schema("t")
     try:
         migrate(url)
         yield url
     finally:
-        with psycopg.connect(plain, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        drop_postgres_schema(url)

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from serve_app.process_tree import ray_processes, reap
+from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
 from tests.integration.web_server import FakeWeb
 
 ADMIN_KEY = "sk-integration-admin-key-000000000001"
@@ -118,28 +119,11 @@ class Platform:
 
 def _postgres_schema() -> tuple[str | None, str | None]:
     """(database URL of a fresh schema, None) or (None, why there is none)."""
-    from tests.conftest import _PG_REASON, POSTGRES_URL
-
     if _PG_REASON:
         return None, _PG_REASON
     if shutil.which("redis-server") is None:
         return None, "redis-server is not installed: the PostgreSQL/Redis application is off"
-    import psycopg
-
-    schema = f"it_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    return f"{POSTGRES_URL}?options=-csearch_path%3D{schema}", None
-
-
-def _drop_schema(url: str) -> None:
-    import psycopg
-
-    from tests.conftest import POSTGRES_URL
-
-    schema = url.rsplit("%3D", 1)[-1]
-    with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return new_postgres_schema("it"), None
 
 
 def _wait_running(serve, app: str) -> None:
@@ -232,7 +216,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
         if redis is not None:
             redis.stop()
         if pg_url:
-            _drop_schema(pg_url)
+            drop_postgres_schema(pg_url)
         # serve.shutdown() costs seconds and ray.shutdown() ends Serve with the cluster; the
         # engine processes vLLM spawned are reaped after it.
         tree = ray_processes()
