@@ -19,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlmodel import Field, SQLModel
 
+from serve_app.domain import ApiKeyType, LimitPeriod, ModelPrivacy
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -48,23 +50,6 @@ def _utc_column(*, nullable: bool, index: bool = False) -> Column:
 class AccountKind(StrEnum):
     API = "API"  # an account that holds API keys
     WALLET = "WALLET"  # an EVM or Solana wallet paying with prepaid credit
-
-
-class ApiKeyType(StrEnum):
-    INFERENCE = "INFERENCE"
-    ADMIN = "ADMIN"
-
-
-class LimitPeriod(StrEnum):
-    EPOCH = "EPOCH"
-    MONTH = "MONTH"
-    LIFETIME = "LIFETIME"
-
-
-class ModelPrivacy(StrEnum):
-    ALL = "ALL"
-    PRIVATE_TEXT = "PRIVATE_TEXT"
-    PRIVATE_ONLY = "PRIVATE_ONLY"
 
 
 class Account(SQLModel, table=True):

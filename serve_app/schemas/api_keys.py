@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from serve_app.db.tables import ApiKeyType, LimitPeriod, ModelPrivacy
+from serve_app.domain import ApiKeyType, LimitPeriod, ModelPrivacy
 
 LimitAmount = Annotated[float, Field(ge=0, le=9_999_999_999)]
 
