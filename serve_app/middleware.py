@@ -1,8 +1,9 @@
 """Step 1 of every request: identify it, and stamp the service headers on whatever answers.
 
 One pure-ASGI middleware, outermost in the app, so that every response, errors and 404s
-included, carries `CF-RAY`, `x-service-version` and `x-service-timestamp`, plus any header
-that later steps put in `request.state.response_headers` (model, balance, rate limits...).
+included, carries `CF-RAY`, `x-service-version`, `x-service-timestamp` and `Server-Timing`
+(serve_app/timing.py), plus any header that later steps put in
+`request.state.response_headers` (model, balance, rate limits...).
 It also turns an unexpected exception into a 500 standard error logged with the request id,
 and refuses bodies over the size cap before anything reads them.
 """
@@ -20,6 +21,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import UNKNOWN_ERROR_BODY, log_unexpected_error
+from serve_app.timing import StepTimes
 from serve_app.version import service_version
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -70,8 +72,10 @@ class ServiceHeadersMiddleware:
         request_id = uuid.uuid4().hex
         token = request_id_var.set(request_id)
         extra_headers: dict[str, str] = {}
+        times = StepTimes()
         state["request_id"] = request_id
         state["response_headers"] = extra_headers
+        state["step_times"] = times
         started = False
 
         async def send_with_headers(message: Message) -> None:
@@ -85,6 +89,7 @@ class ServiceHeadersMiddleware:
                     timespec="milliseconds").replace("+00:00", "Z")
                 for name, value in extra_headers.items():
                     headers[name] = value
+                headers["Server-Timing"] = times.header()
             await send(message)
 
         received = 0

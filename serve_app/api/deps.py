@@ -13,6 +13,7 @@ from serve_app.auth.key_store import KeyRecord
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.responses import set_balance_headers
 from serve_app.state import GatewayState
+from serve_app.timing import timed
 
 T = TypeVar("T")
 
@@ -37,10 +38,11 @@ def bearer_secret(request: Request) -> str:
 
 
 async def current_key(request: Request, state: State) -> KeyRecord:
-    key = await state.keys.authenticate(bearer_secret(request))
-    request.state.api_key = key
-    state.limits.check_failed_budget(key)
-    set_balance_headers(request, await state.billing.balances(key.account_id))
+    with timed(request, "auth"):
+        key = await state.keys.authenticate(bearer_secret(request))
+        request.state.api_key = key
+        state.limits.check_failed_budget(key)
+        set_balance_headers(request, await state.billing.balances(key.account_id))
     return key
 
 

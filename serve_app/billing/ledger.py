@@ -11,21 +11,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import case, delete, func, select, update
+from sqlalchemy import JSON, Date, DateTime, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
 from serve_app.billing.pricing import Cost, sku, unit_type
 from serve_app.billing.windows import epoch_day, window_start
-from serve_app.db.tables import (
-    Account,
-    KeySpendWindow,
-    LedgerEntry,
-    LedgerLine,
-    Reservation,
-    UsageDaily,
-)
+from serve_app.db.tables import Account, KeySpendWindow, Reservation, UsageDaily
 from serve_app.errors import ApiError
 from serve_app.money import NANOS_PER_UNIT
 
@@ -67,63 +61,94 @@ def insufficient_balance() -> ApiError:
                     code="INSUFFICIENT_BALANCE")
 
 
-# Core statements (no ORM unit of work): the money path runs a handful of them per request.
-_accounts = Account.__table__
-_windows = KeySpendWindow.__table__
-_holds = Reservation.__table__
-_entries = LedgerEntry.__table__
-_lines = LedgerLine.__table__
-_rollups = UsageDaily.__table__
+class _Statements:
+    """Driver-level statements inside the session's transaction.
+
+    The money path runs a handful of statements per request on the ingress replica; through
+    SQLAlchemy's Core or ORM layers each costs several times the statement itself (measured:
+    benchmarks/README.md). SQL is written once with `?` placeholders and a `{lock}` mark
+    (`FOR UPDATE` on PostgreSQL, nothing on SQLite, whose write transactions begin IMMEDIATE);
+    dates and JSON go through SQLAlchemy's own bind processors, so rows look exactly as the ORM
+    writes them.
+    """
+
+    _texts: dict[tuple[str, bool], str] = {}
+    _processors: dict[str, tuple] = {}
+
+    def __init__(self, session: Session) -> None:
+        connection = session.connection()  # begins the transaction (IMMEDIATE on SQLite)
+        dialect = connection.dialect
+        self.pg = dialect.name == "postgresql"
+        self.cursor = connection.connection.driver_connection.cursor()
+        processors = self._processors.get(dialect.name)
+        if processors is None:
+            processors = self._processors[dialect.name] = tuple(
+                kind.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v)
+                for kind in (DateTime(timezone=True), Date(), JSON()))
+        self.datetime, self.date, self.json = processors
+
+    def _text(self, sql: str) -> str:
+        text = self._texts.get((sql, self.pg))
+        if text is None:
+            text = sql.replace("{lock}", " FOR UPDATE" if self.pg else "")
+            if self.pg:
+                text = text.replace("?", "%s")
+            self._texts[(sql, self.pg)] = text
+        return text
+
+    def run(self, sql: str, params: tuple = ()) -> Any:
+        self.cursor.execute(self._text(sql), params)
+        return self.cursor
+
+    def first(self, sql: str, params: tuple = ()) -> tuple | None:
+        return self.run(sql, params).fetchone()
+
+    def many(self, sql: str, rows: list[tuple]) -> None:
+        self.cursor.executemany(self._text(sql), rows)
 
 
-def _dialect_insert(session: Session):
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-
-
-def _locked_account(session: Session, account_id: str, now: datetime) -> tuple[int, int, str]:
+def _locked_account(db: _Statements, account_id: str, now: datetime) -> tuple[int, int, str]:
     """(USD, DIEM, epoch) of the account, locked. A new UTC day resets the DIEM allocation to
     the staked amount (1 DIEM per token): the caller's UPDATE writes it with the epoch."""
-    row = session.execute(
-        select(_accounts.c.usd_balance_nanos, _accounts.c.diem_balance_nanos,
-               _accounts.c.diem_epoch, _accounts.c.staked_tokens)
-        .where(_accounts.c.id == account_id).with_for_update()).first()
+    row = db.first("SELECT usd_balance_nanos, diem_balance_nanos, diem_epoch, staked_tokens "
+                   "FROM accounts WHERE id = ?{lock}", (account_id,))
     if row is None:
         raise ApiError(401, "Account not found", code="AUTHENTICATION_FAILED")
+    usd, diem, epoch, staked = row
     today = epoch_day(now)
-    if row.diem_epoch != today:
-        return row.usd_balance_nanos, row.staked_tokens * NANOS_PER_UNIT, today
-    return row.usd_balance_nanos, row.diem_balance_nanos, today
+    if epoch != today:
+        return usd, staked * NANOS_PER_UNIT, today
+    return usd, diem, today
 
 
-def _locked_window(session: Session, payer: Payer, start: str):
-    """The key's window (created at zero when new), locked: one statement."""
-    stmt = _dialect_insert(session)(_windows).values(
-        api_key_id=payer.api_key_id, window_start=start, usd_nanos=0, diem_nanos=0)
-    return session.execute(
-        stmt.on_conflict_do_update(index_elements=["api_key_id", "window_start"],
-                                   set_={"usd_nanos": _windows.c.usd_nanos})
-        .returning(_windows.c.usd_nanos, _windows.c.diem_nanos)).one()
+def _locked_window(db: _Statements, payer: Payer, start: str) -> tuple[int, int]:
+    """(USD, DIEM) spent in the key's window (created at zero when new), locked: one
+    statement."""
+    return db.first(
+        "INSERT INTO key_spend_windows (api_key_id, window_start, usd_nanos, diem_nanos) "
+        "VALUES (?, ?, 0, 0) ON CONFLICT (api_key_id, window_start) "
+        "DO UPDATE SET usd_nanos = key_spend_windows.usd_nanos "
+        "RETURNING usd_nanos, diem_nanos", (payer.api_key_id, start))
 
 
-def _add_to_window(session: Session, key_id: str, start: str, usd: int, diem: int) -> None:
-    session.execute(update(_windows)
-                    .where(_windows.c.api_key_id == key_id, _windows.c.window_start == start)
-                    .values(usd_nanos=_windows.c.usd_nanos + usd,
-                            diem_nanos=_windows.c.diem_nanos + diem))
+def _add_to_window(db: _Statements, key_id: str, start: str, usd: int, diem: int) -> None:
+    db.run("UPDATE key_spend_windows SET usd_nanos = usd_nanos + ?, diem_nanos = diem_nanos + ? "
+           "WHERE api_key_id = ? AND window_start = ?", (usd, diem, key_id, start))
 
 
 def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
          now: datetime) -> HoldResult:
     """Reserve the most the request may cost against balance and key limit, or refuse (402)."""
-    usd_balance, diem_balance, epoch = _locked_account(session, payer.account_id, now)
+    db = _Statements(session)
+    usd_balance, diem_balance, epoch = _locked_account(db, payer.account_id, now)
     before = Balances(usd_balance, diem_balance)
     diem_room = diem_balance
     window = start = None
     if payer.has_limits:
         start = window_start(payer.limit_period, now)
-        window = _locked_window(session, payer, start)
+        window = _locked_window(db, payer, start)
         if payer.limit_diem_nanos is not None:
-            diem_room = min(diem_room, max(0, payer.limit_diem_nanos - window.diem_nanos))
+            diem_room = min(diem_room, max(0, payer.limit_diem_nanos - window[1]))
     diem_part = min(amount_nanos, diem_room)
     usd_part = amount_nanos - diem_part
     if usd_part > usd_balance:
@@ -133,48 +158,60 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
                             f"current {payer.limit_period} period",
                        code="API_KEY_DIEM_SPEND_LIMIT_EXCEEDED")
     if window is not None and payer.limit_usd_nanos is not None \
-            and window.usd_nanos + usd_part > payer.limit_usd_nanos:
+            and window[0] + usd_part > payer.limit_usd_nanos:
         raise ApiError(402, "This API key has reached its USD consumption limit for the "
                             f"current {payer.limit_period} period",
                        code="API_KEY_USD_SPEND_LIMIT_EXCEEDED")
-    session.execute(update(_accounts).where(_accounts.c.id == payer.account_id).values(
-        usd_balance_nanos=usd_balance - usd_part, diem_balance_nanos=diem_balance - diem_part,
-        diem_epoch=epoch))
+    db.run("UPDATE accounts SET usd_balance_nanos = ?, diem_balance_nanos = ?, diem_epoch = ? "
+           "WHERE id = ?", (usd_balance - usd_part, diem_balance - diem_part, epoch,
+                            payer.account_id))
     if start is not None and payer.api_key_id is not None:
-        _add_to_window(session, payer.api_key_id, start, usd_part, diem_part)
-    session.execute(_holds.insert().values(
-        request_id=request_id, account_id=payer.account_id, api_key_id=payer.api_key_id,
-        window_start=start, usd_nanos=usd_part, diem_nanos=diem_part,
-        diem_epoch=epoch, created_at=now))
+        _add_to_window(db, payer.api_key_id, start, usd_part, diem_part)
+    db.run("INSERT INTO reservations (request_id, account_id, api_key_id, window_start, "
+           "usd_nanos, diem_nanos, diem_epoch, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+           (request_id, payer.account_id, payer.api_key_id, start, usd_part, diem_part, epoch,
+            db.datetime(now)))
     return HoldResult(before, usd_part, diem_part)
 
 
-def _give_back(session: Session, res, usd_nanos: int, diem_nanos: int) -> None:
+@dataclass(frozen=True, slots=True)
+class _HoldRow:
+    request_id: str
+    account_id: str
+    api_key_id: str | None
+    window_start: str | None
+    usd_nanos: int
+    diem_nanos: int
+    diem_epoch: str | None
+
+
+def _give_back(db: _Statements, res: _HoldRow, usd_nanos: int, diem_nanos: int) -> None:
     """Return unused parts of a hold to the balance and the key window; DIEM only into the
     epoch it came from (yesterday's DIEM does not come back today)."""
     if usd_nanos or diem_nanos:
-        c = _accounts.c
-        session.execute(update(_accounts).where(c.id == res.account_id).values(
-            usd_balance_nanos=c.usd_balance_nanos + usd_nanos,
-            diem_balance_nanos=case((c.diem_epoch == res.diem_epoch,
-                                     c.diem_balance_nanos + diem_nanos),
-                                    else_=c.diem_balance_nanos)))
+        db.run("UPDATE accounts SET usd_balance_nanos = usd_balance_nanos + ?, "
+               "diem_balance_nanos = CASE WHEN diem_epoch = ? THEN diem_balance_nanos + ? "
+               "ELSE diem_balance_nanos END WHERE id = ?",
+               (usd_nanos, res.diem_epoch, diem_nanos, res.account_id))
         if res.window_start is not None and res.api_key_id is not None:
-            _add_to_window(session, res.api_key_id, res.window_start, -usd_nanos, -diem_nanos)
-    session.execute(delete(_holds).where(_holds.c.request_id == res.request_id))
+            _add_to_window(db, res.api_key_id, res.window_start, -usd_nanos, -diem_nanos)
+    db.run("DELETE FROM reservations WHERE request_id = ?", (res.request_id,))
 
 
-def _locked_hold(session: Session, request_id: str):
-    return session.execute(select(_holds).where(_holds.c.request_id == request_id)
-                           .with_for_update()).first()
+def _locked_hold(db: _Statements, request_id: str) -> _HoldRow | None:
+    row = db.first("SELECT request_id, account_id, api_key_id, window_start, usd_nanos, "
+                   "diem_nanos, diem_epoch FROM reservations WHERE request_id = ?{lock}",
+                   (request_id,))
+    return _HoldRow(*row) if row is not None else None
 
 
 def release(session: Session, request_id: str) -> bool:
     """Drop a hold without charging (the request failed on our side). False: nothing held."""
-    res = _locked_hold(session, request_id)
+    db = _Statements(session)
+    res = _locked_hold(db, request_id)
     if res is None:
         return False
-    _give_back(session, res, res.usd_nanos, res.diem_nanos)
+    _give_back(db, res, res.usd_nanos, res.diem_nanos)
     return True
 
 
@@ -189,7 +226,7 @@ def _late_hold(session: Session, request_id: str, payer: Payer, cost_nanos: int,
                now: datetime) -> None:
     """The work of a request whose hold was swept (it ran past the sweeper's age limit) is
     still charged: as much of its cost as the balance holds now, whatever the key's limit."""
-    usd, diem, _ = _locked_account(session, payer.account_id, now)
+    usd, diem, _ = _locked_account(_Statements(session), payer.account_id, now)
     amount = max(0, min(cost_nanos, usd + diem))
     logger.warning("request %s settled after its hold was released: charging %d of %d nanos",
                    request_id, amount, cost_nanos)
@@ -208,65 +245,78 @@ def _line_totals(cost: Cost, total: int) -> list[int]:
     return shares
 
 
+_INSERT_ENTRY = (
+    "INSERT INTO ledger_entries (request_id, account_id, api_key_id, wallet_address, model_id, "
+    "model_type, unit_type, units, usd_nanos, diem_nanos, execution_ms, started_at, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_INSERT_LINE = (
+    "INSERT INTO ledger_lines (request_id, account_id, api_key_id, model_id, line_type, sku, "
+    "currency, units, amount_nanos, price_per_unit_usd, prompt_tokens, completion_tokens, "
+    "execution_ms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_UPSERT_ROLLUP = (
+    "INSERT INTO usage_daily (account_id, day, api_key_id, model_id, model_type, line_type, "
+    "usd_nanos, diem_nanos, units, requests) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (account_id, day, api_key_id, model_id, line_type) DO UPDATE SET "
+    "usd_nanos = usage_daily.usd_nanos + excluded.usd_nanos, "
+    "diem_nanos = usage_daily.diem_nanos + excluded.diem_nanos, "
+    "units = usage_daily.units + excluded.units, "
+    "requests = usage_daily.requests + excluded.requests")
+
+
 def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, started_at: datetime,
            now: datetime, execution_ms: int | None = None) -> Settled:
     """Charge the measured cost (at most what was held), DIEM first, and write the ledger entry
     with its lines and daily rollups. A second settlement of the same request changes nothing."""
-    res = _locked_hold(session, request_id)
+    db = _Statements(session)
+    res = _locked_hold(db, request_id)
     if res is None:  # settled before (the hold is gone), or the sweeper released it
-        existing = session.get(LedgerEntry, request_id)
+        existing = db.first("SELECT usd_nanos, diem_nanos FROM ledger_entries "
+                            "WHERE request_id = ?", (request_id,))
         if existing is not None:
-            return Settled(existing.usd_nanos, existing.diem_nanos, repeated=True)
+            return Settled(existing[0], existing[1], repeated=True)
         _late_hold(session, request_id, payer, cost.nanos, now)
-        res = _locked_hold(session, request_id)
+        res = _locked_hold(db, request_id)
+        assert res is not None, "the late hold was just written"
     total = min(cost.nanos, res.usd_nanos + res.diem_nanos)
     diem = min(total, res.diem_nanos)
     usd = total - diem
-    _give_back(session, res, res.usd_nanos - usd, res.diem_nanos - diem)
+    _give_back(db, res, res.usd_nanos - usd, res.diem_nanos - diem)
     model = cost.model
-    session.execute(_entries.insert().values(
-        request_id=request_id, account_id=payer.account_id, api_key_id=payer.api_key_id,
-        wallet_address=payer.wallet_address, model_id=model.id, model_type=model.type,
-        unit_type=unit_type(model), units=cost.units, usd_nanos=usd, diem_nanos=diem,
-        execution_ms=execution_ms, started_at=started_at, created_at=now))
+    created = db.datetime(now)
+    db.run(_INSERT_ENTRY, (
+        request_id, payer.account_id, payer.api_key_id, payer.wallet_address, model.id,
+        model.type, unit_type(model), db.json(cost.units), usd, diem, execution_ms,
+        db.datetime(started_at), created))
     prompt = cost.units.get("input") if model.type in ("text", "embedding") else None
     completion = cost.units.get("output") if model.type == "text" else None
+    day = db.date(now.astimezone(UTC).date())
     lines, rollups, diem_left = [], [], diem
     for line, line_total in zip(cost.lines, _line_totals(cost, total), strict=True):
         paid_diem = min(line_total, diem_left)
         diem_left -= paid_diem
         parts = [(currency, amount) for currency, amount in
                  (("DIEM", paid_diem), ("USD", line_total - paid_diem)) if amount > 0]
+        line_sku = sku(model, line.line_type)
         for currency, amount in parts or [("USD", 0)]:
-            lines.append({
-                "request_id": request_id, "account_id": payer.account_id,
-                "api_key_id": payer.api_key_id, "model_id": model.id,
-                "line_type": line.line_type, "sku": sku(model, line.line_type),
-                "currency": currency, "units": line.units, "amount_nanos": amount,
-                "price_per_unit_usd": line.price_per_unit_usd, "prompt_tokens": prompt,
-                "completion_tokens": completion, "execution_ms": execution_ms,
-                "created_at": now})
-        rollups.append({
-            "account_id": payer.account_id, "day": now.date(),
-            "api_key_id": payer.api_key_id or "", "model_id": model.id,
-            "model_type": model.type, "line_type": line.line_type,
-            "usd_nanos": line_total - paid_diem, "diem_nanos": paid_diem, "units": line.units,
-            "requests": 1})
+            lines.append((request_id, payer.account_id, payer.api_key_id, model.id,
+                          line.line_type, line_sku, currency, line.units, amount,
+                          line.price_per_unit_usd, prompt, completion, execution_ms, created))
+        rollups.append((payer.account_id, day, payer.api_key_id or "", model.id, model.type,
+                        line.line_type, line_total - paid_diem, paid_diem, line.units, 1))
     if lines:
-        session.execute(_lines.insert(), lines)
-        session.execute(_rollup_upsert(session), rollups)
+        db.many(_INSERT_LINE, lines)
+        db.many(_UPSERT_ROLLUP, rollups)
     return Settled(usd, diem)
 
 
-def _rollup_upsert(session: Session):
-    stmt = _dialect_insert(session)(_rollups)
-    excluded, c = stmt.excluded, _rollups.c
-    return stmt.on_conflict_do_update(
-        index_elements=["account_id", "day", "api_key_id", "model_id", "line_type"],
-        set_={"usd_nanos": c.usd_nanos + excluded.usd_nanos,
-              "diem_nanos": c.diem_nanos + excluded.diem_nanos,
-              "units": c.units + excluded.units,
-              "requests": c.requests + excluded.requests})
+# The cold paths (key limits changed, sweeps) stay in Core statements.
+_windows = KeySpendWindow.__table__
+_holds = Reservation.__table__
+_rollups = UsageDaily.__table__
+
+
+def _dialect_insert(session: Session):
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
 
 
 def seed_window(session: Session, key_id: str, account_id: str, period: str,

@@ -1,0 +1,49 @@
+"""Where the time of one request goes, as a `Server-Timing` response header
+(`auth;dur=0.12, limits;dur=0.80, hold;dur=0.95, model;dur=15.2, settle;dur=1.10, app;dur=18.6`).
+
+Each step of a request (ARCHITECTURE.md) records its wall time here; the middleware that
+identifies requests writes the header when the response starts. Browsers' developer tools and
+the benchmarks read it; a few `perf_counter` calls per request cost nothing measurable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+class StepTimes:
+    __slots__ = ("_started", "steps")
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self.steps: list[tuple[str, float]] = []
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.steps.append((name, (time.perf_counter() - start) * 1000))
+
+    def header(self) -> str:
+        """The header value: each step, then `app`, the time since the request arrived."""
+        total = (time.perf_counter() - self._started) * 1000
+        return ", ".join(f"{name};dur={ms:.2f}" for name, ms in [*self.steps, ("app", total)])
+
+
+def step_times(request: Any) -> StepTimes:
+    """The request's timer (a fresh one where no middleware made it: unit tests of parts)."""
+    state = request.scope.setdefault("state", {})
+    times = state.get("step_times")
+    if times is None:
+        times = state["step_times"] = StepTimes()
+    return times
+
+
+def timed(request: Any, name: str):
+    """`with timed(request, "hold"): ...` records the step `hold` of this request."""
+    return step_times(request).step(name)
