@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     admin_api_key: str | None = None
     initial_credit_usd: Decimal = Field(default=Decimal("10"), ge=0)
     model_catalog: Path = PROJECT_ROOT / "configs" / "models.yaml"
+    # The named rate-limit tiers accounts can be set to (serve_app/limits/policy.py).
+    rate_limit_tiers: Path = PROJECT_ROOT / "configs" / "rate_limit_tiers.yaml"
     # How long a cached API key stays valid without a change notice; bounds staleness
     # should an invalidation notice ever be missed.
     key_cache_ttl_s: float = 60.0
@@ -46,7 +48,7 @@ class Settings(BaseSettings):
     def allowed_fetch_hosts(self) -> frozenset[str]:
         return frozenset(h.strip() for h in self.web_fetch_allowed_hosts.split(",") if h.strip())
 
-    @field_validator("data_dir", "model_catalog")
+    @field_validator("data_dir", "model_catalog", "rate_limit_tiers")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         # Replicas may run in another working directory: pin paths now.

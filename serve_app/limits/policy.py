@@ -1,11 +1,29 @@
 """What is limited and how much: the spec's default table per class, the partner columns,
-per-model overrides from the catalog, and the error-budget thresholds."""
+per-model overrides from the catalog, the tiers of configs/rate_limit_tiers.yaml, and the
+error-budget thresholds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from serve_app.catalog import CatalogModel
+from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
+
+logger = logging.getLogger("serve_app.limits")
 
 WINDOW_MS = 60_000  # requests and tokens per minute
 BUDGET_WINDOW_MS = 30_000  # error budgets roll over 30 seconds
@@ -24,33 +42,136 @@ DEFAULT_LIMITS: dict[str, tuple[int, int | None, int, int | None]] = {
 }
 
 
+# class -> (requests/min, tokens/min, partner requests/min, partner tokens/min) of one tier.
+TierTable = Mapping[str, tuple[int, int | None, int, int | None]]
+
+TierName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]
+_Amount = Annotated[int, Field(gt=0)]
+
+
+class ClassLimits(BaseModel):
+    """One class of one tier in configs/rate_limit_tiers.yaml; every number must be given
+    (tokens may be null: no token limit)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_minute: _Amount
+    tokens_per_minute: _Amount | None
+    partner_requests_per_minute: _Amount
+    partner_tokens_per_minute: _Amount | None
+
+    def row(self) -> tuple[int, int | None, int, int | None]:
+        return (self.requests_per_minute, self.tokens_per_minute,
+                self.partner_requests_per_minute, self.partner_tokens_per_minute)
+
+
+class TierFile(BaseModel):
+    """configs/rate_limit_tiers.yaml: tier name -> class -> limits, every class listed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tiers: dict[TierName, dict[str, ClassLimits]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _every_class(self) -> TierFile:
+        for name, table in self.tiers.items():
+            missing = [c for c in DEFAULT_LIMITS if c not in table]
+            unknown = [c for c in table if c not in DEFAULT_LIMITS]
+            if missing or unknown:
+                raise ValueError(f"tier {name!r} must list exactly the classes "
+                                 f"{', '.join(DEFAULT_LIMITS)} (missing: {missing}, "
+                                 f"unknown: {unknown})")
+        return self
+
+
+@dataclass(frozen=True)
+class RateLimitTiers:
+    """The tiers a replica knows, loaded once at start; `default` is always among them."""
+
+    tables: Mapping[str, TierTable]
+    _warned: set[str] = field(default_factory=set, compare=False, repr=False)
+
+    @classmethod
+    def builtin(cls) -> RateLimitTiers:
+        return cls({DEFAULT_RATE_LIMIT_TIER: DEFAULT_LIMITS})
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tables)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tables
+
+    def resolve(self, name: str) -> tuple[str, TierTable]:
+        """The tier `name` and its table; a tier this replica does not know (removed from
+        the file after it was set) gets the default tier, with a warning once."""
+        table = self.tables.get(name)
+        if table is not None:
+            return name, table
+        if name not in self._warned:
+            self._warned.add(name)
+            logger.warning("rate-limit tier %r is not in the tier file; the default tier "
+                           "applies", name)
+        return DEFAULT_RATE_LIMIT_TIER, self.tables[DEFAULT_RATE_LIMIT_TIER]
+
+
+BUILTIN_TIERS = RateLimitTiers.builtin()
+
+
+def load_tiers(path: str | Path) -> RateLimitTiers:
+    """Read and check the tier file (RATE_LIMIT_TIERS); a file without a `default` tier gets
+    the spec's table as `default`. Raises ValueError naming the file on any mistake."""
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh) or {}
+    try:
+        parsed = TierFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid rate-limit tiers: {exc}") from exc
+    tables: dict[str, TierTable] = {
+        name: {cls: limits.row() for cls, limits in table.items()}
+        for name, table in parsed.tiers.items()}
+    tables.setdefault(DEFAULT_RATE_LIMIT_TIER, DEFAULT_LIMITS)
+    return RateLimitTiers(tables)
+
+
+def api_tier_id(tier: str, *, is_partner: bool) -> str:
+    """The tier as answers name it (`apiTier.id` of `/api_keys/rate_limits`, `rateLimitTier`
+    of its log): the tier's name; the default tier keeps the names `paid` and `partner`."""
+    if tier != DEFAULT_RATE_LIMIT_TIER:
+        return tier
+    return "partner" if is_partner else "paid"
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     requests_per_minute: int
     tokens_per_minute: int | None
     bucket: str  # what the count is kept per: the class, or the model when it has its own
+    tier_name: str = DEFAULT_RATE_LIMIT_TIER  # the tier whose numbers these are
 
     @property
     def tier(self) -> str:
-        return "partner" if self.bucket.startswith("partner:") else "paid"
+        return api_tier_id(self.tier_name, is_partner=self.bucket.startswith("partner:"))
 
 
-def limits_for(model: CatalogModel, *, is_partner: bool,
-               table: dict[str, tuple[int, int | None, int, int | None]] | None = None
-               ) -> Limits | None:
-    """The per-minute limits of `model` for a (partner) account; None: not rate limited."""
+def limits_for(model: CatalogModel, *, is_partner: bool, tier: str = DEFAULT_RATE_LIMIT_TIER,
+               tiers: RateLimitTiers | None = None) -> Limits | None:
+    """The per-minute limits of `model` for a (partner) account on `tier` of `tiers` (the
+    built-in default table when None); None: not rate limited. The catalog's per-model
+    overrides apply on the default tier only."""
     cls = model.rate_limit_class
     if cls is None:
         return None  # video, music and voice-changer jobs are billed per job, not limited
-    rpm, tpm, partner_rpm, partner_tpm = (table or DEFAULT_LIMITS)[cls]
+    tier, table = (tiers or BUILTIN_TIERS).resolve(tier)
+    rpm, tpm, partner_rpm, partner_tpm = table[cls]
     if is_partner:
         rpm, tpm = partner_rpm, partner_tpm
     bucket = f"class:{cls}"
     override = model.rate_limits
-    if override:
+    if override and tier == DEFAULT_RATE_LIMIT_TIER:
         rpm = override.get("partner_requests_per_minute" if is_partner else
                            "requests_per_minute", rpm)
         tpm = override.get("partner_tokens_per_minute" if is_partner else
                            "tokens_per_minute", tpm)
         bucket = f"model:{model.id}"
-    return Limits(rpm, tpm, ("partner:" if is_partner else "") + bucket)
+    return Limits(rpm, tpm, ("partner:" if is_partner else "") + bucket, tier)
