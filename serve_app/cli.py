@@ -11,12 +11,14 @@ from decimal import Decimal, InvalidOperation
 from sqlalchemy import update
 from sqlmodel import Session, select
 
+from serve_app.auth.key_store import mark_account_keys_changed
 from serve_app.control import api_keys as service
 from serve_app.control import characters
 from serve_app.db.bootstrap import bootstrap
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
 from serve_app.errors import ApiError
+from serve_app.limits.policy import load_tiers
 from serve_app.money import as_number, to_nanos
 from serve_app.schemas.api_keys import CreateApiKeyRequest
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
@@ -99,14 +101,20 @@ def _parser() -> argparse.ArgumentParser:
                          help="partner accounts get the partner rate-limit columns")
     account.add_argument("--description", default="Account admin key")
 
-    sub.add_parser("accounts", help="list accounts with their balances")
+    tier = sub.add_parser("set-tier", help="set an account's rate-limit tier (one of "
+                                           "RATE_LIMIT_TIERS, configs/rate_limit_tiers.yaml)")
+    tier.add_argument("tier")
+    tier.add_argument("--account")
+
+    sub.add_parser("accounts", help="list accounts with their balances and rate-limit tiers")
     return parser
 
 
 def _accounts(session: Session) -> list[dict]:
     return [{"id": a.id, "kind": a.kind, "walletAddress": a.wallet_address,
              "usd": as_number(a.usd_balance_nanos), "diem": as_number(a.diem_balance_nanos),
-             "stakedTokens": a.staked_tokens, "isPartner": a.is_partner}
+             "stakedTokens": a.staked_tokens, "isPartner": a.is_partner,
+             "rateLimitTier": a.rate_limit_tier}
             for a in session.exec(select(Account).order_by(Account.created_at)).all()]
 
 
@@ -164,6 +172,17 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
                 # The allocation of the current epoch is recomputed at the next request.
                 session.execute(update(Account).where(Account.id == account_id).values(
                     staked_tokens=args.tokens, diem_epoch=None))
+                session.commit()
+                return next(a for a in _accounts(session) if a["id"] == account_id)
+            if args.command == "set-tier":
+                tiers = load_tiers(settings.rate_limit_tiers)
+                if args.tier not in tiers:
+                    raise SystemExit(f"unknown rate-limit tier {args.tier!r}; the tiers of "
+                                     f"{settings.rate_limit_tiers}: {', '.join(tiers.names)}")
+                session.execute(update(Account).where(Account.id == account_id).values(
+                    rate_limit_tier=args.tier))
+                # Replicas pick the new tier up with the account's keys at their next sync.
+                mark_account_keys_changed(session, account_id)
                 session.commit()
                 return next(a for a in _accounts(session) if a["id"] == account_id)
             raise SystemExit(f"unknown command {args.command}")

@@ -16,6 +16,7 @@ from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
 from serve_app.db.engine import make_engine
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
+from serve_app.limits.policy import load_tiers
 from serve_app.limits.service import RateLimits
 from serve_app.net_guard import GuardedFetcher
 from serve_app.routing import ModelRouter
@@ -73,7 +74,8 @@ class GatewayState:
             web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                          settings.web_search_url, settings.web_search_api_key),
             billing=Billing(settings.resolved_database_url),
-            limits=RateLimits(limiter_backend(settings), engine),
+            limits=RateLimits(limiter_backend(settings), engine,
+                              tiers=load_tiers(settings.rate_limit_tiers)),
         )
 
     async def start(self) -> None:

@@ -10,7 +10,7 @@ from serve_app.billing.windows import next_epoch
 from serve_app.control import api_keys as service
 from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
-from serve_app.limits.policy import limits_for
+from serve_app.limits.policy import api_tier_id, limits_for
 from serve_app.money import as_number
 from serve_app.schemas.api_keys import CreateApiKeyRequest, UpdateApiKeyRequest
 
@@ -43,9 +43,11 @@ async def list_api_keys(key: AdminKey, state: State) -> dict:
 async def rate_limits(key: CurrentKey, state: State) -> dict:
     balances = await state.billing.balances(key.account_id)
     now = state.billing.clock()
+    tiers = state.limits.tiers
+    tier, _ = tiers.resolve(key.rate_limit_tier)
     per_model = []
     for model in state.catalog.models:
-        limits = limits_for(model, is_partner=key.is_partner)
+        limits = limits_for(model, is_partner=key.is_partner, tier=tier, tiers=tiers)
         if limits is None:
             continue
         entries = [{"amount": limits.requests_per_minute, "type": "RPM"}]
@@ -54,7 +56,7 @@ async def rate_limits(key: CurrentKey, state: State) -> dict:
         per_model.append({"apiModelId": model.id, "rateLimits": entries})
     return {"data": {
         "accessPermitted": balances.usd_nanos + balances.diem_nanos > 0,
-        "apiTier": {"id": "partner" if key.is_partner else "paid", "isCharged": True},
+        "apiTier": {"id": api_tier_id(tier, is_partner=key.is_partner), "isCharged": True},
         "balances": {"USD": as_number(balances.usd_nanos) or 0,
                      "DIEM": as_number(balances.diem_nanos) or 0},
         "keyExpiration": iso_z(key.expires_at),

@@ -22,6 +22,7 @@ from sqlmodel import Session, select
 
 from serve_app.auth.secrets import hash_secret
 from serve_app.db.tables import Account, ApiKey, ApiKeyType, as_utc, utcnow
+from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
 from serve_app.errors import ApiError, authentication_failed
 
 logger = logging.getLogger("serve_app.auth")
@@ -46,6 +47,7 @@ class KeyRecord:
     limit_diem_nanos: int | None
     expires_at: datetime | None
     is_partner: bool = False  # the account's partner status: the partner rate-limit columns
+    rate_limit_tier: str = DEFAULT_RATE_LIMIT_TIER  # the account's tier (rate_limit_tiers.yaml)
     is_operator: bool = False  # the operator's account (publishes characters)
 
     @property
@@ -54,6 +56,7 @@ class KeyRecord:
 
     @classmethod
     def from_row(cls, row: ApiKey, *, is_partner: bool = False,
+                 rate_limit_tier: str = DEFAULT_RATE_LIMIT_TIER,
                  is_operator: bool = False) -> KeyRecord:
         return cls(
             id=row.id,
@@ -67,8 +70,18 @@ class KeyRecord:
             limit_diem_nanos=row.limit_diem_nanos,
             expires_at=as_utc(row.expires_at),
             is_partner=is_partner,
+            rate_limit_tier=rate_limit_tier,
             is_operator=is_operator,
         )
+
+
+def mark_account_keys_changed(session: Session, account_id: str) -> None:
+    """For a change to an account that its cached keys carry (partner status, rate-limit
+    tier): bump its keys' `updated_at`, so each replica's sync drops them within
+    `key_sync_interval_s` and loads them again. The caller commits."""
+    session.execute(update(ApiKey).where(ApiKey.account_id == account_id,
+                                         ApiKey.deleted_at.is_(None))
+                    .values(updated_at=utcnow()))
 
 
 _UNKNOWN = object()
@@ -108,13 +121,15 @@ class KeyStore:
     def _load(self, key_hash: str) -> KeyRecord | None:
         with Session(self.engine) as session:
             found = session.exec(
-                select(ApiKey, Account.is_partner, Account.is_operator).join(Account)
+                select(ApiKey, Account.is_partner, Account.rate_limit_tier,
+                       Account.is_operator).join(Account)
                 .where(ApiKey.key_hash == key_hash, ApiKey.deleted_at.is_(None))
             ).first()
             if found is None:
                 return None
-            row, is_partner, is_operator = found
+            row, is_partner, rate_limit_tier, is_operator = found
             return KeyRecord.from_row(row, is_partner=bool(is_partner),
+                                      rate_limit_tier=rate_limit_tier,
                                       is_operator=bool(is_operator))
 
     def invalidate(self, key_hashes: Iterable[str] | None) -> None:

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlmodel import Field, SQLModel
 
-from serve_app.domain import ApiKeyType, LimitPeriod, ModelPrivacy
+from serve_app.domain import DEFAULT_RATE_LIMIT_TIER, ApiKeyType, LimitPeriod, ModelPrivacy
 
 
 def utcnow() -> datetime:
@@ -61,6 +61,9 @@ class Account(SQLModel, table=True):
     usd_balance_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     diem_balance_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
     is_partner: bool = Field(default=False)
+    # A tier of configs/rate_limit_tiers.yaml (`inference-admin set-tier`).
+    rate_limit_tier: str = Field(default=DEFAULT_RATE_LIMIT_TIER, max_length=32,
+                                 sa_column_kwargs={"server_default": DEFAULT_RATE_LIMIT_TIER})
     # The operator's account (the first one): it alone publishes characters for every account.
     is_operator: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     # Staked tokens: each UTC day (epoch) the DIEM balance is reset to this many DIEM.

@@ -30,6 +30,7 @@ from serve_app.limits.policy import (
     UNSUPPORTED_FEATURE_MAX,
     WINDOW_MS,
     Limits,
+    RateLimitTiers,
     limits_for,
 )
 
@@ -66,8 +67,10 @@ def _unsupported_key(owner: str, model_id: str) -> str:
 
 class RateLimits:
     def __init__(self, backend: LimiterBackend, engine: Engine,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 tiers: RateLimitTiers | None = None) -> None:
         self.backend = backend
+        self.tiers = tiers or RateLimitTiers.builtin()  # loaded once per replica
         self._engine = engine
         self.clock = clock
         self._logged: dict[tuple, float] = {}
@@ -83,7 +86,8 @@ class RateLimits:
         429. `tokens` is the prompt estimate; `feature_budget`: the route counts
         unsupported-feature requests (chat, responses)."""
         request.state.limit_model = model.id
-        limits = limits_for(model, is_partner=key.is_partner)
+        limits = limits_for(model, is_partner=key.is_partner, tier=key.rate_limit_tier,
+                            tiers=self.tiers)
         budgets = [(_failed_key(key.id, model.id), FAILED_REQUESTS_MAX),
                    (_failed_key(key.id, ""), FAILED_REQUESTS_MAX)]
         if feature_budget:
