@@ -1,4 +1,7 @@
-"""Typed dependencies, so a route's signature says what it needs (state, key, admin key)."""
+"""Typed dependencies, so a route's signature says what it needs (state, key, admin key).
+
+Every dependency is `async def`, even those that never await: FastAPI runs a plain `def`
+dependency in a worker thread, a hop that cost the ingress about a sixth of its CPU."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from serve_app.timing import timed
 T = TypeVar("T")
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
     return request.app.state.gateway
 
 
@@ -69,7 +72,7 @@ async def operator_key(key: AdminKey) -> KeyRecord:
 OperatorKey = Annotated[KeyRecord, Depends(operator_key)]
 
 
-def require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:
     """415 for a body that is not JSON, before anything tries to parse it."""
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
