@@ -185,17 +185,27 @@ class _HoldRow:
     diem_epoch: str | None
 
 
-def _give_back(db: _Statements, res: _HoldRow, usd_nanos: int, diem_nanos: int) -> None:
+def _give_back(db: _Statements, res: _HoldRow, usd_nanos: int, diem_nanos: int,
+               now: datetime) -> Balances | None:
     """Return unused parts of a hold to the balance and the key window; DIEM only into the
-    epoch it came from (yesterday's DIEM does not come back today)."""
+    epoch it came from (yesterday's DIEM does not come back today). The account's balance
+    after it, when anything was returned."""
+    balance = None
     if usd_nanos or diem_nanos:
-        db.run("UPDATE accounts SET usd_balance_nanos = usd_balance_nanos + ?, "
-               "diem_balance_nanos = CASE WHEN diem_epoch = ? THEN diem_balance_nanos + ? "
-               "ELSE diem_balance_nanos END WHERE id = ?",
-               (usd_nanos, res.diem_epoch, diem_nanos, res.account_id))
+        row = db.first(
+            "UPDATE accounts SET usd_balance_nanos = usd_balance_nanos + ?, "
+            "diem_balance_nanos = CASE WHEN diem_epoch = ? THEN diem_balance_nanos + ? "
+            "ELSE diem_balance_nanos END WHERE id = ? "
+            "RETURNING usd_balance_nanos, diem_balance_nanos, diem_epoch, staked_tokens",
+            (usd_nanos, res.diem_epoch, diem_nanos, res.account_id))
+        if row is not None:
+            usd, diem, epoch, staked = row
+            # A new UTC day's DIEM is the staked amount, whatever the row still says.
+            balance = Balances(usd, diem if epoch == epoch_day(now) else staked * NANOS_PER_UNIT)
         if res.window_start is not None and res.api_key_id is not None:
             _add_to_window(db, res.api_key_id, res.window_start, -usd_nanos, -diem_nanos)
     db.run("DELETE FROM reservations WHERE request_id = ?", (res.request_id,))
+    return balance
 
 
 def _locked_hold(db: _Statements, request_id: str) -> _HoldRow | None:
@@ -205,14 +215,19 @@ def _locked_hold(db: _Statements, request_id: str) -> _HoldRow | None:
     return _HoldRow(*row) if row is not None else None
 
 
-def release(session: Session, request_id: str) -> bool:
-    """Drop a hold without charging (the request failed on our side). False: nothing held."""
+@dataclass(frozen=True, slots=True)
+class Released:
+    balance: Balances | None  # the account's balance after it
+
+
+def release(session: Session, request_id: str, now: datetime | None = None) -> Released | None:
+    """Drop a hold without charging (the request failed on our side). None: nothing held."""
     db = _Statements(session)
     res = _locked_hold(db, request_id)
     if res is None:
-        return False
-    _give_back(db, res, res.usd_nanos, res.diem_nanos)
-    return True
+        return None
+    return Released(_give_back(db, res, res.usd_nanos, res.diem_nanos,
+                               now or datetime.now(UTC)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +235,7 @@ class Settled:
     usd_nanos: int
     diem_nanos: int
     repeated: bool = False
+    balance: Balances | None = None  # the account's balance after it, when it changed
 
 
 def _late_hold(session: Session, request_id: str, payer: Payer, cost_nanos: int,
@@ -280,7 +296,7 @@ def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, start
     total = min(cost.nanos, res.usd_nanos + res.diem_nanos)
     diem = min(total, res.diem_nanos)
     usd = total - diem
-    _give_back(db, res, res.usd_nanos - usd, res.diem_nanos - diem)
+    balance = _give_back(db, res, res.usd_nanos - usd, res.diem_nanos - diem, now)
     model = cost.model
     created = db.datetime(now)
     db.run(_INSERT_ENTRY, (
@@ -306,7 +322,7 @@ def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, start
     if lines:
         db.many(_INSERT_LINE, lines)
         db.many(_UPSERT_ROLLUP, rollups)
-    return Settled(usd, diem)
+    return Settled(usd, diem, balance=balance)
 
 
 # The cold paths (key limits changed, sweeps) stay in Core statements.

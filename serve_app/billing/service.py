@@ -118,12 +118,20 @@ class Billing:
         settled = await self.writer.run(lambda s: ledger.settle(
             s, hold.request_id, hold.payer, cost, started_at=hold.started_at, now=now,
             execution_ms=elapsed_ms))
-        self._balances.pop(hold.payer.account_id, None)
+        self._remember(hold.payer.account_id, settled.balance)
         return settled
 
     async def release(self, hold: Hold) -> None:
-        await self.writer.run(lambda s: ledger.release(s, hold.request_id))
-        self._balances.pop(hold.payer.account_id, None)
+        now = self.clock()
+        released = await self.writer.run(lambda s: ledger.release(s, hold.request_id, now))
+        self._remember(hold.payer.account_id, released.balance if released else None)
+
+    def _remember(self, account_id: str, balance: Balances | None) -> None:
+        """The balance a money operation left, for the next request's headers (without it,
+        every request after a settlement would read the account again). None: the operation
+        returned nothing, and the balance the hold left stands."""
+        if balance is not None:
+            self._balances[account_id] = balance
 
     async def balances(self, account_id: str) -> Balances:
         cached = self._balances.get(account_id)
