@@ -1,14 +1,15 @@
 """The embedding deployment: sentence-transformers models with Serve's dynamic batching.
 
-Concurrent requests' texts are encoded together: every text is one call of the batched
-method, and Serve gathers up to `max_batch_size` of them (from any number of requests) into
-one `encode`.
+Concurrent calls' texts are encoded together: every text is one call of the batched method,
+and Serve gathers what has queued (up to `max_batch_size`, from any number of calls and
+gateway replicas) into one `encode`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,6 @@ from deployments.errors import engine_error
 from deployments.weights import resolve_weights
 
 logger = logging.getLogger("deployments.embedding")
-
-MAX_INPUT_TOKENS = 8192
 
 
 @serve.deployment(
@@ -35,26 +34,29 @@ class EmbeddingDeployment:
         self.engines: dict[str, EmbeddingEngine] = {}
         for model in models:
             engine_cls = ENGINES[model["engine"]]
-            self.engines[model["id"]] = engine_cls(str(resolve_weights(model["weights"])))
+            self.engines[model["id"]] = engine_cls(str(resolve_weights(model["weights"])),
+                                                   model.get("engine_options", {}))
             logger.info("embedding model %s loaded (%d dimensions)", model["id"],
                         self.engines[model["id"]].dimensions)
 
     async def embed(self, model_id: str, texts: list[str]) -> dict[str, Any]:
+        """Unit vectors of `texts` with each input's token count (the model reads the first
+        `max_seq_length`). The texts may come from several requests, which the gateway
+        merges: it refuses the request of an input over its per-input limit."""
         engine = self.engines.get(model_id)
         if engine is None:
             return engine_error(404, f"Model {model_id!r} is not served here",
                                 code="MODEL_NOT_FOUND")
+        started = time.perf_counter()
         counts = engine.count_tokens(texts)
-        for index, count in enumerate(counts):
-            if count > MAX_INPUT_TOKENS:
-                return engine_error(400, f"input[{index}] has {count} tokens; the limit is "
-                                         f"{MAX_INPUT_TOKENS} per input", field="input")
         vectors = await asyncio.gather(*(self._encode((model_id, t)) for t in texts))
-        # The model reads at most max_seq_length tokens of each input: that is what it used.
-        used = sum(min(c, engine.max_seq_length) for c in counts)
-        return {"vectors": np.stack(vectors), "prompt_tokens": used}
+        return {"vectors": np.stack(vectors), "tokens": counts,
+                "max_seq_length": engine.max_seq_length,
+                "replica_ms": (time.perf_counter() - started) * 1000}
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    # No wait for company: what queued while the previous batch ran forms the next one (the
+    # gateway already sends concurrent requests together; a wait would only add latency).
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0)
     async def _encode(self, items: list[tuple[str, str]]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(items)
         by_model: dict[str, list[int]] = {}
@@ -75,6 +77,6 @@ def bind(models: list, settings: dict[str, Any]):
     from pathlib import Path
 
     data_dir = Path(settings["data_dir"])
-    specs = [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir)}
-             for m in models]
+    specs = [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
+              "engine_options": dict(m.engine_options)} for m in models]
     return EmbeddingDeployment.bind(specs, settings)

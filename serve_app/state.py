@@ -15,6 +15,7 @@ from serve_app.catalog import Catalog, load_catalog
 from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
 from serve_app.db.engine import make_engine
+from serve_app.embeddings.service import Embedder
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.service import RateLimits
@@ -51,6 +52,7 @@ class GatewayState:
     web: WebTools
     billing: Billing
     limits: RateLimits
+    embedder: Embedder
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -64,18 +66,20 @@ class GatewayState:
     ) -> GatewayState:
         catalog = catalog or load_catalog(settings.model_catalog)
         engine = make_engine(settings.resolved_database_url)
+        router = ModelRouter(catalog, handles or {})
         return cls(
             settings=settings,
             catalog=catalog,
             engine=engine,
             keys=KeyStore(engine, ttl_s=settings.key_cache_ttl_s),
             key_events=key_events or LocalKeyEvents(),
-            router=ModelRouter(catalog, handles or {}),
+            router=router,
             web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                          settings.web_search_url, settings.web_search_api_key),
             billing=Billing(settings.resolved_database_url),
             limits=RateLimits(limiter_backend(settings), engine,
                               tiers=load_tiers(settings.rate_limit_tiers)),
+            embedder=Embedder(router),
         )
 
     async def start(self) -> None:

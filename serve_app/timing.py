@@ -29,6 +29,10 @@ class StepTimes:
         finally:
             self.steps.append((name, (time.perf_counter() - start) * 1000))
 
+    def record(self, name: str, ms: float) -> None:
+        """A step measured elsewhere (the engine's own time, reported by its deployment)."""
+        self.steps.append((name, ms))
+
     def header(self) -> str:
         """The header value: each step, then `app`, the time since the request arrived."""
         total = (time.perf_counter() - self._started) * 1000

@@ -20,12 +20,23 @@ class EmbeddingEngine(Protocol):
 class SentenceTransformersEngine:
     """sentence-transformers on CPU or GPU, from a local model folder."""
 
-    def __init__(self, path: str, device: str | None = None) -> None:
+    def __init__(self, path: str, options: dict | None = None) -> None:
+        """`options` (the catalog's `engine_options`): `device` (cpu), `threads` (torch's
+        intra-op threads; by default what the process was given, one for a Ray replica with
+        a fraction of a CPU)."""
+        import torch
         from sentence_transformers import SentenceTransformer
+
+        options = options or {}
+        if options.get("threads"):
+            torch.set_num_threads(int(options["threads"]))
+        device = options.get("device")
 
         self.model = SentenceTransformer(path, device=device or "cpu", local_files_only=True)
         self.tokenizer = self.model.tokenizer
-        self.dimensions = int(self.model.get_sentence_embedding_dimension())
+        dimension = getattr(self.model, "get_embedding_dimension", None) or \
+            self.model.get_sentence_embedding_dimension
+        self.dimensions = int(dimension())
         self.max_seq_length = int(self.model.max_seq_length)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
@@ -34,9 +45,15 @@ class SentenceTransformersEngine:
         return [len(ids) for ids in encoded["input_ids"]]
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        vectors = self.model.encode(texts, batch_size=len(texts), convert_to_numpy=True,
-                                    normalize_embeddings=True, show_progress_bar=False)
-        return np.asarray(vectors, dtype=np.float32)
+        """The model's forward pass on one padded batch. `encode` would do the same plus a
+        device move of the whole model and a sort per call (5% of a replica's time)."""
+        import torch
+
+        features = self.model.preprocess(texts)
+        with torch.inference_mode():
+            vectors = self.model(features)["sentence_embedding"]
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+        return vectors.numpy().astype(np.float32, copy=False)
 
 
 ENGINES = {"sentence-transformers": SentenceTransformersEngine}

@@ -1,0 +1,78 @@
+"""Calls of concurrent requests to one deployment method, merged into fewer handle calls.
+
+Each handle call costs the ingress about a millisecond of CPU however small it is. The first
+request goes out at once (nothing waits for company); requests that arrive while
+`max_in_flight` calls are running go together in the next call. At concurrency 1 nothing
+changes; under load one call carries many requests, and the model replica receives whole
+batches instead of assembling them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+Send = Callable[[list[Any]], Awaitable[Sequence[Any]]]
+
+
+class _Waiting(Generic[Item]):
+    __slots__ = ("future", "items")
+
+    def __init__(self, items: list[Item], future: asyncio.Future) -> None:
+        self.items, self.future = items, future
+
+
+class CallBatcher(Generic[Item, Result]):
+    """`await submit(items)` returns `send(all items of the call)`'s results for `items`."""
+
+    def __init__(self, send: Send, *, max_in_flight: int = 2, max_items: int = 64) -> None:
+        self._send = send
+        self._max_in_flight = max_in_flight
+        self._max_items = max_items
+        self._waiting: list[_Waiting[Item]] = []
+        self._in_flight = 0
+
+    async def submit(self, items: list[Item]) -> list[Result]:
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Waiting(items, future))
+        self._start_calls()
+        return await future
+
+    def _start_calls(self) -> None:
+        while self._waiting and self._in_flight < self._max_in_flight:
+            batch, count = [], 0
+            while self._waiting and (not batch or
+                                     count + len(self._waiting[0].items) <= self._max_items):
+                waiting = self._waiting.pop(0)
+                if waiting.future.done():  # its caller left: nothing to send for it
+                    continue
+                batch.append(waiting)
+                count += len(waiting.items)
+            if not batch:
+                return
+            self._in_flight += 1
+            asyncio.get_running_loop().create_task(self._call(batch))
+
+    async def _call(self, batch: list[_Waiting[Item]]) -> None:
+        try:
+            results = await self._send([item for w in batch for item in w.items])
+        except BaseException as exc:  # every caller of the call gets the failure
+            for waiting in batch:
+                if not waiting.future.done():
+                    waiting.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            start = 0
+            for waiting in batch:
+                end = start + len(waiting.items)
+                if not waiting.future.done():
+                    waiting.future.set_result(list(results[start:end]))
+                start = end
+        finally:
+            self._in_flight -= 1
+            self._start_calls()

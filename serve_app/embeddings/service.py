@@ -1,0 +1,79 @@
+"""Embeddings between the router and the model: concurrent requests share handle calls
+(batcher.py), and each gets back its own vectors and token counts, shaped as asked."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serve_app.catalog import CatalogModel
+from serve_app.embeddings.batcher import CallBatcher
+from serve_app.errors import invalid_request
+from serve_app.model_calls import call_model
+from serve_app.routing import ModelRouter
+
+# The most tokens one input may have (the model reads the first `max_seq_length` of them).
+MAX_INPUT_TOKENS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    vectors: np.ndarray  # (inputs, dimensions), unit length
+    tokens: int  # tokens the model read, summed over the inputs
+    replica_ms: float  # the time the model replica spent on the call that carried them
+
+
+def max_tokens(texts: list[str]) -> int:
+    """No input has more tokens than UTF-8 bytes plus its two special tokens, nor more than
+    the per-input cap: the hold's bound."""
+    return sum(min(len(t.encode()) + 2, MAX_INPUT_TOKENS) for t in texts)
+
+
+def shape(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """Keep the first `dimensions` components and scale back to unit length."""
+    if dimensions is None or dimensions == vectors.shape[1]:
+        return vectors
+    cut = vectors[:, :dimensions]
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return (cut / np.where(norms == 0, 1, norms)).astype(np.float32)
+
+
+def encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector
+
+
+class Embedder:
+    """One call batcher per embedding model of this replica."""
+
+    def __init__(self, router: ModelRouter) -> None:
+        self._router = router
+        self._batchers: dict[str, CallBatcher[str, tuple[np.ndarray, int, int, float]]] = {}
+
+    def _batcher(self, model: CatalogModel) -> CallBatcher:
+        batcher = self._batchers.get(model.id)
+        if batcher is None:
+            handle = self._router.handle(model)
+
+            async def send(texts: list[str]) -> list[tuple[np.ndarray, int, int, float]]:
+                out: dict[str, Any] = await call_model(handle.embed, model.id, model.id, texts)
+                cap, spent = out["max_seq_length"], out["replica_ms"]
+                return [(vector, count, min(count, cap), spent)
+                        for vector, count in zip(out["vectors"], out["tokens"], strict=True)]
+
+            batcher = self._batchers[model.id] = CallBatcher(send)
+        return batcher
+
+    async def embed(self, model: CatalogModel, texts: list[str]) -> Embedded:
+        """Vectors of `texts`; 400 when an input is over the per-input token limit."""
+        rows = await self._batcher(model).submit(texts)
+        for index, (_, count, _, _) in enumerate(rows):
+            if count > MAX_INPUT_TOKENS:
+                raise invalid_request(f"input[{index}] has {count} tokens; the limit is "
+                                      f"{MAX_INPUT_TOKENS} per input", "input")
+        return Embedded(np.stack([row[0] for row in rows]), sum(row[2] for row in rows),
+                        rows[0][3])
