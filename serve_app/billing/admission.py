@@ -1,8 +1,9 @@
-"""Steps 3 and 5 of a billable request: the key's privacy tier, then the hold of the most the
-request may cost, with the balance headers taken from the hold."""
+"""Steps 3 to 5 of a billable request: the key's privacy tier, the rate limits, and the hold of
+the most the request may cost, with the balance headers taken from the hold."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 from fastapi import Request
@@ -11,8 +12,10 @@ from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import price
 from serve_app.billing.service import Hold, check_privacy, payer_of
 from serve_app.catalog import CatalogModel
+from serve_app.limits.service import Ticket
 from serve_app.responses import set_balance_headers
 from serve_app.state import GatewayState
+from serve_app.timing import timed
 
 MaxUnits = Callable[[CatalogModel], dict[str, int]]
 
@@ -26,3 +29,29 @@ async def hold_for(request: Request, state: GatewayState, key: KeyRecord,
     hold = await state.billing.hold(request.state.request_id, payer_of(key), amount)
     set_balance_headers(request, hold.before)
     return hold
+
+
+async def admit_and_hold(request: Request, state: GatewayState, key: KeyRecord,
+                         model: CatalogModel, tokens: int, max_units: MaxUnits
+                         ) -> tuple[Ticket | None, Hold]:
+    """Rate limits (`tokens`: the prompt estimate), then the hold. When the key's last count
+    left it well inside its limits, the two round trips run side by side, and a refusal by
+    the limiter gives the hold back; near its limits they run one after the other, so that a
+    flood of refused requests writes nothing to the ledger. The answer is the same either
+    way: 429 before 402, and an admitted request counts even when the hold refuses."""
+    if not state.limits.has_room(key, model, tokens):
+        with timed(request, "limits"):
+            ticket = await state.limits.admit(request, key, model, tokens)
+        with timed(request, "hold"):
+            return ticket, await hold_for(request, state, key, [model], max_units)
+    with timed(request, "limits+hold"):
+        admitted, held = await asyncio.gather(
+            state.limits.admit(request, key, model, tokens),
+            hold_for(request, state, key, [model], max_units), return_exceptions=True)
+    if isinstance(admitted, BaseException):
+        if isinstance(held, Hold):
+            await held.finish(None)
+        raise admitted
+    if isinstance(held, BaseException):
+        raise held
+    return admitted, held

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from serve_app.limits.core import LimiterCore, Outcome
+from serve_app.limits.leases import LeaseBook
 from serve_app.limits.policy import BUDGET_WINDOW_MS, WINDOW_MS
 
 logger = logging.getLogger("serve_app.limits")
@@ -33,6 +35,9 @@ class LimiterBackend(Protocol):
                      budgets: list[tuple[str, int]], now_ms: int) -> Outcome: ...
 
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None: ...
+
+    def adjust_soon(self, bucket: str, window_ms: int, delta: int) -> None:
+        """Send a correction at once, without waiting for it to be applied."""
 
     async def record(self, key: str, now_ms: int, member: str) -> int: ...
 
@@ -53,11 +58,37 @@ class LocalLimiter:
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
         self.core.adjust(bucket, window_ms, delta)
 
+    def adjust_soon(self, bucket: str, window_ms: int, delta: int) -> None:
+        self.core.adjust(bucket, window_ms, delta)
+
     async def record(self, key: str, now_ms: int, member: str) -> int:
         return self.core.record(key, now_ms, BUDGET_WINDOW_MS)
 
     async def close(self) -> None:
         return None
+
+
+def run_calls(core: LimiterCore, calls: list[tuple]) -> list[list[int] | None]:
+    """What the actor does with one replica's call: decisions, token corrections and the
+    leases' operations, in the order they were sent."""
+    out: list[list[int] | None] = []
+    for call in calls:
+        kind = call[0]
+        if kind == ADJUST:
+            core.adjust(*call[1:])
+            out.append(None)
+        elif kind == GIVE_BACK:
+            core.give_back(*call[1:])
+            out.append(None)
+        elif kind == LEASE:
+            _, bucket, slots, tokens, rpm, tpm, budgets, now = call
+            out.append(core.lease(bucket, slots, tokens, rpm, tpm, WINDOW_MS, budgets, now,
+                                  BUDGET_WINDOW_MS))
+        else:
+            bucket, rpm, tpm, tokens, budgets, now = call
+            out.append(core.decide(bucket, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS,
+                                   budgets, now).to_wire())
+    return out
 
 
 def _actor_class() -> Any:
@@ -71,13 +102,11 @@ def _actor_class() -> Any:
             self.core = LimiterCore()
             self.calls = 0
 
-        def decide_many(self, calls: list[tuple]) -> list[list[int]]:
+        def decide_many(self, calls: list[tuple]) -> list[list[int] | None]:
             self.calls += 1
-            if self.calls % 10_000 == 0:
-                self.core.expire(calls[-1][-1], WINDOW_MS, BUDGET_WINDOW_MS)
-            return [self.core.decide(bucket, rpm, tpm, tokens, WINDOW_MS, BUDGET_WINDOW_MS,
-                                     budgets, now).to_wire()
-                    for bucket, rpm, tpm, tokens, budgets, now in calls]
+            if self.calls % 10_000 == 0 and calls:
+                self.core.expire(int(time.time() * 1000), WINDOW_MS, BUDGET_WINDOW_MS)
+            return run_calls(self.core, calls)
 
         def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
             self.core.adjust(bucket, window_ms, delta)
@@ -89,6 +118,10 @@ def _actor_class() -> Any:
 
 
 Call = tuple[str, int, int, int, list[tuple[str, int]], int]
+# Operations travelling with the decisions to the actor: a token correction
+# (ADJUST, bucket, window_ms, delta); a lease request (LEASE, bucket, slots, tokens, rpm, tpm,
+# budgets, now_ms); what a lease did not use (GIVE_BACK, bucket, window_ms, slots, tokens).
+ADJUST, LEASE, GIVE_BACK = "adjust", "lease", "give_back"
 
 
 class DecisionBatcher:
@@ -97,16 +130,29 @@ class DecisionBatcher:
 
     def __init__(self, send: Callable[[list[Call]], Awaitable[list[list[int]]]]) -> None:
         self._send = send
-        self._pending: list[tuple[Call, asyncio.Future]] = []
+        self._pending: list[tuple[tuple, asyncio.Future | None]] = []
         self._flusher: asyncio.Task | None = None
 
     async def decide(self, call: Call) -> Outcome:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        self._pending.append((call, future))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._flush())
+        self._queue(call, future)
         return Outcome.from_wire(await future)
+
+    def send_later(self, op: tuple) -> None:
+        """Queue an operation whose answer nobody waits for, in order with the decisions."""
+        self._queue(op, None)
+
+    def ask(self, op: tuple) -> asyncio.Future:
+        """Queue an operation; its answer arrives in the returned future."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue(op, future)
+        return future
+
+    def _queue(self, op: tuple, future: asyncio.Future | None) -> None:
+        self._pending.append((op, future))
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
         try:
@@ -116,11 +162,11 @@ class DecisionBatcher:
                     results = await self._send([call for call, _ in batch])
                 except Exception as exc:  # the sender's own fallback failed too
                     for _, future in batch:
-                        if not future.done():
+                        if future is not None and not future.done():
                             future.set_exception(exc)
                     continue
                 for (_, future), result in zip(batch, results, strict=True):
-                    if not future.done():
+                    if future is not None and not future.done():
                         future.set_result(result)
         finally:
             self._flusher = None
@@ -134,6 +180,7 @@ class RayLimiter:
         self._batcher = DecisionBatcher(self._send)
         # While the actor cannot be reached (it is restarting), count in this replica.
         self._fallback = LocalLimiter()
+        self.leases = LeaseBook()
 
     def _get_actor(self) -> Any:
         if self._actor is None:
@@ -144,9 +191,32 @@ class RayLimiter:
 
     async def decide(self, bucket: str, rpm: int, tpm: int, tokens: int,
                      budgets: list[tuple[str, int]], now_ms: int) -> Outcome:
+        leased = self.leases.take(bucket, tokens, now_ms)
+        if leased is not None:
+            return leased
+        unused = self.leases.finish(bucket)
+        if unused is not None:
+            self._batcher.send_later((GIVE_BACK, bucket, *unused))
+        wanted = self.leases.wanted(bucket)
+        if wanted is not None:
+            slots, lease_tokens = wanted
+            reply = self._batcher.ask((LEASE, bucket, slots, lease_tokens, rpm, tpm, budgets,
+                                       now_ms))
+            reply.add_done_callback(lambda f: self.leases.granted(
+                bucket, None if f.cancelled() or f.exception() else f.result(), lease_tokens))
         return await self._batcher.decide((bucket, rpm, tpm, tokens, budgets, now_ms))
 
-    async def _send(self, calls: list[Call]) -> list[list[int]]:
+    async def _send(self, calls: list[tuple]) -> list[list[int] | None]:
+        # Lease requests go after everything else of the call: the decisions that waited with
+        # them are counted first, and a lease never takes what they needed.
+        order = sorted(range(len(calls)), key=lambda i: calls[i][0] == LEASE)
+        results = await self._send_in_order([calls[i] for i in order])
+        out: list[list[int] | None] = [None] * len(calls)
+        for position, index in enumerate(order):
+            out[index] = results[position]
+        return out
+
+    async def _send_in_order(self, calls: list[tuple]) -> list[list[int] | None]:
         try:
             return await asyncio.wait_for(self._get_actor().decide_many.remote(calls),
                                           ACTOR_TIMEOUT_S)
@@ -154,10 +224,24 @@ class RayLimiter:
             logger.warning("rate-limit actor unreachable (%s): counting in this replica for "
                            "now", exc)
             self._actor = None
-            return [(await self._fallback.decide(*call)).to_wire() for call in calls]
+            out: list[list[int] | None] = []
+            for call in calls:
+                if call[0] == ADJUST:
+                    self._fallback.adjust_soon(*call[1:])
+                    out.append(None)
+                elif call[0] in (LEASE, GIVE_BACK):
+                    out.append(None)  # no leases while counting here
+                else:
+                    out.append((await self._fallback.decide(*call)).to_wire())
+            return out
 
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
         await self._get_actor().adjust.remote(bucket, window_ms, delta)
+
+    def adjust_soon(self, bucket: str, window_ms: int, delta: int) -> None:
+        # With the decisions, in one actor call: an actor call costs the replica about a
+        # millisecond of CPU, and this replica's next decision still comes after it.
+        self._batcher.send_later((ADJUST, bucket, window_ms, delta))
 
     async def record(self, key: str, now_ms: int, member: str) -> int:
         return await self._get_actor().record.remote(key, now_ms)

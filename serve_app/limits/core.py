@@ -6,6 +6,9 @@ answers.
   its first request: it refills in full when the window ends. A refused request takes nothing.
 * An error budget counts events (failed or unsupported-feature requests) in the last 30 s; more
   than its threshold refuses the next requests until enough events age out.
+* A lease moves a block of a bucket's requests (and tokens) to one replica, which admits from
+  it without asking; it is granted only while the bucket stays far from its limits after it,
+  so near a limit every request is decided here, one by one (limits.backends.RayLimiter).
 
 Times are integer milliseconds, passed in by the caller (its clock can be controlled).
 """
@@ -85,6 +88,35 @@ class LimiterCore:
         state[1] += 1
         state[2] += tokens
         return Outcome(code=OK, window_ms=start, requests=state[1], tokens=state[2])
+
+    def lease(self, bucket: str, slots: int, tokens: int, rpm: int, tpm: int, window: int,
+              budgets: list[tuple[str, int]], now: int, budget_window: int) -> list[int]:
+        """Count `slots` more requests and `tokens` more tokens for a replica to hand out, in
+        the bucket's current window, when a fifth of each limit stays free after it and every
+        error budget is less than half spent. `[granted slots, window start, requests and
+        tokens counted after the grant]`; `[0, ...]` when refused."""
+        state = self._buckets.get(bucket)
+        if state is None or now >= state[0] + window:
+            return [0, 0, 0, 0]
+        start, requests, used = state
+        refused = [0, start, requests, used]
+        if rpm > 0 and requests + slots > rpm - rpm // 5:
+            return refused
+        if tpm > 0 and used + tokens > tpm - tpm // 5:
+            return refused
+        for key, limit in budgets:
+            if len(self._recent(key, now, budget_window)) * 2 >= limit:
+                return refused
+        state[1] += slots
+        state[2] += tokens
+        return [slots, start, state[1], state[2]]
+
+    def give_back(self, bucket: str, window_ms: int, slots: int, tokens: int) -> None:
+        """Return what a lease did not use, within the same window."""
+        state = self._buckets.get(bucket)
+        if state is not None and state[0] == window_ms:
+            state[1] = max(0, state[1] - slots)
+            state[2] = max(0, state[2] - tokens)
 
     def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
         """Correct a bucket's token count (measured minus estimated) within the same window."""

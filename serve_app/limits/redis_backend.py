@@ -9,6 +9,7 @@ Redis restart, and the shared count resumes when Redis is back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -98,6 +99,7 @@ class RedisLimiter:
         self._fallback = LocalLimiter()
         self._down_until = 0.0
         self._batcher = DecisionBatcher(self._send)
+        self._pending: set[asyncio.Task] = set()  # corrections on their way
 
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -142,6 +144,11 @@ class RedisLimiter:
             except (RedisError, OSError) as exc:
                 self._went_down(exc)
         await self._fallback.adjust(bucket, window_ms, delta)
+
+    def adjust_soon(self, bucket: str, window_ms: int, delta: int) -> None:
+        task = asyncio.get_running_loop().create_task(self.adjust(bucket, window_ms, delta))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def record(self, key: str, now_ms: int, member: str) -> int:
         if self._available():

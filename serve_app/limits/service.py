@@ -49,12 +49,14 @@ class Ticket:
     window_ms: int
     tokens: int
 
-    async def correct(self, measured_tokens: int) -> None:
-        """Replace the estimate by the measured total (prompt and completion)."""
+    def correct(self, measured_tokens: int) -> None:
+        """Replace the estimate by the measured total (prompt and completion). The correction
+        is sent before the answer leaves, but not waited for: a lost one is not worth a 500,
+        nor a round trip on every request."""
         delta, self.tokens = measured_tokens - self.tokens, measured_tokens
         if delta:
-            with contextlib.suppress(Exception):  # a lost correction is not worth a 500
-                await self.limiter.backend.adjust(self.bucket, self.window_ms, delta)
+            with contextlib.suppress(Exception):
+                self.limiter.backend.adjust_soon(self.bucket, self.window_ms, delta)
 
 
 def _failed_key(owner: str, model_id: str) -> str:
@@ -76,6 +78,27 @@ class RateLimits:
         self._logged: dict[tuple, float] = {}
         self._tripped: dict[str, int] = {}  # key id -> ms until its model-less budget refills
         self._tasks: set[asyncio.Task] = set()
+        # bucket -> (window start, requests, tokens) of its last decision here: the room the
+        # key had, as far as this replica knows.
+        self._last_counts: dict[str, tuple[int, int, int]] = {}
+
+    def _bucket(self, key: KeyRecord, model: CatalogModel) -> tuple[Limits, str]:
+        limits = limits_for(model, is_partner=key.is_partner, tier=key.rate_limit_tier,
+                            tiers=self.tiers) or Limits(0, None, "unlimited")
+        return limits, f"{key.id}|{limits.bucket}"
+
+    def has_room(self, key: KeyRecord, model: CatalogModel, tokens: int) -> bool:
+        """Whether the key's last count here, in the current window, left it well inside its
+        limits (a tenth of each to spare): its next request is very likely admitted."""
+        limits, bucket = self._bucket(key, model)
+        last = self._last_counts.get(bucket)
+        if last is None or self._tripped.get(key.id):
+            return False
+        window_ms, requests, used = last
+        if self._now_ms() >= window_ms + WINDOW_MS:
+            return False
+        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+        return (not rpm or requests < rpm * 0.9) and (not tpm or used + tokens < tpm * 0.9)
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -86,19 +109,21 @@ class RateLimits:
         429. `tokens` is the prompt estimate; `feature_budget`: the route counts
         unsupported-feature requests (chat, responses)."""
         request.state.limit_model = model.id
-        limits = limits_for(model, is_partner=key.is_partner, tier=key.rate_limit_tier,
-                            tiers=self.tiers)
+        limits, bucket = self._bucket(key, model)
         budgets = [(_failed_key(key.id, model.id), FAILED_REQUESTS_MAX),
                    (_failed_key(key.id, ""), FAILED_REQUESTS_MAX)]
         if feature_budget:
             budgets.append((_unsupported_key(key.id, model.id), UNSUPPORTED_FEATURE_MAX))
-        if limits is None:
-            limits = Limits(0, None, "unlimited")
         now = self._now_ms()
-        bucket = f"{key.id}|{limits.bucket}"
         outcome = await self.backend.decide(bucket, limits.requests_per_minute,
                                             limits.tokens_per_minute or 0, tokens, budgets, now)
         headers = request.state.response_headers
+        if len(self._last_counts) > 100_000:
+            self._last_counts.clear()
+        if outcome.budget or outcome.code != OK:
+            self._last_counts.pop(bucket, None)
+        else:
+            self._last_counts[bucket] = (outcome.window_ms, outcome.requests, outcome.tokens)
         if outcome.budget:
             kind = "FAILED_REQUESTS" if outcome.budget <= 2 else "UNSUPPORTED_FEATURE_REQUESTS"
             self._log(key, model.id, limits.tier, kind)
