@@ -13,6 +13,7 @@ from ray import serve
 
 from deployments.engines.text import ENGINES, TextEngine
 from deployments.errors import engine_error
+from deployments.streaming import coalesce
 from deployments.weights import prepare_weights
 
 logger = logging.getLogger("deployments.text")
@@ -56,8 +57,9 @@ class TextDeployment:
             yield engine_error(404, f"Model {model_id!r} is not served here",
                                code="MODEL_NOT_FOUND")
             return
-        async for chunk in engine.generate(request):
-            yield chunk
+        # Lists of chunks: what a fast engine produced since the last list travels together.
+        async for chunks in coalesce(engine.generate(request)):
+            yield chunks
 
     async def stats(self) -> dict[str, dict[str, Any]]:
         """Per model: requests in progress, and tokens of requests cancelled mid-stream."""

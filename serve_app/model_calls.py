@@ -59,12 +59,14 @@ async def call_model(method: Any, model_id: str, *args: Any) -> dict[str, Any]:
 
 
 async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[dict[str, Any]]:
-    """Chunks of a streaming deployment method; an error chunk or failure raises ApiError."""
+    """Chunks of a streaming deployment method, which yields chunks or lists of them (see
+    deployments/streaming.py); an error chunk or failure raises ApiError."""
     try:
-        async for chunk in method.options(stream=True).remote(*args):
-            if isinstance(chunk, dict) and "error" in chunk:
-                raise engine_error_to_api(chunk["error"])
-            yield chunk
+        async for piece in method.options(stream=True).remote(*args):
+            for chunk in piece if isinstance(piece, list) else (piece,):
+                if isinstance(chunk, dict) and "error" in chunk:
+                    raise engine_error_to_api(chunk["error"])
+                yield chunk
     except ApiError:
         raise
     except Exception as exc:

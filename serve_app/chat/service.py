@@ -107,12 +107,13 @@ class ChatPlan:
             await self.hold.finish(None)
 
     async def finish_charge(self) -> None:
-        """Settle the hold with the measured cost and correct the token count."""
-        if self.hold is not None:
-            await self.hold.finish(self.cost())
+        """Correct the token count (sent, not awaited), then settle the hold with the
+        measured cost."""
         if self.ticket is not None:
             ticket, self.ticket = self.ticket, None
-            await ticket.correct(self.usage.prompt_tokens + self.usage.completion_tokens)
+            ticket.correct(self.usage.prompt_tokens + self.usage.completion_tokens)
+        if self.hold is not None:
+            await self.hold.finish(self.cost())
 
     @property
     def router_label(self) -> str:

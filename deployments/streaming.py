@@ -1,0 +1,98 @@
+"""Token streams sent in fewer, larger pieces when tokens are cheap.
+
+Every piece a deployment yields crosses to the gateway as its own message and becomes its own
+SSE event: a fixed cost per piece that a tiny model producing a token every millisecond pays
+far more often than a large one. `coalesce` yields the first piece at once (time to first
+token is untouched) and afterwards at most one piece per `min_interval_s`: what the engine
+produced in between travels together, merged per choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+Chunk = dict[str, Any]
+
+# One piece per 4 ms per stream at most: below what a reader notices, and well below the
+# time a real model takes per token, so only very fast models are merged.
+MIN_INTERVAL_S = 0.004
+
+
+def merge(chunks: list[Chunk]) -> list[Chunk]:
+    """Consecutive text chunks of one choice become one (texts and token counts added,
+    logprobs joined); usage and error chunks are kept as they are."""
+    out: list[Chunk] = []
+    open_by_index: dict[int, Chunk] = {}
+    for chunk in chunks:
+        index = chunk.get("index")
+        if index is None or "text" not in chunk:
+            out.append(chunk)
+            continue
+        current = open_by_index.get(index)
+        if current is None or current.get("finish_reason"):
+            current = dict(chunk)
+            open_by_index[index] = current
+            out.append(current)
+            continue
+        current["text"] += chunk["text"]
+        current["tokens"] = current.get("tokens", 0) + chunk.get("tokens", 0)
+        current["finish_reason"] = chunk.get("finish_reason")
+        if current.get("logprobs") is not None or chunk.get("logprobs") is not None:
+            current["logprobs"] = (current.get("logprobs") or []) + (chunk.get("logprobs") or [])
+        if "prompt_tokens" in chunk and "prompt_tokens" not in current:
+            current["prompt_tokens"] = chunk["prompt_tokens"]
+    return out
+
+
+async def coalesce(source: AsyncIterator[Chunk], min_interval_s: float = MIN_INTERVAL_S
+                   ) -> AsyncIterator[list[Chunk]]:
+    """Lists of merged chunks of `source`, at most one list per `min_interval_s` after the
+    first. Closing this generator (a client that left) cancels the source."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump() -> None:
+        try:
+            async for chunk in source:
+                queue.put_nowait(chunk)
+        except Exception as exc:  # handed to the reader, which raises it in order
+            queue.put_nowait(_Failure(exc))
+        finally:
+            queue.put_nowait(end)
+
+    task = asyncio.get_running_loop().create_task(pump())
+    try:
+        sent_at = None
+        while True:
+            pending = [await queue.get()]
+            if sent_at is not None:
+                wait = min_interval_s - (time.monotonic() - sent_at)
+                if wait > 0 and pending[-1] is not end:
+                    await asyncio.sleep(wait)
+            while not queue.empty():
+                pending.append(queue.get_nowait())
+            finished = pending[-1] is end
+            items = [p for p in pending if p is not end]
+            for item in items:
+                if isinstance(item, _Failure):
+                    raise item.error
+            if items:
+                yield merge(items)
+                sent_at = time.monotonic()
+            if finished:
+                return
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
