@@ -1,0 +1,488 @@
+"""`make bench`: every speed figure of the request path beside its reference, in one run.
+
+Each figure is measured through the API (Serve in throughput-optimised mode, as `make run`
+runs it) and against a reference measured in the same run on the same machine:
+
+  embeddings_c32          POST /embeddings at concurrency 32 (wrk) / the embedding engine
+                          on batches of 32 in this process
+  embeddings_c1_added_ms  p50 latency at concurrency 1 minus the engine's own time per text
+  chat_stream_smollm2_s1  streamed tokens/s through the API / vLLM in this process, 1 stream
+  chat_stream_smollm2_s8  the same, 8 streams
+  chat_ttft_added_ms      time to first token through the API minus the engine's, 1 stream
+  chat_stream_tiny_s4     the tiny test model, 4 streams
+  cheap_route_vs_noop     GET /api_keys/rate_limits / a bare Serve no-op route, concurrency 8
+  chat_1token_c8          1-token chats/s at concurrency 8 through the API / in this process
+  start_to_first_chat_s   `make run` (weights prepared) until its first chat answers
+
+Figures ending in `_ms`/`_s` hold the figure itself as `ratio`, with its ceiling as `goal`.
+The API keys belong to an account on the `benchmark` rate-limit tier, so no request is refused
+for its rate; the limiter still decides every request. Results go to `bench-results.json`.
+
+    make bench                    # all of it (~6 minutes on 2 cores)
+    .venv/bin/python benchmarks/bench.py --only embeddings,cheap_route
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+              "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+              "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+              "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1"}
+os.environ.update(ENGINE_ENV)
+
+SMOLLM2, TINY = "smollm2-135m-instruct", "tiny-chat"
+EMBEDDER = "text-embedding-all-minilm-l6-v2"
+ADMIN_KEY = "sk-benchmark-admin-key-0000000000001"
+CATALOG = ROOT / "benchmarks" / "catalog.yaml"
+MODELS_DIR = ROOT / ".cache" / "models"
+RESULTS = ROOT / "bench-results.json"
+PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
+SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
+PARTS = ("embeddings", "chat", "cheap_route", "startup")
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    ours: float
+    reference: float
+    ratio: float
+    goal: float
+
+    @property
+    def met(self) -> bool:
+        ceiling = self.name.endswith(("_ms", "_s"))
+        return self.ratio <= self.goal if ceiling else self.ratio >= self.goal
+
+
+def rate_figure(name: str, unit: str, ours: float, reference: float, goal: float) -> Figure:
+    return Figure(name, unit, round(ours, 2), round(reference, 2),
+                  round(ours / reference, 3), goal)
+
+
+def ceiling_figure(name: str, unit: str, ours: float, reference: float, goal: float,
+                   *, added: bool = True) -> Figure:
+    value = ours - reference if added else ours
+    return Figure(name, unit, round(ours, 2), round(reference, 2), round(value, 2), goal)
+
+
+class Progress:
+    def __init__(self, steps: int) -> None:
+        self.steps, self.done, self.started = steps, 0, time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        print(f"[{self.done}/{self.steps} {time.monotonic() - self.started:5.0f}s] {what}",
+              flush=True)
+
+
+# ---------------------------------------------------------------- load generators
+
+def wrk(url: str, concurrency: int, seconds: int, *, headers: dict[str, str] | None = None,
+        body: dict | None = None) -> dict[str, float]:
+    """req/s and p50 latency (ms) from wrk; any non-2xx answer fails the benchmark."""
+    cmd = ["wrk", f"-t{min(2, concurrency)}", f"-c{concurrency}", f"-d{seconds}s", "--latency"]
+    for name, value in (headers or {}).items():
+        cmd += ["-H", f"{name}: {value}"]
+    if body is not None:
+        script = Path(tempfile.mkdtemp()) / "post.lua"
+        script.write_text(f"wrk.method = \"POST\"\nwrk.body = {json.dumps(json.dumps(body))}\n"
+                          "wrk.headers[\"Content-Type\"] = \"application/json\"\n")
+        cmd += ["-s", str(script)]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{errors.group(1)} failed requests to {url}:\n{out}")
+    p50 = re.search(r"^\s*50%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[p50.group(2)]
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50_ms": float(p50.group(1)) * scale}
+
+
+async def stream_chats(base: str, key: str, model: str, streams: int, tokens: int
+                       ) -> tuple[float, float]:
+    """(completion tokens/s over all streams, median time to first token in ms)."""
+    body = {"model": model, "temperature": 0, "max_tokens": tokens, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": PROMPT}]}
+    async with httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {key}"},
+                                 limits=httpx.Limits(max_connections=streams)) as client:
+        async def one() -> tuple[int, float]:
+            start, first, produced = time.perf_counter(), None, 0
+            async with client.stream("POST", f"{base}/chat/completions", json=body) as resp:
+                resp.raise_for_status()
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    if first is None and '"content":"' in line and '"content":""' not in line:
+                        first = time.perf_counter() - start
+                    if '"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage")
+                        if usage:
+                            produced = usage["completion_tokens"]
+            return produced, first or 0.0
+
+        await one()  # warm-up
+        start = time.perf_counter()
+        done = await asyncio.gather(*(one() for _ in range(streams)))
+        elapsed = time.perf_counter() - start
+    return sum(d[0] for d in done) / elapsed, statistics.median(d[1] for d in done) * 1000
+
+
+# ---------------------------------------------------------------- references in process
+
+async def engine_streams(path: Path, options: dict, streams: int, tokens: int
+                         ) -> tuple[float, float]:
+    from deployments.engines.text import VLLMEngine
+
+    engine = VLLMEngine(str(path), options)
+    try:
+        return await _engine_streams(engine, streams, tokens)
+    finally:
+        engine.shutdown()
+
+
+async def _engine_streams(engine, streams: int, tokens: int) -> tuple[float, float]:
+    messages = [{"role": "user", "content": PROMPT}]
+
+    async def one(i: int) -> tuple[int, float]:
+        start, first, produced = time.perf_counter(), None, 0
+        request = {"request_id": f"bench-{time.time_ns()}-{i}", "messages": messages,
+                   "sampling": {"temperature": 0, "max_tokens": tokens, "n": 1}}
+        async for chunk in engine.generate(request):
+            if chunk.get("tokens"):
+                first = first or time.perf_counter() - start
+                produced += chunk["tokens"]
+        return produced, first or 0.0
+
+    await one(-1)
+    start = time.perf_counter()
+    done = await asyncio.gather(*(one(i) for i in range(streams)))
+    elapsed = time.perf_counter() - start
+    return sum(d[0] for d in done) / elapsed, statistics.median(d[1] for d in done) * 1000
+
+
+async def engine_short_chats(path: Path, options: dict, concurrency: int, seconds: float
+                             ) -> float:
+    """1-token chats per second, `concurrency` loops, the engine in this process."""
+    from deployments.engines.text import VLLMEngine
+
+    engine = VLLMEngine(str(path), options)
+    messages = [{"role": "user", "content": "Say hi."}]
+    count = 0
+
+    async def loop(i: int, until: float) -> None:
+        nonlocal count
+        n = 0
+        while time.perf_counter() < until:
+            request = {"request_id": f"short-{i}-{n}", "messages": messages,
+                       "sampling": {"temperature": 0, "max_tokens": 1, "n": 1}}
+            async for _ in engine.generate(request):
+                pass
+            n += 1
+            count += 1
+
+    try:
+        await asyncio.gather(*(loop(i, time.perf_counter() + 2) for i in range(concurrency)))
+        count = 0
+        start = time.perf_counter()
+        await asyncio.gather(*(loop(i, start + seconds) for i in range(concurrency)))
+        return count / (time.perf_counter() - start)
+    finally:
+        engine.shutdown()
+
+
+def embedding_engine_figures(seconds: float = 4.0) -> tuple[float, float]:
+    """(texts/s on batches of 32, ms per single text): the deployment's engine, with the
+    torch threads the deployment gives it, in this process."""
+    from deployments.engines.embedding import SentenceTransformersEngine
+    from deployments.weights import resolve_weights
+    from serve_app.catalog import load_catalog
+
+    model = load_catalog(CATALOG).find(EMBEDDER, "embedding")
+    engine = SentenceTransformersEngine(str(resolve_weights(model.weights)),
+                                        dict(model.engine_options))
+    batch = [f"Sentence number {i} about lighthouses, storms and the sea." for i in range(32)]
+    engine.embed(batch)
+    start, done = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        engine.embed(batch)
+        done += len(batch)
+    rate32 = done / (time.perf_counter() - start)
+    times = []
+    for _ in range(100):
+        one = time.perf_counter()
+        engine.embed([SENTENCE])
+        times.append((time.perf_counter() - one) * 1000)
+    return rate32, statistics.median(times)
+
+
+# ---------------------------------------------------------------- the platform
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_data_dir() -> Path:
+    """A fresh DATA_DIR whose models/ is the repository's built weights (built once)."""
+    from deployments.weights import build_tiny_chat_model, convert_smollm2
+
+    convert_smollm2(MODELS_DIR / SMOLLM2)
+    build_tiny_chat_model(MODELS_DIR / TINY)
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-"))
+    (data_dir / "models").symlink_to(MODELS_DIR)
+    return data_dir
+
+
+def benchmark_key(data_dir: Path) -> str:
+    """An INFERENCE key of the first account, moved to the `benchmark` rate-limit tier with
+    the operator's own command (`inference-admin set-tier benchmark`)."""
+    from serve_app import cli
+    from serve_app.settings import Settings
+
+    settings = Settings(data_dir=data_dir, model_catalog=CATALOG, admin_api_key=ADMIN_KEY,
+                        initial_credit_usd=100000)
+    cli.run(["set-tier", "benchmark"], settings)
+    return cli.run(["create-key", "--type", "INFERENCE", "--description", "benchmark"],
+                   settings)["apiKey"]
+
+
+class Platform:
+    """Ray + the Serve application of `make run` (throughput-optimised, one Gateway replica on
+    its own port), with the benchmark catalog, and a bare no-op app beside it."""
+
+    def __init__(self, data_dir: Path, deployments: list[str]) -> None:
+        self.port = free_port()
+        os.environ.update({
+            "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(self.port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(self.port + 2),
+            "RAY_SERVE_PORT_QUARANTINE_S": "0", "RAY_SERVE_DEFAULT_HTTP_HOST": "127.0.0.1",
+            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+        import ray
+        from ray import serve
+
+        from serve_app.app import build_app
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": ENGINE_ENV})
+        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+        quiet = {"enable_access_log": False}
+        serve.run(build_app({"settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
+                                          "model_catalog": str(CATALOG),
+                                          "initial_credit_usd": 100000},
+                             "model_deployments": deployments}),
+                  name="inference", route_prefix="/api/v1", logging_config=quiet)
+        serve.run(_noop_app(), name="noop", route_prefix="/noop", logging_config=quiet)
+        self.base = f"http://127.0.0.1:{self.port}/api/v1"
+        self.noop = self._find_noop()
+
+    def _find_noop(self) -> str:
+        for port in range(self.port, self.port + 2):
+            url = f"http://127.0.0.1:{port}/noop/ping"
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+        raise RuntimeError("the no-op application is not answering")
+
+    def stop(self) -> None:
+        import ray
+
+        from serve_app.process_tree import ray_processes, reap
+
+        tree = ray_processes()
+        ray.shutdown()
+        reap(tree)
+
+
+def _noop_app():
+    from fastapi import FastAPI
+    from ray import serve
+
+    app = FastAPI()
+
+    @serve.deployment(name="noop", ray_actor_options={"num_cpus": 0.25},
+                      max_ongoing_requests=256)
+    @serve.ingress(app)
+    class Noop:
+        @app.get("/ping")
+        def ping(self) -> dict:
+            return {"ok": True}
+
+    return Noop.bind()
+
+
+def start_to_first_chat(data_dir: Path) -> float:
+    """Seconds from `python -m serve_app.launch` (what `make run` runs) on a DATA_DIR with
+    prepared weights until its first chat completion answers 200."""
+    port = free_port()
+    env = {**os.environ, "PORT": str(port), "DATA_DIR": str(data_dir),
+           "ADMIN_API_KEY": ADMIN_KEY, "RAY_PORT": str(free_port()),
+           "RAY_TMPDIR": tempfile.mkdtemp(prefix="bench-ray-")}
+    for name in ("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT",
+                 "RAY_SERVE_THROUGHPUT_OPTIMIZED"):
+        env.pop(name, None)
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "serve_app.launch"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api/v1/chat/completions"
+    body = {"model": SMOLLM2, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    try:
+        while time.monotonic() - started < 300:
+            if proc.poll() is not None:
+                raise RuntimeError(f"make run exited with {proc.returncode}")
+            try:
+                resp = httpx.post(url, json=body, timeout=30,
+                                  headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+                if resp.status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError("no chat answer within 300 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- the run
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated parts: {', '.join(PARTS)}")
+    parser.add_argument("--seconds", type=int, default=10, help="seconds per wrk point")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens per streamed chat")
+    args = parser.parse_args()
+    parts = set(args.only.split(","))
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
+    chat = "chat" in parts
+    steps = 1 + ("embeddings" in parts) + 2 * chat + bool(parts - {"startup"}) * 2 \
+        + ("startup" in parts)
+    step = Progress(steps)
+    data_dir = prepare_data_dir()
+    step("weights ready (SmolLM2 converted, tiny model built)")
+    ref: dict[str, float] = {}
+    smollm2 = {"max_model_len": 2048, "max_num_seqs": 8}
+    tiny = {"max_model_len": 1024, "max_num_seqs": 8}
+    if chat:
+        ref["s1"], ref["ttft1"] = asyncio.run(engine_streams(MODELS_DIR / SMOLLM2, smollm2, 1,
+                                                             args.tokens))
+        ref["s8"], _ = asyncio.run(engine_streams(MODELS_DIR / SMOLLM2, smollm2, 8, args.tokens))
+        ref["short8"] = asyncio.run(engine_short_chats(MODELS_DIR / SMOLLM2, smollm2, 8,
+                                                       args.seconds))
+        step(f"vLLM in process, SmolLM2: {ref['s1']:.1f} tok/s (1 stream, TTFT "
+             f"{ref['ttft1']:.0f} ms), {ref['s8']:.1f} tok/s (8), {ref['short8']:.1f} "
+             "1-token chats/s (8)")
+        ref["tiny4"], _ = asyncio.run(engine_streams(MODELS_DIR / TINY, tiny, 4, args.tokens))
+        step(f"vLLM in process, tiny model: {ref['tiny4']:.0f} tok/s (4 streams)")
+    if "embeddings" in parts:
+        ref["emb32"], ref["emb1_ms"] = embedding_engine_figures()
+        step(f"embedding engine in process: {ref['emb32']:.0f} texts/s on batches of 32, "
+             f"{ref['emb1_ms']:.1f} ms per single text")
+
+    figures: list[Figure] = []
+    if parts - {"startup"}:
+        key = benchmark_key(data_dir)
+        platform = Platform(data_dir, ["embedding", *(["text-xs"] if chat else [])])
+        step(f"platform up at {platform.base}")
+        try:
+            figures += measure_api(platform, key, parts, ref, args, step)
+        finally:
+            platform.stop()
+    if "startup" in parts:
+        seconds = start_to_first_chat(prepare_data_dir())
+        figures.append(ceiling_figure("start_to_first_chat_s", "s", seconds, 0, 40,
+                                      added=False))
+        step(f"make run to first chat: {seconds:.1f} s")
+    report(figures)
+
+
+def measure_api(platform: Platform, key: str, parts: set[str], ref: dict[str, float],
+                args: argparse.Namespace, step: Progress) -> list[Figure]:
+    auth = {"Authorization": f"Bearer {key}"}
+    figures: list[Figure] = []
+    if "embeddings" in parts:
+        body = {"model": EMBEDDER, "input": SENTENCE}
+        wrk(f"{platform.base}/embeddings", 8, 3, headers=auth, body=body)  # warm-up
+        c1 = wrk(f"{platform.base}/embeddings", 1, args.seconds, headers=auth, body=body)
+        c32 = wrk(f"{platform.base}/embeddings", 32, args.seconds, headers=auth, body=body)
+        figures += [rate_figure("embeddings_c32", "texts/s", c32["rps"], ref["emb32"], 0.8),
+                    ceiling_figure("embeddings_c1_added_ms", "ms", c1["p50_ms"],
+                                   ref["emb1_ms"], 3)]
+        step(f"POST /embeddings: {c32['rps']:.0f}/s at 32, p50 {c1['p50_ms']:.1f} ms at 1")
+    if "cheap_route" in parts:
+        route = f"{platform.base}/api_keys/rate_limits"
+        wrk(route, 8, 2, headers=auth)
+        wrk(platform.noop, 8, 2)
+        ours, noop = wrk(route, 8, args.seconds, headers=auth), wrk(platform.noop, 8,
+                                                                    args.seconds)
+        ours1, noop1 = wrk(route, 1, args.seconds, headers=auth), wrk(platform.noop, 1,
+                                                                      args.seconds)
+        figures += [rate_figure("cheap_route_vs_noop", "req/s", ours["rps"], noop["rps"], 0.6),
+                    ceiling_figure("cheap_route_c1_added_ms", "ms", ours1["p50_ms"],
+                                   noop1["p50_ms"], 1)]
+        step(f"GET /api_keys/rate_limits {ours['rps']:.0f}/s vs no-op {noop['rps']:.0f}/s at 8;"
+             f" p50 {ours1['p50_ms']:.2f} vs {noop1['p50_ms']:.2f} ms at 1")
+    if "chat" in parts:
+        s1, ttft1 = asyncio.run(stream_chats(platform.base, key, SMOLLM2, 1, args.tokens))
+        s8, _ = asyncio.run(stream_chats(platform.base, key, SMOLLM2, 8, args.tokens))
+        tiny4, _ = asyncio.run(stream_chats(platform.base, key, TINY, 4, args.tokens))
+        body = {"model": SMOLLM2, "max_tokens": 1, "temperature": 0,
+                "messages": [{"role": "user", "content": "Say hi."}]}
+        wrk(f"{platform.base}/chat/completions", 8, 2, headers=auth, body=body)
+        short = wrk(f"{platform.base}/chat/completions", 8, args.seconds, headers=auth, body=body)
+        figures += [
+            rate_figure("chat_stream_smollm2_s1", "tok/s", s1, ref["s1"], 0.95),
+            rate_figure("chat_stream_smollm2_s8", "tok/s", s8, ref["s8"], 0.95),
+            ceiling_figure("chat_ttft_added_ms", "ms", ttft1, ref["ttft1"], 10),
+            rate_figure("chat_stream_tiny_s4", "tok/s", tiny4, ref["tiny4"], 0.8),
+            rate_figure("chat_1token_c8", "req/s", short["rps"], ref["short8"], 0.9)]
+        step(f"chat through the API: SmolLM2 {s1:.1f} tok/s (TTFT {ttft1:.0f} ms), "
+             f"{s8:.1f} tok/s (8); tiny {tiny4:.0f} tok/s (4); {short['rps']:.1f} 1-token "
+             "chats/s (8)")
+    return figures
+
+
+def report(figures: list[Figure]) -> None:
+    print(f"\n{'figure':<26} {'unit':<8} {'ours':>9} {'reference':>10} {'ratio':>8} "
+          f"{'goal':>7}  met")
+    for f in figures:
+        print(f"{f.name:<26} {f.unit:<8} {f.ours:>9.2f} {f.reference:>10.2f} {f.ratio:>8.3f} "
+              f"{f.goal:>7}  {'yes' if f.met else 'NO'}")
+    RESULTS.write_text(json.dumps([asdict(f) for f in figures], indent=2) + "\n")
+    print(f"\nwritten to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
