@@ -77,12 +77,14 @@ async def coalesce(source: AsyncIterator[Chunk], min_interval_s: float = MIN_INT
                 pending.append(queue.get_nowait())
             finished = pending[-1] is end
             items = [p for p in pending if p is not end]
-            for item in items:
-                if isinstance(item, _Failure):
-                    raise item.error
+            failure = next((item for item in items if isinstance(item, _Failure)), None)
+            if failure is not None:  # what came before the failure still goes out first
+                items = items[:items.index(failure)]
             if items:
                 yield merge(items)
                 sent_at = time.monotonic()
+            if failure is not None:
+                raise failure.error
             if finished:
                 return
     finally:

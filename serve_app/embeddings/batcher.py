@@ -45,11 +45,13 @@ class CallBatcher(Generic[Item, Result]):
     def _start_calls(self) -> None:
         while self._waiting and self._in_flight < self._max_in_flight:
             batch, count = [], 0
-            while self._waiting and (not batch or
-                                     count + len(self._waiting[0].items) <= self._max_items):
-                waiting = self._waiting.pop(0)
-                if waiting.future.done():  # its caller left: nothing to send for it
+            while self._waiting:
+                if self._waiting[0].future.done():  # its caller left: nothing to send for it
+                    self._waiting.pop(0)
                     continue
+                if batch and count + len(self._waiting[0].items) > self._max_items:
+                    break
+                waiting = self._waiting.pop(0)
                 batch.append(waiting)
                 count += len(waiting.items)
             if not batch:

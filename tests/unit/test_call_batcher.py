@@ -186,10 +186,6 @@ async def test_a_caller_cancelled_while_waiting_is_not_sent_and_does_not_disturb
     assert send.in_flight == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CallBatcher._start_calls checks whether the head caller's items still fit under "
-    "max_items before it skips a cancelled caller, so a cancelled caller with many items "
-    "ends the batch: the callers queued behind it wait for an extra handle call"))
 async def test_a_cancelled_callers_items_do_not_count_against_max_items():
     send = FakeSend()
     batcher = CallBatcher(send, max_in_flight=1, max_items=4)

@@ -170,10 +170,6 @@ async def test_coalesce_raises_the_source_error_after_the_chunks_before_it():
     assert texts_in_order(received) == "ab"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "coalesce raises a _Failure as soon as it finds one among the pending items, before "
-    "yielding the chunks queued ahead of it in the same interval: text the source produced "
-    "just before failing is dropped"))
 async def test_coalesce_yields_the_chunks_produced_just_before_a_source_error_before_raising_it():
     async def failing_source() -> AsyncIterator[Chunk]:
         yield text(0, "a")
