@@ -151,15 +151,22 @@ async def stream_chats(base: str, key: str, model: str, streams: int, tokens: in
 
 # ---------------------------------------------------------------- references in process
 
-async def engine_streams(path: Path, options: dict, streams: int, tokens: int
-                         ) -> tuple[float, float]:
+async def engine_figures(path: Path, options: dict, tokens: int, seconds: float,
+                         streams: tuple[int, ...], short: bool) -> dict[str, float]:
+    """One engine in this process: tokens/s (and TTFT) at each count of `streams`, and, with
+    `short`, 1-token chats/s at concurrency 8."""
     from deployments.engines.text import VLLMEngine
 
     engine = VLLMEngine(str(path), options)
+    out: dict[str, float] = {}
     try:
-        return await _engine_streams(engine, streams, tokens)
+        for count in streams:
+            out[f"s{count}"], out[f"ttft{count}"] = await _engine_streams(engine, count, tokens)
+        if short:
+            out["short8"] = await _engine_short_chats(engine, 8, seconds)
     finally:
         engine.shutdown()
+    return out
 
 
 async def _engine_streams(engine, streams: int, tokens: int) -> tuple[float, float]:
@@ -182,12 +189,8 @@ async def _engine_streams(engine, streams: int, tokens: int) -> tuple[float, flo
     return sum(d[0] for d in done) / elapsed, statistics.median(d[1] for d in done) * 1000
 
 
-async def engine_short_chats(path: Path, options: dict, concurrency: int, seconds: float
-                             ) -> float:
-    """1-token chats per second, `concurrency` loops, the engine in this process."""
-    from deployments.engines.text import VLLMEngine
-
-    engine = VLLMEngine(str(path), options)
+async def _engine_short_chats(engine, concurrency: int, seconds: float) -> float:
+    """1-token chats per second, `concurrency` loops."""
     messages = [{"role": "user", "content": "Say hi."}]
     count = 0
 
@@ -195,21 +198,18 @@ async def engine_short_chats(path: Path, options: dict, concurrency: int, second
         nonlocal count
         n = 0
         while time.perf_counter() < until:
-            request = {"request_id": f"short-{i}-{n}", "messages": messages,
+            request = {"request_id": f"short-{i}-{n}-{time.time_ns()}", "messages": messages,
                        "sampling": {"temperature": 0, "max_tokens": 1, "n": 1}}
             async for _ in engine.generate(request):
                 pass
             n += 1
             count += 1
 
-    try:
-        await asyncio.gather(*(loop(i, time.perf_counter() + 2) for i in range(concurrency)))
-        count = 0
-        start = time.perf_counter()
-        await asyncio.gather(*(loop(i, start + seconds) for i in range(concurrency)))
-        return count / (time.perf_counter() - start)
-    finally:
-        engine.shutdown()
+    await asyncio.gather(*(loop(i, time.perf_counter() + 2) for i in range(concurrency)))
+    count = 0
+    start = time.perf_counter()
+    await asyncio.gather(*(loop(i, start + seconds) for i in range(concurrency)))
+    return count / (time.perf_counter() - start)
 
 
 def embedding_engine_figures(seconds: float = 4.0) -> tuple[float, float]:
@@ -396,15 +396,14 @@ def main() -> None:
     smollm2 = {"max_model_len": 2048, "max_num_seqs": 8}
     tiny = {"max_model_len": 1024, "max_num_seqs": 8}
     if chat:
-        ref["s1"], ref["ttft1"] = asyncio.run(engine_streams(MODELS_DIR / SMOLLM2, smollm2, 1,
-                                                             args.tokens))
-        ref["s8"], _ = asyncio.run(engine_streams(MODELS_DIR / SMOLLM2, smollm2, 8, args.tokens))
-        ref["short8"] = asyncio.run(engine_short_chats(MODELS_DIR / SMOLLM2, smollm2, 8,
-                                                       args.seconds))
+        ref.update(asyncio.run(engine_figures(MODELS_DIR / SMOLLM2, smollm2, args.tokens,
+                                              args.seconds, (1, 8), short=True)))
         step(f"vLLM in process, SmolLM2: {ref['s1']:.1f} tok/s (1 stream, TTFT "
              f"{ref['ttft1']:.0f} ms), {ref['s8']:.1f} tok/s (8), {ref['short8']:.1f} "
              "1-token chats/s (8)")
-        ref["tiny4"], _ = asyncio.run(engine_streams(MODELS_DIR / TINY, tiny, 4, args.tokens))
+        tiny_ref = asyncio.run(engine_figures(MODELS_DIR / TINY, tiny, args.tokens,
+                                              args.seconds, (4,), short=False))
+        ref["tiny4"] = tiny_ref["s4"]
         step(f"vLLM in process, tiny model: {ref['tiny4']:.0f} tok/s (4 streams)")
     if "embeddings" in parts:
         ref["emb32"], ref["emb1_ms"] = embedding_engine_figures()

@@ -15,6 +15,7 @@ from serve_app.responses import add_model_headers, json_response
 from serve_app.routing import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.state import GatewayState
+from serve_app.timing import timed
 
 router = APIRouter(tags=["Chat"])
 
@@ -31,12 +32,14 @@ async def admitted_plan(request: Request, state: GatewayState, key: KeyRecord,
     once the request is valid. An unsupported feature counts toward its own error budget."""
 
     async def limit(routed: RoutedModel):
-        return await state.limits.admit(request, key, routed.model, prompt_estimate(req),
-                                        feature_budget=True)
+        with timed(request, "limits"):
+            return await state.limits.admit(request, key, routed.model, prompt_estimate(req),
+                                            feature_budget=True)
 
     async def admit(plan: ChatPlan) -> None:
-        plan.hold = await hold_for(request, state, key, [c.model for c in plan.candidates],
-                                   plan.max_units)
+        with timed(request, "hold"):
+            plan.hold = await hold_for(request, state, key,
+                                       [c.model for c in plan.candidates], plan.max_units)
 
     try:
         return await plan_chat(req, state, request.state.request_id, admit, limit)
@@ -54,7 +57,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, key: C
         headers = request.state.response_headers
         headers["x-service-is-content-violation"] = "false"
         if body.stream:
-            routed, events = await open_stream(plan, state)
+            with timed(request, "first-token"):
+                routed, events = await open_stream(plan, state)
             add_model_headers(request, routed.model, plan.router_label)
             # The stream settles before its last event; should it never run (the client
             # left first), the background task settles or releases the hold instead.
@@ -62,8 +66,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, key: C
                                      background=BackgroundTask(plan.finish_charge),
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        response = await run_unary(plan, state)
-        await plan.finish_charge()
+        with timed(request, "model"):
+            response = await run_unary(plan, state)
+        with timed(request, "settle"):
+            await plan.finish_charge()
     except BaseException:
         await plan.release()
         raise

@@ -5,7 +5,6 @@ dependency in a worker thread, a hop that cost the ingress about a sixth of its 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Annotated, TypeVar
 
@@ -13,6 +12,7 @@ from fastapi import Depends, Request
 from sqlmodel import Session
 
 from serve_app.auth.key_store import KeyRecord
+from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.responses import set_balance_headers
 from serve_app.state import GatewayState
@@ -89,9 +89,4 @@ JsonBody = Depends(require_json)
 
 async def run_db(state: GatewayState, work: Callable[[Session], T]) -> T:
     """Run blocking database work off the event loop, in a session of its own."""
-
-    def run() -> T:
-        with Session(state.engine, expire_on_commit=False) as session:
-            return work(session)
-
-    return await asyncio.to_thread(run)
+    return await run_in_session(state.engine, work)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.api.deps import run_db
+from deployments.streaming import coalesce
 from serve_app.billing.pricing import Cost, price
 from serve_app.billing.service import Hold
 from serve_app.catalog import CatalogModel
@@ -25,6 +25,7 @@ from serve_app.chat.prompt import (
 )
 from serve_app.chat.web import WebDocument, WebUnavailable, find_urls
 from serve_app.control.characters import find_character
+from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError
 from serve_app.limits.service import Ticket
 from serve_app.model_calls import ModelFailed, stream_model
@@ -183,7 +184,8 @@ def _output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | No
 
 
 async def _character_prompt(state: GatewayState, slug: str) -> str:
-    character = await run_db(state, lambda session: find_character(session, slug))
+    character = await run_in_session(state.engine,
+                                     lambda session: find_character(session, slug))
     return character.system_prompt
 
 
@@ -288,6 +290,14 @@ def chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
     return gen()
 
 
+async def _queued(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """The chunks, with those that arrived while the previous event was being written merged
+    per choice: when the model outpaces this replica, one event carries several tokens."""
+    async for merged in coalesce(chunks, min_interval_s=0):
+        for chunk in merged:
+            yield chunk
+
+
 def _choice_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     return {"content": entries} if entries is not None else None
 
@@ -375,7 +385,7 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
         if plan.params.include_search_results_in_stream and plan.web_documents:
             yield _sse({**base, "choices": [],
                         "service_parameters": {"web_search_citations": _citations(plan)}})
-        async for chunk in chunks:
+        async for chunk in _queued(chunks):
             if "usage" in chunk:
                 plan.usage.record(chunk["usage"])
                 continue

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import create_engine
+from sqlmodel import Session, create_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+T = TypeVar("T")
 
 
 def normalise_url(url: str) -> str:
@@ -62,3 +67,13 @@ def alembic_config(url: str) -> Config:
 def migrate(url: str) -> None:
     """Bring the schema to the newest migration (idempotent)."""
     command.upgrade(alembic_config(url), "head")
+
+
+async def run_in_session(engine: Engine, work: Callable[[Session], T]) -> T:
+    """Run blocking database work off the event loop, in a session of its own."""
+
+    def run() -> T:
+        with Session(engine, expire_on_commit=False) as session:
+            return work(session)
+
+    return await asyncio.to_thread(run)
