@@ -132,6 +132,13 @@ def prepare_weights(spec: str, engine_options: dict) -> Path:
     return resolve_weights(spec)
 
 
+def weights_to_build(catalog, data_dir: Path) -> list[str]:
+    """Ids of the catalog's models whose weights are still to be built."""
+    return [model.id for model in catalog.models
+            if model.engine_options.get("build")
+            and not (Path(model.weights_spec(data_dir)) / ".complete").exists()]
+
+
 def check_weights(model, data_dir: Path) -> None:
     """Fail at build time, with the model's name, when its weights cannot be found (Serve would
     otherwise retry a failing replica forever)."""

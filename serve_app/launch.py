@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from deployments.weights import weights_to_build
+from serve_app.catalog import load_catalog
 from serve_app.db.bootstrap import bootstrap
 from serve_app.process_tree import ray_processes, reap
 from serve_app.settings import PROJECT_ROOT, Settings
@@ -135,15 +137,6 @@ def main() -> int:
         raise SystemExit(f"PORT={settings.port} is taken by Serve's proxy ({SERVE_PROXY_PORT}) "
                          f"or Ray ({ray_port}): choose another")
     _require_free_port(settings.host, settings.port)
-    result = bootstrap(settings)
-    # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress on
-    # the console, rather than silently inside a replica.
-    subprocess.run([sys.executable, "-m", "deployments.weights", "prepare"], check=True,
-                   cwd=PROJECT_ROOT, env={**os.environ, "DATA_DIR": str(settings.data_dir)})
-    if result.generated_admin_key:
-        print("\n  First admin API key (shown once, store it now):\n"
-              f"    {result.generated_admin_key}\n", flush=True)
-
     temp_dir = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray-platform"))
     temp_dir.mkdir(parents=True, exist_ok=True)
     _prune_ray_sessions(temp_dir)
@@ -163,12 +156,25 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        subprocess.run(
+        # Ray starts while the database and the weights are made ready (seconds saved).
+        ray_start = subprocess.Popen(
             [_bin("ray"), "start", "--head", f"--port={ray_port}", "--node-ip-address=127.0.0.1",
              f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats",
              f"--temp-dir={temp_dir}"],
-            env=env, check=True, stdout=subprocess.DEVNULL,
+            env=env, stdout=subprocess.DEVNULL,
         )
+        result = bootstrap(settings)
+        # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress
+        # on the console, rather than silently inside a replica.
+        if weights_to_build(load_catalog(settings.model_catalog), settings.data_dir):
+            subprocess.run([sys.executable, "-m", "deployments.weights", "prepare"], check=True,
+                           cwd=PROJECT_ROOT,
+                           env={**os.environ, "DATA_DIR": str(settings.data_dir)})
+        if result.generated_admin_key:
+            print("\n  First admin API key (shown once, store it now):\n"
+                  f"    {result.generated_admin_key}\n", flush=True)
+        if ray_start.wait() != 0:
+            raise SystemExit(f"ray start failed with code {ray_start.returncode}")
         serve_proc = subprocess.Popen(
             [_bin("serve"), "run", "--address", f"127.0.0.1:{ray_port}",
              str(PROJECT_ROOT / "configs" / "local.yaml")],
