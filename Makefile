@@ -32,7 +32,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/gateway_bench.py
+	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
+	$(BIN)/python benchmarks/bench.py
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

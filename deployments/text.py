@@ -22,7 +22,7 @@ logger = logging.getLogger("deployments.text")
 CPU_ENGINE_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_OFFLINE": "1",

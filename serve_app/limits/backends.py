@@ -203,7 +203,7 @@ class RayLimiter:
             reply = self._batcher.ask((LEASE, bucket, slots, lease_tokens, rpm, tpm, budgets,
                                        now_ms))
             reply.add_done_callback(lambda f: self.leases.granted(
-                bucket, None if f.cancelled() or f.exception() else f.result(), lease_tokens))
+                bucket, None if f.cancelled() or f.exception() else f.result()))
         return await self._batcher.decide((bucket, rpm, tpm, tokens, budgets, now_ms))
 
     async def _send(self, calls: list[tuple]) -> list[list[int] | None]:

@@ -6,9 +6,10 @@ answers.
   its first request: it refills in full when the window ends. A refused request takes nothing.
 * An error budget counts events (failed or unsupported-feature requests) in the last 30 s; more
   than its threshold refuses the next requests until enough events age out.
-* A lease moves a block of a bucket's requests (and tokens) to one replica, which admits from
-  it without asking; it is granted only while the bucket stays far from its limits after it,
-  so near a limit every request is decided here, one by one (limits.backends.RayLimiter).
+* A lease moves a block of a bucket's requests (and tokens), at most a hundredth of each limit,
+  to one replica, which admits from it without asking; it is granted only while half of each
+  limit stays free after it, so near a limit every request is decided here, one by one
+  (limits.backends.RayLimiter).
 
 Times are integer milliseconds, passed in by the caller (its clock can be controlled).
 """
@@ -19,6 +20,7 @@ import bisect
 from dataclasses import dataclass
 
 OK, OVER_REQUESTS, OVER_TOKENS = 0, -1, -2
+MIN_LEASE = 4  # fewer requests are not worth a lease: limits under 400 a minute get none
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,25 +93,33 @@ class LimiterCore:
 
     def lease(self, bucket: str, slots: int, tokens: int, rpm: int, tpm: int, window: int,
               budgets: list[tuple[str, int]], now: int, budget_window: int) -> list[int]:
-        """Count `slots` more requests and `tokens` more tokens for a replica to hand out, in
-        the bucket's current window, when a fifth of each limit stays free after it and every
-        error budget is less than half spent. `[granted slots, window start, requests and
-        tokens counted after the grant]`; `[0, ...]` when refused."""
+        """Count up to `slots` more requests and `tokens` more tokens for a replica to hand
+        out, in the bucket's current window. A lease holds at most a hundredth of each limit
+        and is granted only while half of each limit stays free after it and every error
+        budget is less than half spent: what a lease may leave unused when the key suddenly
+        reaches its limit elsewhere is small and brief. `[granted slots, window start,
+        requests and tokens counted after the grant, granted tokens]`; `[0, ...]`: refused."""
         state = self._buckets.get(bucket)
         if state is None or now >= state[0] + window:
-            return [0, 0, 0, 0]
+            return [0, 0, 0, 0, 0]
         start, requests, used = state
-        refused = [0, start, requests, used]
-        if rpm > 0 and requests + slots > rpm - rpm // 5:
+        refused = [0, start, requests, used, 0]
+        if rpm > 0:
+            slots = min(slots, rpm // 100)
+        if tpm > 0:
+            tokens = min(tokens, tpm // 100)
+        if slots < MIN_LEASE:  # a small limit is decided one request at a time
             return refused
-        if tpm > 0 and used + tokens > tpm - tpm // 5:
+        if rpm > 0 and requests + slots > rpm // 2:
+            return refused
+        if tpm > 0 and used + tokens > tpm // 2:
             return refused
         for key, limit in budgets:
             if len(self._recent(key, now, budget_window)) * 2 >= limit:
                 return refused
         state[1] += slots
         state[2] += tokens
-        return [slots, start, state[1], state[2]]
+        return [slots, start, state[1], state[2], tokens]
 
     def give_back(self, bucket: str, window_ms: int, slots: int, tokens: int) -> None:
         """Return what a lease did not use, within the same window."""

@@ -2,11 +2,12 @@
 key's requests are admitted in the replica, without a round trip to the counting actor.
 
 A bucket is leased only while it is busy here (`HOT_PER_SECOND` decisions a second or more),
-and the actor grants a lease only while the bucket stays far from its limits after it: a key
-near its limits, or one that sends a request now and then, is decided by the actor one request
-at a time, exactly as without leases. A lease lasts `LEASE_SECONDS` at most; what it did not
-use goes back to the bucket. The requests a lease admits carry their own place in the count,
-so the rate-limit headers stay exact for requests.
+and the actor grants at most a hundredth of each limit, only while half of each limit stays
+free after it: a key near its limits, a key with a small limit, or one that sends a request
+now and then, is decided by the actor one request at a time, exactly as without leases. A
+lease lasts `LEASE_SECONDS` at most; what it did not use goes back to the bucket. The
+requests a lease admits carry their own place in the count, so the rate-limit headers stay
+exact for requests.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from serve_app.limits.core import OK, Outcome
+from serve_app.limits.core import MIN_LEASE, OK, Outcome
 from serve_app.limits.policy import WINDOW_MS
 
 LEASE_SECONDS = 0.5
 HOT_PER_SECOND = 20
-MIN_SLOTS, MAX_SLOTS = 4, 256
+MAX_SLOTS = 256
 
 
 @dataclass(slots=True)
@@ -84,16 +85,16 @@ class LeaseBook:
         rate = max(demand.count, demand.last_second_count)
         if rate < HOT_PER_SECOND:
             return None
-        slots = min(MAX_SLOTS, max(MIN_SLOTS, int(rate * LEASE_SECONDS)))
+        slots = min(MAX_SLOTS, max(MIN_LEASE, int(rate * LEASE_SECONDS)))
         self._asking.add(bucket)
         return slots, slots * max(1, demand.largest_tokens)
 
-    def granted(self, bucket: str, reply: list[int] | None, tokens: int) -> None:
-        """The actor's answer to a request for a lease of `tokens` (`LimiterCore.lease`)."""
+    def granted(self, bucket: str, reply: list[int] | None) -> None:
+        """The actor's answer to a request for a lease (`LimiterCore.lease`)."""
         self._asking.discard(bucket)
         if not reply or int(reply[0]) <= 0:
             return
-        slots, window_ms, requests, counted = (int(x) for x in reply)
+        slots, window_ms, requests, counted, tokens = (int(x) for x in reply)
         self._leases[bucket] = Lease(
             window_ms=window_ms, next_request=requests - slots + 1, last_request=requests,
             tokens_left=tokens, tokens_counted=counted, expires=self._clock() + LEASE_SECONDS)

@@ -27,14 +27,24 @@ class InProcessActor(RayLimiter):
         return run_calls(self.core, calls)
 
 
-def test_a_lease_is_granted_only_far_from_the_limits():
+def test_a_lease_holds_at_most_a_hundredth_of_the_limit_and_only_far_from_it():
+    core = LimiterCore()
+    core.decide("b", 10_000, 0, 0, WINDOW, 30_000, [], T0)
+    assert core.lease("b", 500, 0, 10_000, 0, WINDOW, [], T0, 30_000) == [100, T0, 101, 0, 0]
+    core.give_back("b", T0, 40, 0)
+    assert core.decide("b", 10_000, 0, 0, WINDOW, 30_000, [], T0).requests == 62
+    # Past half of the limit, no more leases: every request is decided one by one.
+    for i in range(4940):
+        core.decide("b", 10_000, 0, 0, WINDOW, 30_000, [], T0 + i)
+    assert core.lease("b", 10, 0, 10_000, 0, WINDOW, [], T0, 30_000)[0] == 0
+
+
+def test_a_limit_under_400_a_minute_is_never_leased():
     core = LimiterCore()
     core.decide("b", 100, 0, 0, WINDOW, 30_000, [], T0)
-    assert core.lease("b", 10, 0, 100, 0, WINDOW, [], T0, 30_000) == [10, T0, 11, 0]
-    # 11 counted: a lease of 70 would leave less than a fifth of 100 free.
-    assert core.lease("b", 70, 0, 100, 0, WINDOW, [], T0, 30_000)[0] == 0
-    core.give_back("b", T0, 4, 0)
-    assert core.decide("b", 100, 0, 0, WINDOW, 30_000, [], T0).requests == 8
+    assert core.lease("b", 10, 0, 100, 0, WINDOW, [], T0, 30_000)[0] == 0
+    core.decide("x", 500, 0, 0, WINDOW, 30_000, [], T0)
+    assert core.lease("x", 10, 0, 500, 0, WINDOW, [], T0, 30_000)[0] == 5
 
 
 def test_no_lease_while_an_error_budget_is_half_spent():
@@ -50,7 +60,7 @@ def test_a_busy_key_is_admitted_from_its_lease_with_its_own_place_in_the_count()
         limiter = InProcessActor()
         outcomes = []
         for i in range(200):  # one replica, one key, 200 requests within a second
-            outcomes.append(await limiter.decide("key|class:XS", 10_000, 0, 1, [], T0 + i))
+            outcomes.append(await limiter.decide("key|class:XS", 100_000, 0, 1, [], T0 + i))
         return limiter, outcomes
 
     limiter, outcomes = asyncio.run(main())
@@ -61,7 +71,7 @@ def test_a_busy_key_is_admitted_from_its_lease_with_its_own_place_in_the_count()
     # The actor counted every admitted request, plus what the last lease still holds.
     unused = limiter.leases.finish("key|class:XS")
     held = unused[1] if unused else 0
-    counted = limiter.core.decide("key|class:XS", 10_000, 0, 0, WINDOW, 30_000, [], T0 + 300)
+    counted = limiter.core.decide("key|class:XS", 100_000, 0, 0, WINDOW, 30_000, [], T0 + 300)
     assert counted.requests == 200 + held + 1
 
 
