@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from serve_app.cli import run as cli
 from serve_app.db.bootstrap import bootstrap
 from serve_app.gateway import create_prefixed_app
 from serve_app.settings import Settings
@@ -21,6 +22,11 @@ class Gateway:
     state: GatewayState
     admin_key: str
     account_id: str
+    settings: Settings
+
+    def cli(self, *argv: str):
+        """`inference-admin ARGV` on this gateway's database."""
+        return cli(list(argv), settings=self.settings)
 
     def auth(self, key: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {key or self.admin_key}"}
@@ -37,7 +43,7 @@ def make_gateway(settings: Settings) -> Iterator[Gateway]:
     state = GatewayState.create(settings)
     with TestClient(create_prefixed_app(state)) as client:
         yield Gateway(client, state, result.generated_admin_key or settings.admin_api_key,
-                      result.account_id)
+                      result.account_id, settings)
 
 
 @pytest.fixture

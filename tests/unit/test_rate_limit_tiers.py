@@ -7,14 +7,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 from alembic import command
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from serve_app.auth.key_store import KeyStore
@@ -22,11 +20,10 @@ from serve_app.auth.secrets import generate_secret, hash_secret
 from serve_app.cli import run as cli
 from serve_app.db.bootstrap import bootstrap
 from serve_app.db.engine import alembic_config, make_engine, migrate
-from serve_app.gateway import create_prefixed_app
 from serve_app.limits.policy import DEFAULT_LIMITS, load_tiers
 from serve_app.settings import Settings
-from serve_app.state import GatewayState
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
+from tests.unit.conftest import Gateway, make_gateway
 
 # The spec's table (docs: inference-api.md, Limits): class -> rpm, tpm, partner rpm, partner tpm.
 SPEC_TABLE = {
@@ -76,60 +73,42 @@ def test_a_file_without_tiers_gives_the_spec_table_and_mistakes_name_the_file(tm
 # --- the gateway in process (no model deployments: model requests are admitted, then 503) ----
 
 
-@dataclass
-class _Gateway:
-    client: TestClient
-    state: GatewayState
-    settings: Settings
-    admin_key: str
-
-    def auth(self, key: str | None = None) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key or self.admin_key}"}
-
-    def cli(self, *argv: str):
-        return cli(list(argv), settings=self.settings)
-
-    def rate_limits(self, key: str | None = None) -> dict:
-        resp = self.client.get("/api/v1/api_keys/rate_limits", headers=self.auth(key))
-        assert resp.status_code == 200, resp.text
-        data = resp.json()["data"]
-        return {"apiTier": data["apiTier"],
-                **{m["apiModelId"]: {e["type"]: e["amount"] for e in m["rateLimits"]}
-                   for m in data["rateLimits"]}}
+_gateway = contextlib.contextmanager(make_gateway)
 
 
-@contextlib.contextmanager
-def _gateway(settings: Settings) -> Iterator[_Gateway]:
-    result = bootstrap(settings)
-    state = GatewayState.create(settings)
-    with TestClient(create_prefixed_app(state)) as client:
-        yield _Gateway(client, state, settings,
-                       result.generated_admin_key or settings.admin_api_key)
+def _rate_limits(gw: Gateway, key: str | None = None) -> dict:
+    """The tier and, per model, the limits `GET /api_keys/rate_limits` shows."""
+    resp = gw.client.get("/api/v1/api_keys/rate_limits", headers=gw.auth(key))
+    assert resp.status_code == 200, resp.text
+    data = resp.json()["data"]
+    return {"apiTier": data["apiTier"],
+            **{m["apiModelId"]: {e["type"]: e["amount"] for e in m["rateLimits"]}
+               for m in data["rateLimits"]}}
 
 
 @pytest.fixture
-def tier_gateway(database_url: str, tmp_path: Path) -> Iterator[_Gateway]:
+def tier_gateway(database_url: str, tmp_path: Path) -> Iterator[Gateway]:
     """The gateway on SQLite and PostgreSQL; replicas look for key changes every 0.1 s."""
     with _gateway(Settings(data_dir=tmp_path, database_url=database_url,
                            key_sync_interval_s=0.1)) as gw:
         yield gw
 
 
-def _keys_last_changed_long_ago(gw: _Gateway) -> None:
+def _keys_last_changed_long_ago(gw: Gateway) -> None:
     """As for keys made before the replica started: its sync no longer sees them as new."""
     with gw.state.engine.begin() as conn:
         conn.execute(text("UPDATE api_keys SET updated_at = :then"),
                      {"then": datetime.now(UTC) - timedelta(hours=1)})
 
 
-def _wait_for_tier(gw: _Gateway, tier: str, key: str | None = None) -> None:
+def _wait_for_tier(gw: Gateway, tier: str, key: str | None = None) -> None:
     """Until the replica's key sync has picked the account's new tier up."""
     deadline = time.monotonic() + 5
-    while gw.rate_limits(key)["apiTier"]["id"] != tier and time.monotonic() < deadline:
+    while _rate_limits(gw, key)["apiTier"]["id"] != tier and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def _embed(gw: _Gateway, key: str | None = None):
+def _embed(gw: Gateway, key: str | None = None):
     """A model request: its rate limits are applied (and shown) before the model, which is
     offline here, answers 503."""
     resp = gw.client.post("/api/v1/embeddings", headers=gw.auth(key),
@@ -200,13 +179,13 @@ def test_rate_limits_endpoint_shows_the_tier_and_its_limits(tier_gateway):
     inference = gw.client.post("/api/v1/api_keys", headers=gw.auth(), json={
         "apiKeyType": "INFERENCE", "description": "app"}).json()["data"]["apiKey"]
     _keys_last_changed_long_ago(gw)
-    default = gw.rate_limits(inference)
+    default = _rate_limits(gw, inference)
     assert default["apiTier"] == {"id": "paid", "isCharged": True}
     assert default[CHAT_MODEL] == {"RPM": 500, "TPM": 5_000_000}
 
     gw.cli("set-tier", "scale")
     _wait_for_tier(gw, "scale", inference)
-    scale = gw.rate_limits(inference)
+    scale = _rate_limits(gw, inference)
     assert scale["apiTier"] == {"id": "scale", "isCharged": True}
     assert scale[CHAT_MODEL] == {"RPM": 5_000, "TPM": 50_000_000}
     assert scale[EMBEDDING_MODEL] == {"RPM": 5_000, "TPM": 50_000_000}
@@ -216,10 +195,10 @@ def test_partner_accounts_get_the_partner_columns_of_their_tier(tmp_path):
     with _gateway(Settings(data_dir=tmp_path)) as gw:
         partner = gw.cli("create-account", "--usd", "5", "--partner")
         gw.cli("set-tier", "--account", partner["accountId"], "scale")
-        shown = gw.rate_limits(partner["apiKey"])
+        shown = _rate_limits(gw, partner["apiKey"])
         assert shown["apiTier"] == {"id": "scale", "isCharged": True}
         assert shown[CHAT_MODEL] == {"RPM": 5_000, "TPM": 100_000_000}
-        assert gw.rate_limits()["apiTier"]["id"] == "paid"  # the operator's account is not
+        assert _rate_limits(gw)["apiTier"]["id"] == "paid"  # the operator's account is not
 
 
 def test_catalog_overrides_apply_on_the_default_tier_only(tmp_path):
@@ -231,10 +210,10 @@ def test_catalog_overrides_apply_on_the_default_tier_only(tmp_path):
     path.write_text(yaml.safe_dump(catalog))
     with _gateway(Settings(data_dir=tmp_path, model_catalog=path,
                            key_sync_interval_s=0.1)) as gw:
-        assert gw.rate_limits()[CHAT_MODEL] == {"RPM": 7, "TPM": 5_000_000}
+        assert _rate_limits(gw)[CHAT_MODEL] == {"RPM": 7, "TPM": 5_000_000}
         gw.cli("set-tier", "scale")
         _wait_for_tier(gw, "scale")
-        assert gw.rate_limits()[CHAT_MODEL] == {"RPM": 5_000, "TPM": 50_000_000}
+        assert _rate_limits(gw)[CHAT_MODEL] == {"RPM": 5_000, "TPM": 50_000_000}
 
 
 # --- the migration ------------------------------------------------------------------------
