@@ -47,10 +47,15 @@ def smollm2_gguf() -> Path:
     return ggufs[0]
 
 
+def _marker(target: Path) -> Path:
+    """Written last by a build: its presence says the folder is complete."""
+    return target / ".complete"
+
+
 def _build_once(target: Path, build: Callable[[Path], dict]) -> Path:
     """Run `build(target)` unless an earlier run completed it; one builder at a time across
     processes (replicas of a deployment may start together)."""
-    marker = target / ".complete"
+    marker = _marker(target)
     if marker.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +141,7 @@ def weights_to_build(catalog, data_dir: Path) -> list[str]:
     """Ids of the catalog's models whose weights are still to be built."""
     return [model.id for model in catalog.models
             if model.engine_options.get("build")
-            and not (Path(model.weights_spec(data_dir)) / ".complete").exists()]
+            and not _marker(Path(model.weights_spec(data_dir))).exists()]
 
 
 def check_weights(model, data_dir: Path) -> None:
