@@ -104,7 +104,7 @@ def _actor_class() -> Any:
 
         def decide_many(self, calls: list[tuple]) -> list[list[int] | None]:
             self.calls += 1
-            if self.calls % 10_000 == 0 and calls:
+            if self.calls % 10_000 == 0:
                 self.core.expire(int(time.time() * 1000), WINDOW_MS, BUDGET_WINDOW_MS)
             return run_calls(self.core, calls)
 
@@ -224,16 +224,9 @@ class RayLimiter:
             logger.warning("rate-limit actor unreachable (%s): counting in this replica for "
                            "now", exc)
             self._actor = None
-            out: list[list[int] | None] = []
-            for call in calls:
-                if call[0] == ADJUST:
-                    self._fallback.adjust_soon(*call[1:])
-                    out.append(None)
-                elif call[0] in (LEASE, GIVE_BACK):
-                    out.append(None)  # no leases while counting here
-                else:
-                    out.append((await self._fallback.decide(*call)).to_wire())
-            return out
+            # The actor's own rules on this replica's count; no leases while counting here.
+            return [None if call[0] in (LEASE, GIVE_BACK)
+                    else run_calls(self._fallback.core, [call])[0] for call in calls]
 
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
         await self._get_actor().adjust.remote(bucket, window_ms, delta)
