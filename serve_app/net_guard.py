@@ -31,6 +31,16 @@ class Fetched:
     body: bytes
 
 
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP address (not a name that merely resolves to one)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
