@@ -12,6 +12,7 @@ from sqlalchemy import update
 from sqlmodel import Session, select
 
 from serve_app.auth.key_store import mark_account_keys_changed
+from serve_app.auth.wallets import find_or_create_wallet_account, normalize_address
 from serve_app.control import api_keys as service
 from serve_app.control import characters
 from serve_app.db.bootstrap import bootstrap
@@ -76,7 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     stake = sub.add_parser("stake", help="set an account's staked tokens: each UTC day its "
                                          "DIEM allocation is 1 DIEM per staked token")
     stake.add_argument("--tokens", type=int, required=True)
-    stake.add_argument("--account")
+    staker = stake.add_mutually_exclusive_group()
+    staker.add_argument("--account")
+    staker.add_argument("--wallet", help="an EVM or Solana address (its account is created "
+                                         "if the wallet was never seen)")
 
     character = sub.add_parser("create-character", help="create a public character")
     character.add_argument("--slug", required=True)
@@ -146,7 +150,11 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
                 req = CreateReviewRequest(username=args.username, rating=args.rating,
                                           message=args.message, locale=args.locale)
                 return characters.add_review(session, args.slug, **req.columns())
-            account_id = _account_id(session, args.account)
+            if args.command == "stake" and args.wallet:
+                address = normalize_address(args.wallet)
+                account_id = find_or_create_wallet_account(session, address).account_id
+            else:
+                account_id = _account_id(session, args.account)
             if args.command == "create-key":
                 limit = None
                 if args.limit_usd is not None or args.limit_diem is not None:

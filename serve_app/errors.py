@@ -20,7 +20,8 @@ logger = logging.getLogger("serve_app.errors")
 
 
 class ApiError(Exception):
-    """An error the client sees: status, message and optional code, details, headers."""
+    """An error the client sees: status, message and optional code, details, headers (or a
+    whole `raw_body`, for the few published error bodies that are not `{error, ...}`)."""
 
     def __init__(
         self,
@@ -31,8 +32,10 @@ class ApiError(Exception):
         details: dict[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         extra: Mapping[str, Any] | None = None,
+        raw_body: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
+        self.raw_body = dict(raw_body) if raw_body is not None else None
         self.status = status
         self.message = message
         self.code = code
@@ -41,6 +44,8 @@ class ApiError(Exception):
         self.extra = dict(extra or {})
 
     def body(self) -> dict[str, Any]:
+        if self.raw_body is not None:  # a published body without `error` (x402 requirements)
+            return self.raw_body
         body: dict[str, Any] = {"error": self.message}
         if self.code:
             body["code"] = self.code

@@ -10,10 +10,23 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
-from serve_app.api import api_keys, billing, characters, chat, embeddings, models, responses
-from serve_app.errors import install_error_handlers
+from serve_app.api import (
+    api_keys,
+    billing,
+    characters,
+    chat,
+    crypto,
+    embeddings,
+    models,
+    responses,
+    x402,
+)
+from serve_app.auth import payment_required
+from serve_app.billing.ledger import InsufficientBalance
+from serve_app.errors import error_response, install_error_handlers
 from serve_app.middleware import (
     RequestIdLogFilter,
     RequestOutcomeMiddleware,
@@ -68,6 +81,7 @@ def create_app(state: GatewayState) -> FastAPI:
     )
     app.state.gateway = state
     install_error_handlers(app)
+    app.add_exception_handler(InsufficientBalance, _wallet_aware_402)
     app.include_router(models.router)
     app.include_router(api_keys.router)
     app.include_router(embeddings.router)
@@ -75,9 +89,23 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(responses.router)
     app.include_router(billing.router)
     app.include_router(characters.router)
+    app.include_router(x402.router)
+    app.include_router(crypto.router)
     app.add_middleware(RequestOutcomeMiddleware, on_finished=state.limits.request_finished)
     app.add_middleware(ServiceHeadersMiddleware)
     return app
+
+
+async def _wallet_aware_402(request: Request, exc: InsufficientBalance) -> JSONResponse:
+    """A wallet short of credit gets the x402 answer with top-up instructions; a key's
+    account keeps the standard `INSUFFICIENT_BALANCE` error."""
+    key = getattr(request.state, "api_key", None)
+    if key is None or key.wallet_address is None:
+        return error_response(exc)
+    state: GatewayState = request.app.state.gateway
+    return error_response(payment_required.insufficient_credit(
+        request, state.payments, state.wallets.domain_for(request.headers.get("host", "")),
+        balance_nanos=exc.available_nanos, needed_nanos=exc.needed_nanos))
 
 
 def create_prefixed_app(state: GatewayState) -> FastAPI:

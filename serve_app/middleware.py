@@ -88,7 +88,8 @@ class ServiceHeadersMiddleware:
                 headers["x-service-timestamp"] = datetime.now(UTC).isoformat(
                     timespec="milliseconds").replace("+00:00", "Z")
                 for name, value in extra_headers.items():
-                    headers[name] = value
+                    # A value may be computed when the answer starts (billing.RemainingCredit).
+                    headers[name] = value if isinstance(value, str) else str(value)
                 headers["Server-Timing"] = times.header()
             await send(message)
 

@@ -44,11 +44,30 @@ class Settings(BaseSettings):
     # Prefix of the rate-limit keys in Redis (several platforms can share one server).
     redis_prefix: str = "inference"
 
+    # Wallet access (SIGN-IN-WITH-X and x402 top-ups; README "Wallet access").
+    # Domains a SIWX message may name, comma-separated; empty: the host the request was sent to.
+    siwx_domains: str = ""
+    # x402 facilitator for top-ups: its base URL (`/verify`, `/settle`), `dev` for the bundled
+    # development facilitator (moves no money; loopback only), unset: top-ups answer 503.
+    x402_facilitator_url: str | None = None
+    # Where top-ups are paid: the operator's receiving wallets, and the Solana fee payer
+    # (the facilitator's address that signs and pays the transaction fee).
+    x402_pay_to_evm: str | None = None
+    x402_pay_to_solana: str | None = None
+    x402_solana_fee_payer: str | None = None
+    x402_min_top_up_usd: Decimal = Field(default=Decimal("5"), ge=0)
+    # JSON-RPC nodes of `/crypto/rpc/{network}` (configs/crypto_rpc.yaml documents the format).
+    crypto_rpc_nodes: Path = PROJECT_ROOT / "configs" / "crypto_rpc.yaml"
+
     @property
     def allowed_fetch_hosts(self) -> frozenset[str]:
         return frozenset(h.strip() for h in self.web_fetch_allowed_hosts.split(",") if h.strip())
 
-    @field_validator("data_dir", "model_catalog", "rate_limit_tiers")
+    @property
+    def accepted_siwx_domains(self) -> frozenset[str]:
+        return frozenset(d.strip().lower() for d in self.siwx_domains.split(",") if d.strip())
+
+    @field_validator("data_dir", "model_catalog", "rate_limit_tiers", "crypto_rpc_nodes")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         # Replicas may run in another working directory: pin paths now.

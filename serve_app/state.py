@@ -10,10 +10,14 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from serve_app.auth.key_store import KeyStore
+from serve_app.auth.wallets import WalletAuth
+from serve_app.auth.x402.requirements import PaymentConfig
 from serve_app.billing.service import Billing
+from serve_app.billing.topups import TopUps, payment_config
 from serve_app.catalog import Catalog, load_catalog
 from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
+from serve_app.crypto.service import CryptoRpc
 from serve_app.db.engine import make_engine
 from serve_app.embeddings.service import Embedder
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
@@ -53,6 +57,10 @@ class GatewayState:
     billing: Billing
     limits: RateLimits
     embedder: Embedder
+    crypto_rpc: CryptoRpc
+    wallets: WalletAuth
+    payments: PaymentConfig
+    top_ups: TopUps
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -67,6 +75,8 @@ class GatewayState:
         catalog = catalog or load_catalog(settings.model_catalog)
         engine = make_engine(settings.resolved_database_url)
         router = ModelRouter(catalog, handles or {})
+        billing = Billing(settings.resolved_database_url)
+        payments = payment_config(settings)
         return cls(
             settings=settings,
             catalog=catalog,
@@ -76,10 +86,15 @@ class GatewayState:
             router=router,
             web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                          settings.web_search_url, settings.web_search_api_key),
-            billing=Billing(settings.resolved_database_url),
+            billing=billing,
             limits=RateLimits(limiter_backend(settings), engine,
                               tiers=load_tiers(settings.rate_limit_tiers)),
             embedder=Embedder(router),
+            crypto_rpc=CryptoRpc.from_settings(settings),
+            wallets=WalletAuth(billing.writer, settings.accepted_siwx_domains),
+            payments=payments,
+            top_ups=TopUps(billing, payments, settings.x402_facilitator_url,
+                           listen_host=settings.host),
         )
 
     async def start(self) -> None:
@@ -88,6 +103,7 @@ class GatewayState:
             asyncio.create_task(self.key_events.run(self.keys.invalidate)),
             asyncio.create_task(self.keys.run_sync_loop(self.settings.key_sync_interval_s)),
             asyncio.create_task(self.billing.run_sweeper()),
+            asyncio.create_task(self.wallets.run_nonce_sweeper()),
         ]
 
     async def stop(self) -> None:
@@ -99,6 +115,9 @@ class GatewayState:
         self._tasks = []
         with contextlib.suppress(Exception):
             await self.keys.sync()  # write the last `lastUsedAt` stamps
+        with contextlib.suppress(Exception):
+            await self.crypto_rpc.close()
+        self.top_ups.close()
         self.billing.close()
         await self.limits.close()
         self.engine.dispose()

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from serve_app.api.deps import CurrentKey, JsonBody, State
+from serve_app.api.deps import InferenceCaller, JsonBody, State
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.admission import hold_for
 from serve_app.chat.prompt import UnsupportedFeature
@@ -50,7 +50,7 @@ async def admitted_plan(request: Request, state: GatewayState, key: KeyRecord,
 
 
 @router.post("/chat/completions", dependencies=[JsonBody], summary="Chat completion")
-async def chat_completions(body: ChatCompletionRequest, request: Request, key: CurrentKey,
+async def chat_completions(body: ChatCompletionRequest, request: Request, key: InferenceCaller,
                            state: State) -> Response:
     plan = await admitted_plan(request, state, key, body)
     try:

@@ -11,7 +11,10 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request
 from sqlmodel import Session
 
+from serve_app.auth import payment_required
 from serve_app.auth.key_store import KeyRecord
+from serve_app.auth.wallets import siwx_header
+from serve_app.billing.service import RemainingCredit
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.responses import set_balance_headers
@@ -50,6 +53,30 @@ async def current_key(request: Request, state: State) -> KeyRecord:
 
 
 CurrentKey = Annotated[KeyRecord, Depends(current_key)]
+
+async def inference_caller(request: Request, state: State) -> KeyRecord:
+    """The caller of an inference endpoint: a Bearer key, or else a wallet signed in with
+    SIGN-IN-WITH-X (auth/wallets.py). With neither, the x402 discovery 402."""
+    if request.headers.get("authorization"):
+        return await current_key(request, state)
+    header = siwx_header(request.headers)
+    host = request.headers.get("host", "")
+    if header is None:
+        raise payment_required.discovery(request, state.payments,
+                                         state.wallets.domain_for(host))
+    with timed(request, "auth"):
+        key = await state.wallets.authenticate(header, host)
+        request.state.api_key = key
+        state.limits.check_failed_budget(key)
+        before = await state.billing.balances(key.account_id)
+        set_balance_headers(request, before)
+        request.state.response_headers["X-Balance-Remaining"] = RemainingCredit(
+            state.billing, key.account_id, before)
+    return key
+
+
+# A Bearer key, or a wallet (modelled as a key of its wallet account, without a secret).
+InferenceCaller = Annotated[KeyRecord, Depends(inference_caller)]
 
 
 async def admin_key(key: CurrentKey) -> KeyRecord:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from serve_app.api.deps import CurrentKey, JsonBody, State
+from serve_app.api.deps import InferenceCaller, JsonBody, State
 from serve_app.billing.admission import admit_and_hold
 from serve_app.billing.pricing import price
 from serve_app.embeddings.service import encode, max_tokens, shape
@@ -17,7 +17,7 @@ router = APIRouter(tags=["Embeddings"])
 
 
 @router.post("/embeddings", dependencies=[JsonBody], summary="Create embeddings")
-async def create_embeddings(body: EmbeddingRequest, request: Request, key: CurrentKey,
+async def create_embeddings(body: EmbeddingRequest, request: Request, key: InferenceCaller,
                             state: State) -> Response:
     routed = state.router.resolve(body.model, "embedding")
     model = routed.model

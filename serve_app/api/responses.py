@@ -7,7 +7,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from serve_app.api.chat import admitted_plan
-from serve_app.api.deps import CurrentKey, JsonBody, State
+from serve_app.api.deps import InferenceCaller, JsonBody, State
 from serve_app.chat.responses_api import respond, stream_response, to_chat_request
 from serve_app.responses import add_model_headers, json_response
 from serve_app.schemas.responses import ResponsesRequest
@@ -16,7 +16,7 @@ router = APIRouter(tags=["Chat"])
 
 
 @router.post("/responses", dependencies=[JsonBody], summary="Create a model response")
-async def create_response(body: ResponsesRequest, request: Request, key: CurrentKey,
+async def create_response(body: ResponsesRequest, request: Request, key: InferenceCaller,
                           state: State) -> Response:
     plan = await admitted_plan(request, state, key, to_chat_request(body))
     try:

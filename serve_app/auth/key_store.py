@@ -49,6 +49,9 @@ class KeyRecord:
     is_partner: bool = False  # the account's partner status: the partner rate-limit columns
     rate_limit_tier: str = DEFAULT_RATE_LIMIT_TIER  # the account's tier (rate_limit_tiers.yaml)
     is_operator: bool = False  # the operator's account (publishes characters)
+    # Set for a wallet signed in with SIGN-IN-WITH-X (auth/wallets.py): no secret, and `id`
+    # is the wallet account's id.
+    wallet_address: str | None = None
 
     @property
     def is_admin(self) -> bool:

@@ -56,9 +56,15 @@ class HoldResult:
     diem_nanos: int
 
 
-def insufficient_balance() -> ApiError:
-    return ApiError(402, "Insufficient USD or DIEM balance to complete request",
-                    code="INSUFFICIENT_BALANCE")
+class InsufficientBalance(ApiError):
+    """402: the account's USD and DIEM together do not cover the hold. It carries both
+    amounts, for the wallet variant of the answer (auth/payment_required.py)."""
+
+    def __init__(self, available_nanos: int, needed_nanos: int) -> None:
+        super().__init__(402, "Insufficient USD or DIEM balance to complete request",
+                         code="INSUFFICIENT_BALANCE")
+        self.available_nanos = available_nanos
+        self.needed_nanos = needed_nanos
 
 
 class _Statements:
@@ -153,7 +159,7 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
     usd_part = amount_nanos - diem_part
     if usd_part > usd_balance:
         if usd_balance + diem_balance < amount_nanos:
-            raise insufficient_balance()
+            raise InsufficientBalance(usd_balance + diem_balance, amount_nanos)
         raise ApiError(402, "This API key has reached its DIEM consumption limit for the "
                             f"current {payer.limit_period} period",
                        code="API_KEY_DIEM_SPEND_LIMIT_EXCEEDED")

@@ -23,6 +23,7 @@ LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
     "characters": ("characters", 1_000, "chars", "Characters"),
     "seconds": ("seconds", 1, "seconds", "Seconds"),
     "minutes": ("minutes", 1, "minutes", "Minutes"),
+    "credits": ("credits", 1, "credits", "Credits"),  # crypto RPC calls
 }
 
 # `modelType` of the analytics answer, per catalog model type.
@@ -75,7 +76,8 @@ def unit_price_usd(model: CatalogModel, line_type: str) -> Decimal:
 def unit_type(model: CatalogModel) -> str:
     """The unit of the analytics answer: tokens, images, chars, seconds or minutes."""
     return {"image": "images", "upscale": "images", "inpaint": "images", "tts": "chars",
-            "asr": "seconds", "video": "seconds", "music": "seconds"}.get(model.type, "tokens")
+            "asr": "seconds", "video": "seconds", "music": "seconds",
+            "crypto_rpc": "credits"}.get(model.type, "tokens")
 
 
 def price(model: CatalogModel, units: dict[str, int]) -> Cost:

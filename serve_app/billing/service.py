@@ -23,6 +23,7 @@ from serve_app.catalog import CatalogModel
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
+from serve_app.money import from_nanos
 
 logger = logging.getLogger("serve_app.billing")
 
@@ -36,6 +37,8 @@ ANALYTICS_CACHE_TTL_S = 600.0  # the spec's 10 minutes
 
 
 def payer_of(key: KeyRecord) -> Payer:
+    if key.wallet_address is not None:
+        return Payer(account_id=key.account_id, wallet_address=key.wallet_address)
     return Payer(account_id=key.account_id, api_key_id=key.id, limit_period=key.limit_period,
                  limit_usd_nanos=key.limit_usd_nanos, limit_diem_nanos=key.limit_diem_nanos)
 
@@ -51,6 +54,21 @@ def check_privacy(key: KeyRecord, model: CatalogModel) -> None:
             else "PRIVATE_TEXT requires text and embedding models to be Private, TEE or E2EE")
     raise ApiError(403, f"This API key's modelPrivacy is {key.model_privacy}: {rule}, and "
                         f"model {model.id} is {model.privacy}", code="UNAUTHORIZED")
+
+
+class RemainingCredit:
+    """`X-Balance-Remaining` of a wallet's answer, read when the answer starts: after the
+    settlement for a unary answer, after the hold for a stream (the most it may still cost).
+    The middleware turns header values into text with `str`."""
+
+    __slots__ = ("account_id", "billing", "fallback")
+
+    def __init__(self, billing: Billing, account_id: str, fallback: Balances) -> None:
+        self.billing, self.account_id, self.fallback = billing, account_id, fallback
+
+    def __str__(self) -> str:
+        known = self.billing.known_balance(self.account_id) or self.fallback
+        return f"{from_nanos(known.usd_nanos):.6f}"
 
 
 @dataclass
@@ -132,6 +150,14 @@ class Billing:
         returned nothing, and the balance the hold left stands."""
         if balance is not None:
             self._balances[account_id] = balance
+
+    def known_balance(self, account_id: str) -> Balances | None:
+        """The balance this replica last saw for the account, without reading it."""
+        return self._balances.get(account_id)
+
+    def remember_balance(self, account_id: str, balance: Balances) -> None:
+        """A balance changed outside the hold/settle path (a top-up)."""
+        self._balances[account_id] = balance
 
     async def balances(self, account_id: str) -> Balances:
         cached = self._balances.get(account_id)

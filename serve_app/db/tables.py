@@ -257,3 +257,38 @@ class ServerSecret(SQLModel, table=True):
 
     name: str = Field(primary_key=True, max_length=64)
     value: str = Field(max_length=128)
+
+
+class SiwxNonce(SQLModel, table=True):
+    """A SIGN-IN-WITH-X nonce already accepted: each signed sign-in is good for one request,
+    on every replica and node. Kept until its message expires, then swept."""
+
+    __tablename__ = "siwx_nonces"
+
+    address: str = Field(primary_key=True, max_length=128)
+    nonce: str = Field(primary_key=True, max_length=64)
+    expires_at: datetime = Field(sa_column=_utc_column(nullable=False, index=True))
+
+
+class PaymentStatus(StrEnum):
+    PENDING = "PENDING"  # claimed by one submission, at the facilitator now
+    CREDITED = "CREDITED"  # settled and credited to the wallet, exactly once
+
+
+class X402Payment(SQLModel, table=True):
+    """One x402 top-up payment, keyed by what makes it unique on its chain (EIP-3009
+    authorization nonce, Solana signature): the claim that credits it exactly once."""
+
+    __tablename__ = "x402_payments"
+    __table_args__ = (Index("ix_x402_payments_wallet_time", "wallet_address", "created_at"),)
+
+    payment_id: str = Field(primary_key=True, max_length=200)
+    status: str = Field(default=PaymentStatus.PENDING, max_length=16)
+    wallet_address: str = Field(max_length=128)
+    account_id: str | None = Field(default=None, max_length=36)
+    network: str = Field(max_length=64)
+    amount_nanos: int = Field(sa_column=Column(BigInteger, nullable=False))
+    transaction: str | None = Field(default=None, max_length=200)
+    balance_after_nanos: int | None = Field(default=None, sa_column=Column(BigInteger))
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+    credited_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))

@@ -59,6 +59,10 @@ class Ticket:
                 self.limiter.backend.adjust_soon(self.bucket, self.window_ms, delta)
 
 
+def _caller(key: KeyRecord) -> str:
+    return "wallet" if key.wallet_address else "API key"
+
+
 def _failed_key(owner: str, model_id: str) -> str:
     return f"{owner}|{model_id}|FAILED"
 
@@ -129,7 +133,7 @@ class RateLimits:
             self._log(key, model.id, limits.tier, kind)
             raise self._budget_error(kind, outcome, model.id)
         if limits.requests_per_minute:
-            self._set_headers(headers, limits, outcome, now)
+            self._set_headers(headers, limits, outcome, now, key)
         if outcome.code != OK:
             kind = "RPM" if outcome.code == OVER_REQUESTS else "TPM"
             self._log(key, model.id, limits.tier, kind)
@@ -137,7 +141,7 @@ class RateLimits:
             amount = (limits.requests_per_minute if kind == "RPM"
                       else limits.tokens_per_minute)
             raise ApiError(429, f"Rate limit exceeded: {amount} {what} per minute for model "
-                                f"{model.id} with this API key; retry after the reset in "
+                                f"{model.id} with this {_caller(key)}; retry after the reset in "
                                 "x-ratelimit-reset-requests", code="RATE_LIMIT_EXCEEDED")
         if not limits.requests_per_minute:
             return None
@@ -145,7 +149,7 @@ class RateLimits:
 
     @staticmethod
     def _set_headers(headers: dict[str, str], limits: Limits, outcome: Outcome,
-                     now: int) -> None:
+                     now: int, key: KeyRecord) -> None:
         reset_ms = outcome.window_ms + WINDOW_MS
         headers["x-ratelimit-limit-requests"] = str(limits.requests_per_minute)
         headers["x-ratelimit-remaining-requests"] = str(
@@ -156,7 +160,7 @@ class RateLimits:
             headers["x-ratelimit-remaining-tokens"] = str(
                 max(0, limits.tokens_per_minute - outcome.tokens))
             headers["x-ratelimit-reset-tokens"] = str(max(0, math.ceil((reset_ms - now) / 1000)))
-        headers["x-ratelimit-type"] = "api_key"
+        headers["x-ratelimit-type"] = "user" if key.wallet_address else "api_key"
 
     @staticmethod
     def _budget_error(kind: str, outcome: Outcome, model_id: str) -> ApiError:
@@ -176,7 +180,7 @@ class RateLimits:
         outcome = await self.backend.decide(f"{key.account_id}|api_key_create",
                                             API_KEY_CREATIONS_PER_MINUTE, 0, 0, [], now)
         limits = Limits(API_KEY_CREATIONS_PER_MINUTE, None, "api_key_create")
-        self._set_headers(request.state.response_headers, limits, outcome, now)
+        self._set_headers(request.state.response_headers, limits, outcome, now, key)
         if outcome.code != OK:
             self._log(key, None, "paid", "RPM")
             raise ApiError(429, f"Rate limit exceeded: at most {API_KEY_CREATIONS_PER_MINUTE} "
@@ -236,7 +240,8 @@ class RateLimits:
         self._logged[mark] = now
         if len(self._logged) > 10_000:
             self._logged.clear()
-        event = RateLimitEvent(account_id=key.account_id, api_key_id=key.id, model_id=model_id,
+        key_id = None if key.wallet_address else key.id
+        event = RateLimitEvent(account_id=key.account_id, api_key_id=key_id, model_id=model_id,
                                tier=tier, limit_type=kind,
                                created_at=datetime.fromtimestamp(self.clock(), UTC))
 

@@ -94,6 +94,11 @@ def test_aliases_resolve_to_the_embedding_model(client):
     assert out.model == MODEL
 
 
-def test_embeddings_need_a_key(platform):
+def test_embeddings_without_credentials_answer_the_wallet_discovery_402(platform):
     resp = httpx.post(f"{platform.base_url}/embeddings", json={"model": MODEL, "input": "x"})
-    assert resp.status_code == 401
+    assert resp.status_code == 402
+    assert resp.json()["authOptions"]["apiKey"]["header"] == "Authorization: Bearer YOUR_API_KEY"
+    assert resp.headers["PAYMENT-REQUIRED"]
+    bad = httpx.post(f"{platform.base_url}/embeddings", json={"model": MODEL, "input": "x"},
+                     headers={"Authorization": "Bearer sk-nope"})
+    assert bad.status_code == 401

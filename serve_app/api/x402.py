@@ -1,0 +1,96 @@
+"""`/x402/*`: wallet credit. Top up with a signed USDC payment; read a wallet's balance and
+transactions (that wallet, signed in, or the operator's ADMIN key)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from sqlmodel import Session
+
+from serve_app.api.deps import State, current_key, run_db
+from serve_app.auth.payment_required import SUGGESTED_TOP_UP_USD
+from serve_app.auth.wallets import normalize_address, siwx_header
+from serve_app.billing.topups import parse_amount, payment_header
+from serve_app.billing.wallet_history import wallet_balance, wallet_transactions
+from serve_app.errors import ApiError, admin_key_required, authentication_failed
+from serve_app.money import from_nanos
+from serve_app.responses import json_response
+
+router = APIRouter(prefix="/x402", tags=["x402"])
+
+ADDRESS_PATTERN = r"^(0x[a-fA-F0-9]{40}|[1-9A-HJ-NP-Za-km-z]{32,44})$"
+
+
+@router.post("/top-up", summary="Top up a wallet's credit with an x402 payment")
+async def top_up(request: Request, state: State,
+                 amount: Annotated[str | None, Query(
+                     description="USD to top up (default: the minimum)")] = None) -> Response:
+    header = payment_header(request.headers)
+    if header is None:
+        raise state.top_ups.requirements(str(request.url), parse_amount(amount, state.payments))
+    body, receipt = await state.top_ups.top_up(header)
+    response = json_response(request, body)
+    response.headers["PAYMENT-RESPONSE"] = receipt
+    return response
+
+
+async def wallet_reader(request: Request, state: State,
+                        wallet_address: Annotated[str, Path(alias="walletAddress")]) -> str:
+    """The wallet of the path, readable by that wallet signed in or the operator's admin."""
+    address = normalize_address(wallet_address)
+    if request.headers.get("authorization"):
+        key = await current_key(request, state)
+        if not key.is_admin:
+            raise admin_key_required()
+        if not key.is_operator:
+            raise ApiError(403, "Only the wallet itself or the operator's ADMIN key may read "
+                                "a wallet's credit", code="UNAUTHORIZED")
+        return address
+    header = siwx_header(request.headers)
+    if header is None:
+        raise authentication_failed("Authentication failed: sign in with the wallet "
+                                    "(SIGN-IN-WITH-X header)")
+    caller = await state.wallets.authenticate(header, request.headers.get("host", ""))
+    if caller.wallet_address != address:
+        raise ApiError(403, "The signed-in wallet does not match the requested wallet",
+                       code="UNAUTHORIZED")
+    return address
+
+
+WalletReader = Annotated[str, Depends(wallet_reader)]
+
+
+@router.get("/balance/{walletAddress}", summary="A wallet's x402 credit")
+async def get_balance(request: Request, address: WalletReader, state: State) -> Response:
+    now = state.billing.clock()
+    found = await run_db(state, lambda s: wallet_balance(s, address, now))
+    usd, diem = found.balances.usd_nanos, found.balances.diem_nanos
+    data = {
+        "walletAddress": address,
+        "balanceUsd": float(from_nanos(usd)),
+        "canConsume": usd + diem > 0,
+        "minimumTopUpUsd": float(state.payments.min_top_up_usd),
+        "suggestedTopUpUsd": float(SUGGESTED_TOP_UP_USD),
+    }
+    if diem:
+        data["diemBalanceUsd"] = float(from_nanos(diem))
+    return json_response(request, {"success": True, "data": data})
+
+
+@router.get("/transactions/{walletAddress}", summary="A wallet's top-ups and charges")
+async def get_transactions(
+    request: Request, address: WalletReader, state: State,
+    limit: Annotated[int, Query(ge=1, le=100)] = 50,
+    offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
+) -> Response:
+    def read(session: Session):
+        return wallet_transactions(session, address, limit, offset)
+
+    balance, page, more = await run_db(state, read)
+    return json_response(request, {"success": True, "data": {
+        "walletAddress": address,
+        "currentBalance": float(from_nanos(balance)),
+        "transactions": page,
+        "pagination": {"limit": limit, "offset": offset, "hasMore": more},
+    }})

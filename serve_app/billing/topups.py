@@ -1,0 +1,251 @@
+"""x402 top-ups: a signed USDC payment becomes wallet credit, exactly once.
+
+The way of one payment:
+  1. decode the payment header and match it to a requirement we issue (auth/x402);
+  2. check its signature here, before anything is written;
+  3. claim it: a PENDING row keyed by what makes the payment unique on its chain (EIP-3009
+     authorization nonce, Solana signature). A replay, or a second submission racing the
+     first, finds the row and is refused;
+  4. the facilitator verifies and settles it (moves the money);
+  5. credit the wallet and mark the row CREDITED in one transaction.
+A facilitator that refuses or cannot be reached drops the claim (step 3), so the same payment
+may be submitted again; nothing is credited.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session
+
+from serve_app.auth.payment_required import X402_VERSION
+from serve_app.auth.wallets import find_or_create_wallet_account
+from serve_app.auth.x402 import (
+    FacilitatorClient,
+    PaymentConfig,
+    VerifiedPayment,
+    X402PaymentError,
+    accepts,
+    decode_payment_header,
+    match_requirement,
+    verify_payment,
+)
+from serve_app.billing.ledger import Balances
+from serve_app.billing.service import Billing
+from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
+from serve_app.errors import ApiError, invalid_request
+from serve_app.money import NANOS_PER_UNIT, from_nanos
+from serve_app.net_guard import is_loopback
+
+logger = logging.getLogger("serve_app.billing")
+
+NANOS_PER_BASE_UNIT = NANOS_PER_UNIT // 10**6  # USDC has 6 decimals
+PAYMENT_HEADERS = ("payment-signature", "x-402-payment", "x-payment")
+
+
+def payment_header(headers) -> str | None:
+    for name in PAYMENT_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
+
+
+def _x402_error(status: int, code: str, message: str, reason: str) -> ApiError:
+    """The top-up errors of the published reference: `{error: CODE, message, details}`."""
+    return ApiError(status, message, raw_body={"error": code, "message": message,
+                                               "details": {"reason": reason}})
+
+
+def not_configured() -> ApiError:
+    return ApiError(503, "Top-ups are not available on this server: the operator has not set "
+                         "X402_FACILITATOR_URL and the X402_PAY_TO_* receiving wallets",
+                    code="X402_NOT_CONFIGURED")
+
+
+def parse_amount(value: str | None, config: PaymentConfig) -> Decimal:
+    """The top-up amount a client asks requirements for (USD); the minimum by default.
+    `accepts` checks the range."""
+    if value is None or value == "":
+        return config.min_top_up_usd
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:
+        amount = Decimal("NaN")
+    if not amount.is_finite():
+        raise invalid_request("amount must be a number of USD", "amount")
+    return amount
+
+
+@dataclass(frozen=True, slots=True)
+class Credited:
+    wallet_address: str
+    account_id: str
+    amount_nanos: int
+    balance: Balances
+    payment_id: str
+    transaction: str
+    network: str
+
+
+def _insert(session: Session):
+    dialect = session.get_bind().dialect.name
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+def _claim(session: Session, paid: VerifiedPayment) -> None:
+    claimed = session.execute(
+        _insert(session)(X402Payment).values(
+            payment_id=paid.payment_id, status=PaymentStatus.PENDING.value,
+            wallet_address=paid.payer, network=paid.network,
+            amount_nanos=paid.amount_base_units * NANOS_PER_BASE_UNIT, created_at=utcnow())
+        .on_conflict_do_nothing(index_elements=["payment_id"])
+        .returning(X402Payment.payment_id)).first()
+    if claimed is None:
+        status = session.execute(select(X402Payment.status).where(
+            X402Payment.payment_id == paid.payment_id)).scalar_one_or_none()
+        if status == PaymentStatus.CREDITED:
+            raise _x402_error(409, "X402_PAYMENT_ALREADY_USED",
+                              "This payment has already been credited", "payment_already_used")
+        raise _x402_error(409, "X402_PAYMENT_IN_PROGRESS",
+                          "This payment is being processed by another request",
+                          "payment_in_progress")
+
+
+def _unclaim(session: Session, payment_id: str) -> None:
+    session.execute(delete(X402Payment).where(X402Payment.payment_id == payment_id,
+                                               X402Payment.status == PaymentStatus.PENDING))
+
+
+def _credit(session: Session, paid: VerifiedPayment, transaction: str) -> Credited:
+    account = find_or_create_wallet_account(session, paid.payer)
+    amount = paid.amount_base_units * NANOS_PER_BASE_UNIT
+    usd, diem = session.execute(
+        update(Account).where(Account.id == account.account_id)
+        .values(usd_balance_nanos=Account.usd_balance_nanos + amount)
+        .returning(Account.usd_balance_nanos, Account.diem_balance_nanos)).one()
+    marked = session.execute(
+        update(X402Payment).where(X402Payment.payment_id == paid.payment_id,
+                                  X402Payment.status == PaymentStatus.PENDING)
+        .values(status=PaymentStatus.CREDITED.value, account_id=account.account_id,
+                transaction=transaction, balance_after_nanos=usd, credited_at=utcnow()))
+    if marked.rowcount != 1:  # cannot happen while the claim is ours; never credit twice
+        raise _x402_error(409, "X402_PAYMENT_ALREADY_USED",
+                          "This payment has already been credited", "payment_already_used")
+    return Credited(paid.payer, account.account_id, amount, Balances(usd, diem),
+                    paid.payment_id, transaction, paid.network)
+
+
+def payment_config(settings) -> PaymentConfig:
+    """Where top-ups are paid; with the development facilitator, Solana's fee payer defaults
+    to the one it manages."""
+    fee_payer = settings.x402_solana_fee_payer
+    if settings.x402_facilitator_url == "dev" and settings.x402_pay_to_solana and not fee_payer:
+        from serve_app.auth.x402.dev_facilitator import DEV_SOLANA_FEE_PAYER
+
+        fee_payer = DEV_SOLANA_FEE_PAYER
+    return PaymentConfig(pay_to_evm=settings.x402_pay_to_evm,
+                         pay_to_solana=settings.x402_pay_to_solana,
+                         solana_fee_payer=fee_payer,
+                         min_top_up_usd=settings.x402_min_top_up_usd)
+
+
+class TopUps:
+    def __init__(self, billing: Billing, config: PaymentConfig, facilitator_url: str | None,
+                 *, listen_host: str) -> None:
+        self.billing = billing
+        self.config = config
+        self._facilitator_url = facilitator_url
+        self._listen_host = listen_host
+        self._facilitator: FacilitatorClient | None = None
+        self._stop_dev: Any = None
+        if facilitator_url == "dev":
+            if not is_loopback(listen_host):
+                raise ValueError(
+                    "X402_FACILITATOR_URL=dev moves no money and credits every valid signature: "
+                    f"it is refused while the platform listens on {listen_host!r}; listen on a "
+                    "loopback address or point X402_FACILITATOR_URL at a real facilitator")
+            logger.warning("X402_FACILITATOR_URL=dev: top-ups are checked by the bundled "
+                           "development facilitator, which MOVES NO MONEY; never use it in "
+                           "production")
+
+    @property
+    def available(self) -> bool:
+        return bool(self._facilitator_url) and bool(self.config.networks)
+
+    def facilitator(self) -> FacilitatorClient:
+        if self._facilitator is None:
+            url = self._facilitator_url
+            if url == "dev":
+                from serve_app.auth.x402.dev_facilitator import start_in_thread
+
+                url, self._stop_dev = start_in_thread(
+                    host="127.0.0.1", solana_fee_payer=self.config.solana_fee_payer)
+            assert url is not None
+            self._facilitator = FacilitatorClient(url)
+        return self._facilitator
+
+    def requirements(self, resource_url: str, amount_usd: Decimal) -> ApiError:
+        """402 with what to pay: one `accepts` entry per network we receive on."""
+        if not self.available:
+            raise not_configured()
+        offered = accepts(self.config, amount_usd)
+        header = base64.b64encode(json.dumps({
+            "x402Version": X402_VERSION, "error": "Payment required",
+            "resource": {"url": resource_url, "description": "Wallet credit top-up",
+                         "mimeType": "application/json"},
+            "accepts": offered}, separators=(",", ":")).encode()).decode()
+        return ApiError(402, "Payment required", headers={"PAYMENT-REQUIRED": header},
+                        raw_body={"x402Version": X402_VERSION, "accepts": offered})
+
+    async def top_up(self, header_value: str) -> tuple[dict, str]:
+        """Credit the payment in `header_value`; (answer body, PAYMENT-RESPONSE header)."""
+        if not self.available:
+            raise not_configured()
+        payload = decode_payment_header(header_value)
+        requirement = match_requirement(payload, self.config)
+        paid = verify_payment(payload, requirement)
+        writer = self.billing.writer
+        await writer.run(lambda s: _claim(s, paid))
+        facilitator = self.facilitator()
+        try:
+            await facilitator.verify(payload, requirement)
+        except BaseException:
+            await writer.run(lambda s: _unclaim(s, paid.payment_id))
+            raise
+        try:
+            settled = await facilitator.settle(payload, requirement)
+        except X402PaymentError:  # refused: nothing moved, the payment may be sent again
+            await writer.run(lambda s: _unclaim(s, paid.payment_id))
+            raise
+        except ApiError as exc:
+            # Unreachable or timed out while settling: the money may have moved. The claim
+            # stays PENDING (never credited twice); the operator reconciles it.
+            logger.error("settling payment %s of %s: %s; left PENDING for reconciliation",
+                         paid.payment_id, paid.payer, exc.message)
+            raise ApiError(502, "The payment facilitator did not confirm the settlement; "
+                                f"nothing was credited. Payment {paid.payment_id} is held for "
+                                "the operator to reconcile", code=exc.code) from exc
+        credited = await writer.run(lambda s: _credit(s, paid, settled.transaction))
+        self.billing.remember_balance(credited.account_id, credited.balance)
+        logger.info("credited %s USD to wallet %s (payment %s, transaction %s)",
+                    from_nanos(credited.amount_nanos), paid.payer, paid.payment_id,
+                    settled.transaction)
+        body = {"success": True, "data": {
+            "walletAddress": credited.wallet_address,
+            "amountCredited": float(from_nanos(credited.amount_nanos)),
+            "newBalance": float(from_nanos(credited.balance.usd_nanos)),
+            "paymentId": credited.payment_id,
+        }}
+        return body, settled.payment_response_header()
+
+    def close(self) -> None:
+        if self._stop_dev is not None:
+            self._stop_dev()

@@ -1,0 +1,434 @@
+"""`POST /crypto/rpc/{network}`: one JSON-RPC call (or a batch of up to 100) forwarded to the
+operator's node for that network, billed per credit.
+
+The steps of one request:
+
+1. the network must be one we offer (node URLs come only from the operator's config);
+2. the body is parsed and checked: a JSON-RPC 2.0 object or a batch of 1 to 100 of them,
+   every method allowed on the network's chain family (methods.py), or 400 naming each
+   offending method; nothing is counted or charged;
+3. the caller's caps (per account, as the reference's per-user caps): requests per minute in
+   the shared rate-limit backend (429 with `X-RateLimit-*`), then credits per rolling 24 hours
+   from the ledger (429); each 429 carries a `customMessage` naming the cap;
+4. the most the call may cost (every call at its full tier) is held against the balance (402);
+5. the body is forwarded through one shared HTTP client (total timeout, no redirects, capped
+   answer size); a node that cannot be reached, times out, answers a non-2xx status or
+   something other than JSON-RPC gives a 500, and the hold is released (no charge);
+6. the credits are counted from the answer: each call at `base credits x tier`, a call the node
+   answered with a JSON-RPC error at 5 credits; the hold is settled to that, and the node's
+   answer goes back with `X-Venice-RPC-Credits` and `X-Venice-RPC-Cost-USD`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from fastapi import Request, Response
+from sqlalchemy import func, select
+from sqlmodel import Session
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.billing.pricing import Cost, price
+from serve_app.billing.service import payer_of
+from serve_app.catalog import CatalogModel
+from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
+from serve_app.crypto.networks import Network, NodeConfig, load_nodes
+from serve_app.db.engine import run_in_session
+from serve_app.db.tables import LedgerLine
+from serve_app.errors import ApiError, nest_errors
+from serve_app.limits.core import OK
+from serve_app.limits.policy import WINDOW_MS
+from serve_app.money import NANOS_PER_UNIT
+from serve_app.responses import set_balance_headers
+from serve_app.settings import Settings
+from serve_app.timing import timed
+
+if TYPE_CHECKING:
+    from serve_app.state import GatewayState
+
+logger = logging.getLogger("serve_app.crypto")
+
+MAX_BATCH = 100
+MAX_METHOD_CHARS = 128
+# The ledger's model type of crypto RPC usage (fits its 16-character column).
+MODEL_TYPE = "crypto_rpc"
+LINE_TYPE = "credits"
+CREDIT_WINDOW = timedelta(hours=24)
+# How long a replica trusts its last reading of an account's credits of the past 24 hours
+# (its own settlements since are added to it): one ledger read per account every few seconds.
+CREDIT_READ_TTL_S = 5.0
+_NOT_JSON = object()
+
+
+def rpc_model(network: Network, price_per_credit_usd: Decimal) -> CatalogModel:
+    """The pseudo catalog model a network's calls are billed under: id `crypto-rpc-<slug>`,
+    one priced line, `credits`."""
+    return CatalogModel.model_construct(
+        id=f"crypto-rpc-{network.slug}", type=MODEL_TYPE, name=f"Crypto RPC {network.slug}",
+        description=f"JSON-RPC proxy to {network.slug}", deployment="crypto-rpc",
+        engine="json-rpc", pricing={LINE_TYPE: {"usd": str(price_per_credit_usd)}},
+        privacy="private")
+
+
+# --- the request ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One JSON-RPC call of the request: its method, id (None when absent) and full credits."""
+
+    method: str
+    id: Any
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
+class RpcRequest:
+    payload: Any  # the parsed body, forwarded as checked
+    calls: tuple[Call, ...]
+    batch: bool
+
+    @property
+    def max_credits(self) -> int:
+        return sum(call.credits for call in self.calls)
+
+
+def _bad_request(message: str, errors: Sequence[tuple[Sequence[str | int], str]]) -> ApiError:
+    return ApiError(400, message, code="INVALID_REQUEST", details=nest_errors(errors))
+
+
+def _item_problems(item: Any, path: tuple[int, ...]) -> list[tuple[tuple, str]]:
+    if not isinstance(item, dict):
+        return [(path, "Expected a JSON-RPC 2.0 request object")]
+    problems: list[tuple[tuple, str]] = []
+    method = item.get("method")
+    if "method" not in item:
+        problems.append(((*path, "method"), "Required"))
+    elif not isinstance(method, str) or not method:
+        problems.append(((*path, "method"), "Expected a method name (a non-empty string)"))
+    elif len(method) > MAX_METHOD_CHARS:
+        problems.append(((*path, "method"), f"At most {MAX_METHOD_CHARS} characters"))
+    if "jsonrpc" in item and item["jsonrpc"] != "2.0":
+        problems.append(((*path, "jsonrpc"), 'Expected "2.0"'))
+    if "params" in item and not isinstance(item["params"], list | dict):
+        problems.append(((*path, "params"), "Expected an array (or an object of named parameters)"))
+    if "id" in item and not (item["id"] is None or isinstance(item["id"], str)
+                             or (isinstance(item["id"], int)
+                                 and not isinstance(item["id"], bool))):
+        problems.append(((*path, "id"), "Expected an integer or a string"))
+    return problems
+
+
+def parse_request(raw: bytes, network: Network) -> RpcRequest:
+    """The checked request, or 400: empty body, malformed JSON, not a JSON-RPC object or batch,
+    a batch empty or over 100, a malformed call, or methods not offered (all of them named)."""
+    if not raw.strip():
+        raise _bad_request("Request body is empty: send a JSON-RPC 2.0 request object or a "
+                           f"batch (array) of up to {MAX_BATCH}",
+                           [((), "Request body is empty")])
+    try:
+        payload = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise _bad_request("Malformed JSON in request body",
+                           [((), "Request body is not valid JSON")]) from None
+    batch = isinstance(payload, list)
+    if batch:
+        if not payload:
+            raise _bad_request("Empty batch: send 1 to 100 JSON-RPC requests",
+                               [((), "Batch is empty")])
+        if len(payload) > MAX_BATCH:
+            message = (f"Batch of {len(payload)} requests exceeds the maximum of {MAX_BATCH}: "
+                       "split it")
+            raise _bad_request(message, [((), message)])
+        items = payload
+    elif isinstance(payload, dict):
+        items = [payload]
+    else:
+        raise _bad_request("Expected a JSON-RPC 2.0 request object or a batch (array) of them",
+                           [((), "Expected an object or an array")])
+    problems = [p for i, item in enumerate(items)
+                for p in _item_problems(item, (i,) if batch else ())]
+    if problems:
+        raise _bad_request("Invalid JSON-RPC request", problems)
+
+    calls: list[Call] = []
+    refused: list[tuple[tuple, Refusal]] = []
+    for i, item in enumerate(items):
+        checked = classify(item["method"], network.family, network.slug)
+        if isinstance(checked, Refusal):
+            refused.append((((i,) if batch else ()) + ("method",), checked))
+        else:
+            calls.append(Call(item["method"], item.get("id"), network.base_credits * checked))
+    if refused:
+        methods = list(dict.fromkeys(r.method for _, r in refused))
+        what = "Unsupported method" if len(methods) == 1 else "Unsupported methods"
+        scope = "; the whole batch is rejected" if batch else ""
+        raise _bad_request(f"{what} for {network.slug}: {', '.join(methods)}{scope}",
+                           [(path, r.message) for path, r in refused])
+    return RpcRequest(payload, tuple(calls), batch)
+
+
+# --- the answer ---------------------------------------------------------------------------
+
+def _is_answer(item: Any) -> bool:
+    return isinstance(item, dict) and ("result" in item or "error" in item)
+
+
+def _is_error(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("error") is not None
+
+
+def _id_key(value: Any) -> tuple[str, Any]:
+    return type(value).__name__, value  # 1 and "1" are different ids
+
+
+def is_rpc_answer(answer: Any, request: RpcRequest) -> bool:
+    """Whether the node's answer is JSON-RPC: an answer object for a single call; for a batch,
+    an array of answer objects, or one error object (the node refused the whole batch)."""
+    if not request.batch:
+        return _is_answer(answer)
+    if isinstance(answer, list):
+        return all(_is_answer(item) for item in answer)
+    return _is_error(answer)
+
+
+def count_credits(request: RpcRequest, answer: Any) -> int:
+    """Credits of the calls: each at its full tier, except a call the node answered with a
+    JSON-RPC error (matched by id), billed ERROR_CREDITS. A call without an answer (a
+    notification) is billed in full: the node did the work."""
+    if not request.batch:
+        return ERROR_CREDITS if _is_error(answer) else request.calls[0].credits
+    if not isinstance(answer, list):  # one error for the whole batch
+        return ERROR_CREDITS * len(request.calls)
+    errors = Counter(_id_key(item.get("id")) for item in answer if _is_error(item))
+    total = 0
+    for call in request.calls:
+        key = _id_key(call.id)
+        if errors[key] > 0:
+            errors[key] -= 1
+            total += ERROR_CREDITS
+        else:
+            total += call.credits
+    return total
+
+
+def cost_usd(cost: Cost) -> str:
+    """The charge, in USD to 8 decimal places."""
+    usd = Decimal(cost.nanos) / NANOS_PER_UNIT
+    return f"{usd.quantize(Decimal('0.00000001'), rounding=ROUND_HALF_UP):f}"
+
+
+def upstream_error(message: str) -> ApiError:
+    return ApiError(500, f"{message}; you were not charged", code="UPSTREAM_ERROR")
+
+
+# --- the caps -----------------------------------------------------------------------------
+
+class CreditWindow:
+    """Credits each account used in the past 24 hours, from the ledger (every replica and
+    restart sees the same), read at most every CREDIT_READ_TTL_S per account; this replica's
+    own settlements since the read, and its calls in flight, are added to the reading."""
+
+    def __init__(self, read_ttl_s: float = CREDIT_READ_TTL_S) -> None:
+        self.read_ttl_s = read_ttl_s
+        self._readings: dict[str, list[float | int]] = {}  # account -> [read at, credits]
+        self._in_flight: Counter[str] = Counter()
+
+    @staticmethod
+    def _settled_since(session: Session, account_id: str, since: datetime) -> int:
+        lines = LedgerLine.__table__.c
+        # A line paid partly in DIEM and partly in USD is two rows with the same units.
+        per_request = (select(func.max(lines.units).label("credits"))
+                       .where(lines.account_id == account_id, lines.line_type == LINE_TYPE,
+                              lines.created_at >= since)
+                       .group_by(lines.request_id).subquery())
+        return int(session.execute(
+            select(func.coalesce(func.sum(per_request.c.credits), 0))).scalar_one())
+
+    async def used(self, state: GatewayState, account_id: str) -> int:
+        reading = self._readings.get(account_id)
+        if reading is None or time.monotonic() - reading[0] > self.read_ttl_s:
+            since = state.billing.clock() - CREDIT_WINDOW
+            credits = await run_in_session(
+                state.engine, lambda s: self._settled_since(s, account_id, since))
+            if len(self._readings) > 100_000:
+                self._readings.clear()
+            reading = self._readings[account_id] = [time.monotonic(), credits]
+        return int(reading[1]) + self._in_flight[account_id]
+
+    def start(self, account_id: str, credits: int) -> None:
+        self._in_flight[account_id] += credits
+
+    def finish(self, account_id: str, reserved: int, spent: int) -> None:
+        self._in_flight[account_id] -= reserved
+        if self._in_flight[account_id] <= 0:
+            del self._in_flight[account_id]
+        reading = self._readings.get(account_id)
+        if reading is not None and spent:
+            reading[1] = int(reading[1]) + spent
+
+
+# --- the proxy ----------------------------------------------------------------------------
+
+class CryptoRpc:
+    """The networks offered and the proxy; one per replica, with one shared HTTP client."""
+
+    def __init__(self, config: NodeConfig, *,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.credits = CreditWindow()
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._models = {slug: rpc_model(network, config.price_per_credit_usd)
+                        for slug, network in config.networks.items()}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CryptoRpc:
+        return cls(load_nodes(settings.crypto_rpc_nodes))
+
+    @property
+    def networks(self) -> list[str]:
+        return self.config.slugs
+
+    def network(self, slug: str) -> Network:
+        network = self.config.networks.get(slug)
+        if network is None:
+            message = (f"Unsupported network {slug!r}: GET /api/v1/crypto/rpc/networks lists "
+                       "the networks offered")
+            raise _bad_request(message, [(("network",), message)])
+        return network
+
+    def model(self, slug: str) -> CatalogModel:
+        return self._models[slug]
+
+    def _http(self) -> httpx.AsyncClient:
+        # Made on first use, inside the event loop that will use it.
+        if self._client is None:
+            timeout = self.config.timeout_s
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+                follow_redirects=False, transport=self._transport,
+                limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+                headers={"user-agent": "inference-platform-crypto-rpc"})
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    # The caps.
+
+    async def _admit(self, request: Request, state: GatewayState, key: KeyRecord,
+                     max_credits: int) -> None:
+        rpm = self.config.requests_per_minute
+        now = int(state.limits.clock() * 1000)
+        with timed(request, "limits"):
+            outcome = await state.limits.backend.decide(f"{key.account_id}|crypto_rpc", rpm, 0,
+                                                        0, [], now)
+        if outcome.code != OK:
+            reset = math.ceil((outcome.window_ms + WINDOW_MS) / 1000)
+            message = (f"Crypto RPC rate limit exceeded: at most {rpm} requests per minute "
+                       f"per account (the per-minute request cap); retry after {reset} "
+                       "(X-RateLimit-Reset, Unix seconds)")
+            raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                           headers={"X-RateLimit-Limit": str(rpm),
+                                    "X-RateLimit-Remaining": "0",
+                                    "X-RateLimit-Reset": str(reset)},
+                           extra={"customMessage": message})
+        cap = self.config.credits_per_day
+        used = await self.credits.used(state, key.account_id)
+        if used + max_credits > cap:
+            message = (f"Crypto RPC credit limit exceeded: at most {cap} credits per rolling "
+                       f"24 hours per account (the daily credit cap); {used} used, this request "
+                       f"may take {max_credits}")
+            raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                           extra={"customMessage": message})
+
+    # The node.
+
+    async def _fetch(self, network: Network, body: bytes) -> bytes:
+        """The node's answer body, or 500 (cannot be reached, timed out, not 2xx, too big).
+        The node's URL never appears in a message: it may carry the provider's key."""
+        where = f"The {network.slug} node"
+        limit = self.config.max_response_bytes
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                async with self._http().stream(
+                        "POST", network.url, content=body,
+                        headers={"content-type": "application/json",
+                                 "accept": "application/json"}) as answer:
+                    if not 200 <= answer.status_code < 300:
+                        raise upstream_error(f"{where} answered HTTP {answer.status_code}")
+                    chunks, size = [], 0
+                    async for chunk in answer.aiter_bytes():
+                        size += len(chunk)
+                        if size > limit:
+                            raise upstream_error(f"{where} answered more than {limit} bytes")
+                        chunks.append(chunk)
+                    return b"".join(chunks)
+        except (TimeoutError, httpx.TimeoutException):
+            logger.warning("crypto RPC: %s node timed out", network.slug)
+            raise upstream_error(
+                f"{where} did not answer within {self.config.timeout_s:g} seconds") from None
+        except httpx.HTTPError as exc:
+            logger.warning("crypto RPC: %s node unreachable (%s)", network.slug,
+                           type(exc).__name__)
+            raise upstream_error(f"{where} could not be reached") from None
+
+    def _decode(self, network: Network, rpc: RpcRequest, raw: bytes) -> Any:
+        if not raw.strip() and all(call.id is None for call in rpc.calls):
+            return None  # notifications only: JSON-RPC answers nothing
+        try:
+            answer = json.loads(raw)
+        except (ValueError, RecursionError):
+            answer = _NOT_JSON
+        if answer is _NOT_JSON or not is_rpc_answer(answer, rpc):
+            logger.warning("crypto RPC: %s node answered something other than JSON-RPC",
+                           network.slug)
+            raise upstream_error(f"The {network.slug} node answered with something other than "
+                                 "a JSON-RPC response")
+        return answer
+
+    async def proxy(self, request: Request, state: GatewayState, key: KeyRecord,
+                    slug: str) -> Response:
+        network = self.network(slug)
+        rpc = parse_request(await request.body(), network)
+        model = self.model(slug)
+        await self._admit(request, state, key, rpc.max_credits)
+        self.credits.start(key.account_id, rpc.max_credits)
+        spent = 0
+        try:
+            with timed(request, "hold"):
+                hold = await state.billing.hold(
+                    request.state.request_id, payer_of(key),
+                    price(model, {LINE_TYPE: rpc.max_credits}).nanos)
+            set_balance_headers(request, hold.before)
+            try:
+                with timed(request, "upstream"):
+                    raw = await self._fetch(network, json.dumps(rpc.payload).encode())
+                answer = self._decode(network, rpc, raw)
+            except BaseException:
+                await hold.finish(None)
+                raise
+            credits = rpc.max_credits if answer is None else count_credits(rpc, answer)
+            cost = price(model, {LINE_TYPE: credits})
+            with timed(request, "settle"):
+                await hold.finish(cost)
+            spent = credits
+        finally:
+            self.credits.finish(key.account_id, rpc.max_credits, spent)
+        return Response(raw, media_type="application/json",
+                        headers={"X-Venice-RPC-Credits": str(credits),
+                                 "X-Venice-RPC-Cost-USD": cost_usd(cost)})
+
