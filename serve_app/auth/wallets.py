@@ -11,18 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from cachetools import TTLCache
 from eth_utils import to_checksum_address
 from sqlalchemy import delete, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
 from serve_app.auth import siwx
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.writer import BatchWriter
+from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, AccountKind, SiwxNonce, new_id, utcnow
 from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
 from serve_app.errors import ApiError
@@ -60,13 +61,13 @@ class WalletAccount:
     rate_limit_tier: str
 
 
-def siwx_header(headers) -> str | None:
-    """The SIGN-IN-WITH-X header's value (or its legacy name's), if the request has one."""
-    for name in SIWX_HEADERS:
-        value = headers.get(name)
-        if value:
-            return value
-    return None
+def first_header(headers: Mapping[str, str], names: Iterable[str]) -> str | None:
+    """The value of the first of `names` the request carries (current name, then legacy)."""
+    return next((value for name in names if (value := headers.get(name))), None)
+
+
+def siwx_header(headers: Mapping[str, str]) -> str | None:
+    return first_header(headers, SIWX_HEADERS)
 
 
 def wallet_caller(address: str, account: WalletAccount) -> KeyRecord:
@@ -81,13 +82,8 @@ def wallet_caller(address: str, account: WalletAccount) -> KeyRecord:
         wallet_address=address)
 
 
-def _insert(session: Session):
-    dialect = session.get_bind().dialect.name
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
-
-
 def _use_nonce(session: Session, sign_in: siwx.SignIn) -> None:
-    stmt = (_insert(session)(SiwxNonce)
+    stmt = (dialect_insert(session)(SiwxNonce)
             .values(address=sign_in.address, nonce=sign_in.nonce, expires_at=sign_in.expires_at)
             .on_conflict_do_nothing(index_elements=["address", "nonce"])
             .returning(SiwxNonce.nonce))
@@ -103,7 +99,7 @@ def find_or_create_wallet_account(session: Session, address: str) -> WalletAccou
         Account.wallet_address == address)
     row = session.execute(query).first()
     if row is None:
-        session.execute(_insert(session)(Account).values(
+        session.execute(dialect_insert(session)(Account).values(
             id=new_id(), kind=AccountKind.WALLET.value, wallet_address=address,
             usd_balance_nanos=0, diem_balance_nanos=0, is_partner=False,
             rate_limit_tier=DEFAULT_RATE_LIMIT_TIER, is_operator=False, staked_tokens=0,

@@ -14,11 +14,11 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, Date, DateTime, delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
 from serve_app.billing.pricing import Cost, sku, unit_type
 from serve_app.billing.windows import epoch_day, window_start
+from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, KeySpendWindow, Reservation, UsageDaily
 from serve_app.errors import ApiError
 from serve_app.money import NANOS_PER_UNIT
@@ -337,10 +337,6 @@ _holds = Reservation.__table__
 _rollups = UsageDaily.__table__
 
 
-def _dialect_insert(session: Session):
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-
-
 def seed_window(session: Session, key_id: str, account_id: str, period: str,
                 now: datetime) -> None:
     """Start the key's current window, if it has none, from what the key already spent in it
@@ -353,7 +349,7 @@ def seed_window(session: Session, key_id: str, account_id: str, period: str,
     usd, diem = session.execute(
         select(func.coalesce(func.sum(c.usd_nanos), 0), func.coalesce(func.sum(c.diem_nanos), 0))
         .where(c.account_id == account_id, c.api_key_id == key_id, c.day >= first)).one()
-    stmt = _dialect_insert(session)(_windows).values(
+    stmt = dialect_insert(session)(_windows).values(
         api_key_id=key_id, window_start=start, usd_nanos=int(usd), diem_nanos=int(diem))
     # A window that exists already counts everything (holds in flight included): keep it.
     session.execute(stmt.on_conflict_do_nothing(index_elements=["api_key_id", "window_start"]))

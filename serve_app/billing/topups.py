@@ -17,16 +17,16 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
 from serve_app.auth.payment_required import X402_VERSION
-from serve_app.auth.wallets import find_or_create_wallet_account
+from serve_app.auth.wallets import find_or_create_wallet_account, first_header
 from serve_app.auth.x402 import (
     FacilitatorClient,
     PaymentConfig,
@@ -39,6 +39,7 @@ from serve_app.auth.x402 import (
 )
 from serve_app.billing.ledger import Balances
 from serve_app.billing.service import Billing
+from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.money import NANOS_PER_UNIT, from_nanos
@@ -50,12 +51,8 @@ NANOS_PER_BASE_UNIT = NANOS_PER_UNIT // 10**6  # USDC has 6 decimals
 PAYMENT_HEADERS = ("payment-signature", "x-402-payment", "x-payment")
 
 
-def payment_header(headers) -> str | None:
-    for name in PAYMENT_HEADERS:
-        value = headers.get(name)
-        if value:
-            return value
-    return None
+def payment_header(headers: Mapping[str, str]) -> str | None:
+    return first_header(headers, PAYMENT_HEADERS)
 
 
 def _x402_error(status: int, code: str, message: str, reason: str) -> ApiError:
@@ -95,14 +92,9 @@ class Credited:
     network: str
 
 
-def _insert(session: Session):
-    dialect = session.get_bind().dialect.name
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
-
-
 def _claim(session: Session, paid: VerifiedPayment) -> None:
     claimed = session.execute(
-        _insert(session)(X402Payment).values(
+        dialect_insert(session)(X402Payment).values(
             payment_id=paid.payment_id, status=PaymentStatus.PENDING.value,
             wallet_address=paid.payer, network=paid.network,
             amount_nanos=paid.amount_base_units * NANOS_PER_BASE_UNIT, created_at=utcnow())

@@ -10,6 +10,7 @@ from typing import TypeVar
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
@@ -77,3 +78,9 @@ async def run_in_session(engine: Engine, work: Callable[[Session], T]) -> T:
             return work(session)
 
     return await asyncio.to_thread(run)
+
+
+def dialect_insert(session: Session):
+    """`insert` of the session's dialect, for `ON CONFLICT` (upserts, claims)."""
+    dialect = session.get_bind().dialect.name
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serve_app.auth.x402 import dev_facilitator
 from serve_app.process_tree import ray_processes, reap
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
 from tests.integration.web_server import FakeWeb
@@ -34,6 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
 GATEWAY_REPLICAS = 2  # per application
 PG_PREFIX = "/pg/api/v1"
+SIWX_DOMAIN = "platform.test"
+X402_PAY_TO = "0x00000000000000000000000000000000000A11CE"
 
 
 def _free_port_run(count: int) -> int:
@@ -175,6 +178,9 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     # Built model folders outlive the session: the tiny model takes seconds, SmolLM2 ~40 s.
     os.environ.setdefault("TEST_MODEL_DIR", str(REPO / ".cache" / "models"))
     web = FakeWeb()
+    # Wallet access: the development facilitator as its own HTTP server, and one domain that
+    # sign-ins name whichever replica they reach.
+    facilitator_url, stop_facilitator = dev_facilitator.start_in_thread()
     # Logical CPUs for placement only (the machine has 2 cores): two applications of two
     # Gateway replicas each, plus the model replicas, need a little more than 2.
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
@@ -183,7 +189,9 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
         "settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
                      "initial_credit_usd": 100, "model_catalog": str(CATALOG),
                      "web_search_url": f"{web.base}/search",
-                     "web_fetch_allowed_hosts": f"127.0.0.1:{web.port}"},
+                     "web_fetch_allowed_hosts": f"127.0.0.1:{web.port}",
+                     "siwx_domains": SIWX_DOMAIN, "x402_facilitator_url": facilitator_url,
+                     "x402_pay_to_evm": X402_PAY_TO},
         "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
         # text-m stays down: its model tests fallbacks and MODEL_OFFLINE.
         "model_deployments": ["text-xs", "text-s", "embedding"],
@@ -213,6 +221,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
                        pg_database_url=pg_url, pg_skip_reason=pg_reason, redis=redis)
     finally:
         web.close()
+        stop_facilitator()
         if redis is not None:
             redis.stop()
         if pg_url:

@@ -70,6 +70,14 @@ def gw(tmp_path: Path, node: RpcNode, facilitator: str) -> Iterator[Gateway]:
     yield from make_gateway(wallet_settings(tmp_path, node, facilitator))
 
 
+@pytest.fixture
+def each_db_gw(database_url: str, tmp_path: Path, node: RpcNode,
+               facilitator: str) -> Iterator[Gateway]:
+    """The wallet gateway on SQLite and on PostgreSQL (nonces, claims and row locks)."""
+    yield from make_gateway(wallet_settings(tmp_path, node, facilitator,
+                                            database_url=database_url))
+
+
 def top_up(gw: Gateway, wallet: Wallet, usd: str, network: str = BASE_NETWORK):
     asked = gw.client.post(f"{TOP_UP}?amount={usd}")
     assert asked.status_code == 402, asked.text
@@ -135,7 +143,8 @@ def test_a_key_account_without_balance_keeps_insufficient_balance(
 # --- sign-in ----------------------------------------------------------------------------------
 
 
-def test_a_signed_in_wallet_is_created_once_and_its_nonce_works_once(gw: Gateway) -> None:
+def test_a_signed_in_wallet_is_created_once_and_its_nonce_works_once(each_db_gw: Gateway) -> None:
+    gw = each_db_gw
     wallet = Wallet()
     headers = signed_in(gw.client, wallet, RPC_URL)
     first = gw.client.post(RPC_URL, json=CALL, headers=headers)
@@ -210,7 +219,8 @@ def test_top_up_credits_the_payer_and_answers_payment_response(
     assert receipt["payer"] == wallet.address and receipt["transaction"]
 
 
-def test_the_same_payment_twice_or_concurrently_credits_once(gw: Gateway) -> None:
+def test_the_same_payment_twice_or_concurrently_credits_once(each_db_gw: Gateway) -> None:
+    gw = each_db_gw
     wallet = Wallet()
     asked = gw.client.post(f"{TOP_UP}?amount=5")
     headers = wallet.pay(asked, BASE_NETWORK)
@@ -264,9 +274,12 @@ def test_dev_facilitator_is_refused_off_loopback(tmp_path: Path, node: RpcNode) 
 # --- paying with credit -------------------------------------------------------------------------
 
 
-def test_a_wallet_pays_from_its_credit_with_balance_headers(gw: Gateway) -> None:
-    wallet = Wallet()
-    assert top_up(gw, wallet, "5").status_code == 200
+@pytest.mark.parametrize("chain", ["evm", "solana"])
+def test_a_wallet_pays_from_its_credit_with_balance_headers(
+        gw: Gateway, solana_rpc: FakeSolanaRpc, chain: str) -> None:
+    wallet = Wallet(chain=chain, solana_rpc_url=solana_rpc.url)
+    network = BASE_NETWORK if chain == "evm" else SOLANA_NETWORK
+    assert top_up(gw, wallet, "5", network).status_code == 200
     resp = rpc_call(gw, wallet)
     assert resp.status_code == 200, resp.text
     assert nanos(resp.headers["x-service-balance-usd"]) == 5 * 10**9  # before the call
@@ -279,7 +292,8 @@ def test_a_wallet_pays_from_its_credit_with_balance_headers(gw: Gateway) -> None
     assert balance.json()["data"]["canConsume"] is True
 
 
-def test_concurrent_charges_never_overdraw_a_wallet(gw: Gateway) -> None:
+def test_concurrent_charges_never_overdraw_a_wallet(each_db_gw: Gateway) -> None:
+    gw = each_db_gw
     wallet = Wallet()
     assert top_up(gw, wallet, "5").status_code == 200
     # Leave credit for exactly three calls (and 1000 nanos more).
