@@ -13,6 +13,7 @@ from sqlmodel import Session, select
 
 from serve_app.auth.key_store import mark_account_keys_changed
 from serve_app.auth.wallets import find_or_create_wallet_account, normalize_address
+from serve_app.billing import topups
 from serve_app.control import api_keys as service
 from serve_app.control import characters
 from serve_app.db.bootstrap import bootstrap
@@ -111,6 +112,15 @@ def _parser() -> argparse.ArgumentParser:
     tier.add_argument("--account")
 
     sub.add_parser("accounts", help="list accounts with their balances and rate-limit tiers")
+    sub.add_parser("pending-payments", help="x402 top-ups whose settlement was never "
+                                            "confirmed (to check against the chain)")
+    resolve = sub.add_parser("resolve-payment", help="credit a PENDING top-up that settled, "
+                                                     "or drop one that did not")
+    resolve.add_argument("payment_id")
+    verdict = resolve.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--settled-as", metavar="TRANSACTION",
+                         help="the transaction that settled it: credit the wallet")
+    verdict.add_argument("--drop", action="store_true", help="it never settled: drop the claim")
     return parser
 
 
@@ -133,6 +143,15 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
         with Session(engine, expire_on_commit=False) as session:
             if args.command == "accounts":
                 return _accounts(session)
+            if args.command == "pending-payments":
+                return topups.pending_payments(session)
+            if args.command == "resolve-payment":
+                try:
+                    done = topups.resolve_pending(session, args.payment_id, args.settled_as)
+                except ValueError as exc:
+                    raise SystemExit(str(exc)) from None
+                session.commit()
+                return done
             if args.command == "create-account":
                 new = Account(usd_balance_nanos=to_nanos(args.usd), is_partner=args.partner)
                 session.add(new)

@@ -10,10 +10,10 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from serve_app.auth.key_store import KeyStore
-from serve_app.auth.wallets import WalletAuth
+from serve_app.auth.wallets import WalletAuth, sign_in_domains
 from serve_app.auth.x402.requirements import PaymentConfig
 from serve_app.billing.service import Billing
-from serve_app.billing.topups import TopUps, payment_config
+from serve_app.billing.topups import TopUps, listening_hosts, payment_config
 from serve_app.catalog import Catalog, load_catalog
 from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
@@ -91,10 +91,10 @@ class GatewayState:
                               tiers=load_tiers(settings.rate_limit_tiers)),
             embedder=Embedder(router),
             crypto_rpc=CryptoRpc.from_settings(settings),
-            wallets=WalletAuth(billing.writer, settings.accepted_siwx_domains),
+            wallets=WalletAuth(billing.writer, sign_in_domains(settings)),
             payments=payments,
             top_ups=TopUps(billing, payments, settings.x402_facilitator_url,
-                           listen_host=settings.host),
+                           listen_hosts=listening_hosts(settings)),
         )
 
     async def start(self) -> None:

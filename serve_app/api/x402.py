@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlmodel import Session
 
 from serve_app.api.deps import State, current_key, run_db
-from serve_app.auth.payment_required import SUGGESTED_TOP_UP_USD
+from serve_app.auth.payment_required import suggested_top_up
 from serve_app.auth.wallets import normalize_address, siwx_header
 from serve_app.billing.topups import parse_amount, payment_header
 from serve_app.billing.wallet_history import wallet_balance, wallet_transactions
@@ -71,7 +71,7 @@ async def get_balance(request: Request, address: WalletReader, state: State) -> 
         "balanceUsd": float(from_nanos(usd)),
         "canConsume": usd + diem > 0,
         "minimumTopUpUsd": float(state.payments.min_top_up_usd),
-        "suggestedTopUpUsd": float(SUGGESTED_TOP_UP_USD),
+        "suggestedTopUpUsd": float(suggested_top_up(state.payments)),
     }
     if diem:
         data["diemBalanceUsd"] = float(from_nanos(diem))

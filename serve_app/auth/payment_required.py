@@ -31,6 +31,10 @@ RESOURCE_DESCRIPTION = "Inference API"
 TOP_UP_ROUTE = "POST /api/v1/x402/top-up"
 
 
+def suggested_top_up(config: PaymentConfig) -> Decimal:
+    return max(SUGGESTED_TOP_UP_USD, config.min_top_up_usd)
+
+
 def _origin(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}"
 
@@ -40,7 +44,9 @@ def _payment_required_header(body: dict[str, Any]) -> str:
 
 
 def _challenge_uri(request: Request, domain: str) -> str:
-    return f"{request.url.scheme}://{domain}{request.url.path}"
+    # A configured public name is served over TLS (often ended by a proxy before us).
+    scheme = request.url.scheme if domain == request.url.netloc.lower() else "https"
+    return f"{scheme}://{domain}{request.url.path}"
 
 
 def discovery(request: Request, config: PaymentConfig, domain: str) -> ApiError:
@@ -51,7 +57,7 @@ def discovery(request: Request, config: PaymentConfig, domain: str) -> ApiError:
         "x402Version": X402_VERSION,
         "resource": {"url": str(request.url), "description": RESOURCE_DESCRIPTION,
                      "mimeType": "application/json"},
-        "accepts": accepts(config, SUGGESTED_TOP_UP_USD),
+        "accepts": accepts(config, suggested_top_up(config)),
         "extensions": siwx.discovery_extension(domain, _challenge_uri(request, domain), now),
         "authOptions": {
             "apiKey": {"header": "Authorization: Bearer YOUR_API_KEY",
@@ -78,7 +84,7 @@ def insufficient_credit(request: Request, config: PaymentConfig, domain: str, *,
         "message": "Insufficient x402 balance",
         "currentBalanceUsd": float(from_nanos(balance_nanos)),
         "description": RESOURCE_DESCRIPTION,
-        "suggestedTopUpUsd": float(SUGGESTED_TOP_UP_USD),
+        "suggestedTopUpUsd": float(suggested_top_up(config)),
         "minimumTopUpUsd": float(config.min_top_up_usd),
         "supportedTokens": ["USDC"],
         "supportedChains": [chain for chain, network in (("base", "eip155:"),
@@ -104,6 +110,6 @@ def insufficient_credit(request: Request, config: PaymentConfig, domain: str, *,
         "x402Version": X402_VERSION, "error": "Payment required",
         "resource": {"url": str(request.url), "description": RESOURCE_DESCRIPTION,
                      "mimeType": "application/json"},
-        "accepts": accepts(config, SUGGESTED_TOP_UP_USD)})
+        "accepts": accepts(config, suggested_top_up(config))})
     return ApiError(402, "Payment required", code="PAYMENT_REQUIRED", extra=body,
                     headers={"PAYMENT-REQUIRED": header})

@@ -13,7 +13,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from cachetools import TTLCache
 from eth_utils import to_checksum_address
@@ -27,11 +27,14 @@ from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, AccountKind, SiwxNonce, new_id, utcnow
 from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
 from serve_app.errors import ApiError
+from serve_app.net_guard import is_loopback
+from serve_app.settings import Settings
 
 logger = logging.getLogger("serve_app.auth")
 
 SIWX_HEADERS = ("sign-in-with-x", "x-sign-in-with-x")
 NONCE_SWEEP_INTERVAL_S = 300.0
+NONCE_SWEEP_MARGIN = timedelta(minutes=5)
 
 
 _EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -40,9 +43,9 @@ _SOLANA_ADDRESS = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{32,44}$")
 
 def normalize_address(value: str) -> str:
     """A wallet address as accounts store it: EVM checksummed, Solana base58 as given."""
-    if _EVM_ADDRESS.match(value):
+    if _EVM_ADDRESS.fullmatch(value):
         return to_checksum_address(value)
-    if _SOLANA_ADDRESS.match(value):
+    if _SOLANA_ADDRESS.fullmatch(value):
         return value
     raise ApiError(400, "Invalid request parameters", code="INVALID_REQUEST", details={
         "_errors": [], "walletAddress": {"_errors": [
@@ -108,6 +111,20 @@ def find_or_create_wallet_account(session: Session, address: str) -> WalletAccou
     return WalletAccount(row[0], bool(row[1]), row[2])
 
 
+def sign_in_domains(settings: Settings) -> frozenset[str]:
+    """The domains a sign-in may name: SIWX_DOMAINS, or, on a platform that listens on a
+    loopback address only, its own `host:port` names. Never the Host header of a request: a
+    signature a wallet gave another site must not sign in here."""
+    if settings.accepted_siwx_domains:
+        return settings.accepted_siwx_domains
+    if not is_loopback(settings.host):
+        logger.warning("SIWX_DOMAINS is not set and the platform listens on %s: wallet "
+                       "sign-in is refused until it names the public host", settings.host)
+        return frozenset()
+    port = settings.port
+    return frozenset(f"{host}:{port}" for host in {settings.host, "localhost", "127.0.0.1"})
+
+
 class WalletAuth:
     """Verifies SIGN-IN-WITH-X and resolves the wallet's account (cached per replica)."""
 
@@ -118,12 +135,17 @@ class WalletAuth:
 
     def domain_for(self, request_host: str) -> str:
         """The domain a sign-in should name for a request sent to `request_host`."""
-        if self.accepted_domains:
-            return sorted(self.accepted_domains)[0]
-        return request_host.lower()
+        host = request_host.lower()
+        if host in self.accepted_domains or not self.accepted_domains:
+            return host
+        return sorted(self.accepted_domains)[0]
 
     async def authenticate(self, header_value: str, request_host: str,
                            now: datetime | None = None) -> KeyRecord:
+        if not self.accepted_domains:
+            raise ApiError(401, "Wallet sign-in is not configured on this server: the operator "
+                                "sets SIWX_DOMAINS to the host names clients sign in to",
+                           code="AUTHENTICATION_FAILED")
         payload = siwx.decode_header(header_value)
         sign_in = siwx.verify(payload, accepted_domains=self.accepted_domains,
                               request_host=request_host.lower(), now=now or utcnow())
@@ -146,7 +168,8 @@ class WalletAuth:
         self._accounts.pop(address, None)
 
     async def sweep_nonces(self) -> int:
-        now = utcnow()
+        # A margin for replicas whose clocks differ: a nonce outlives its message by minutes.
+        now = utcnow() - NONCE_SWEEP_MARGIN
 
         def sweep(session: Session) -> int:
             result = session.execute(delete(SiwxNonce).where(SiwxNonce.expires_at < now))

@@ -14,9 +14,11 @@ may be submitted again; nothing is credited.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -30,6 +32,7 @@ from serve_app.auth.wallets import find_or_create_wallet_account, first_header
 from serve_app.auth.x402 import (
     FacilitatorClient,
     PaymentConfig,
+    SettleResult,
     VerifiedPayment,
     X402PaymentError,
     accepts,
@@ -117,20 +120,22 @@ def _unclaim(session: Session, payment_id: str) -> None:
 
 
 def _credit(session: Session, paid: VerifiedPayment, transaction: str) -> Credited:
+    marked = session.execute(
+        update(X402Payment).where(X402Payment.payment_id == paid.payment_id,
+                                  X402Payment.status == PaymentStatus.PENDING)
+        .values(status=PaymentStatus.CREDITED.value, transaction=transaction,
+                credited_at=utcnow()))
+    if marked.rowcount != 1:  # cannot happen while the claim is ours; never credit twice
+        raise _x402_error(409, "X402_PAYMENT_ALREADY_USED",
+                          "This payment has already been credited", "payment_already_used")
     account = find_or_create_wallet_account(session, paid.payer)
     amount = paid.amount_base_units * NANOS_PER_BASE_UNIT
     usd, diem = session.execute(
         update(Account).where(Account.id == account.account_id)
         .values(usd_balance_nanos=Account.usd_balance_nanos + amount)
         .returning(Account.usd_balance_nanos, Account.diem_balance_nanos)).one()
-    marked = session.execute(
-        update(X402Payment).where(X402Payment.payment_id == paid.payment_id,
-                                  X402Payment.status == PaymentStatus.PENDING)
-        .values(status=PaymentStatus.CREDITED.value, account_id=account.account_id,
-                transaction=transaction, balance_after_nanos=usd, credited_at=utcnow()))
-    if marked.rowcount != 1:  # cannot happen while the claim is ours; never credit twice
-        raise _x402_error(409, "X402_PAYMENT_ALREADY_USED",
-                          "This payment has already been credited", "payment_already_used")
+    session.execute(update(X402Payment).where(X402Payment.payment_id == paid.payment_id)
+                    .values(account_id=account.account_id, balance_after_nanos=usd))
     return Credited(paid.payer, account.account_id, amount, Balances(usd, diem),
                     paid.payment_id, transaction, paid.network)
 
@@ -149,21 +154,67 @@ def payment_config(settings) -> PaymentConfig:
                          min_top_up_usd=settings.x402_min_top_up_usd)
 
 
+def listening_hosts(settings) -> set[str]:
+    """Every address this platform answers on: HOST, the Gateway's direct-ingress host and,
+    under Serve, the HTTP proxy's host (`http_options` of the Serve config)."""
+    hosts = {settings.host}
+    if direct := os.environ.get("RAY_SERVE_DEFAULT_HTTP_HOST"):
+        hosts.add(direct)
+    try:
+        import ray
+
+        if ray.is_initialized():
+            from ray.serve.context import _get_global_client
+
+            hosts.add(_get_global_client().http_config.host)
+    except Exception:  # not under Serve (tests, plain uvicorn)
+        pass
+    return hosts
+
+
+def pending_payments(session: Session) -> list[dict]:
+    """Payments whose settlement was never confirmed (facilitator timeout, crash)."""
+    rows = session.execute(select(X402Payment).where(
+        X402Payment.status == PaymentStatus.PENDING).order_by(X402Payment.created_at)).scalars()
+    return [{"paymentId": p.payment_id, "wallet": p.wallet_address, "network": p.network,
+             "amountUsd": float(from_nanos(p.amount_nanos)), "createdAt": str(p.created_at)}
+            for p in rows]
+
+
+def resolve_pending(session: Session, payment_id: str, transaction: str | None) -> dict:
+    """The operator's verdict on a PENDING payment, after checking the chain: credit it (it
+    settled as `transaction`) or drop the claim (it never settled; it may be sent again)."""
+    row = session.get(X402Payment, payment_id)
+    if row is None or row.status != PaymentStatus.PENDING:
+        raise ValueError(f"no PENDING payment {payment_id!r}")
+    if transaction is None:
+        _unclaim(session, payment_id)
+        return {"paymentId": payment_id, "dropped": True}
+    paid = VerifiedPayment(network=row.network, payer=row.wallet_address,
+                           amount_base_units=row.amount_nanos // NANOS_PER_BASE_UNIT,
+                           payment_id=payment_id)
+    credited = _credit(session, paid, transaction)
+    return {"paymentId": payment_id, "credited": float(from_nanos(credited.amount_nanos)),
+            "wallet": credited.wallet_address}
+
+
 class TopUps:
     def __init__(self, billing: Billing, config: PaymentConfig, facilitator_url: str | None,
-                 *, listen_host: str) -> None:
+                 *, listen_hosts: set[str]) -> None:
         self.billing = billing
         self.config = config
         self._facilitator_url = facilitator_url
-        self._listen_host = listen_host
         self._facilitator: FacilitatorClient | None = None
         self._stop_dev: Any = None
+        self._settling: set[asyncio.Future] = set()
         if facilitator_url == "dev":
-            if not is_loopback(listen_host):
+            exposed = sorted(host for host in listen_hosts if not is_loopback(host))
+            if exposed:
                 raise ValueError(
                     "X402_FACILITATOR_URL=dev moves no money and credits every valid signature: "
-                    f"it is refused while the platform listens on {listen_host!r}; listen on a "
-                    "loopback address or point X402_FACILITATOR_URL at a real facilitator")
+                    f"it is refused while the platform listens on {', '.join(exposed)}; listen "
+                    "on a loopback address only, or point X402_FACILITATOR_URL at a real "
+                    "facilitator")
             logger.warning("X402_FACILITATOR_URL=dev: top-ups are checked by the bundled "
                            "development facilitator, which MOVES NO MONEY; never use it in "
                            "production")
@@ -204,8 +255,27 @@ class TopUps:
         payload = decode_payment_header(header_value)
         requirement = match_requirement(payload, self.config)
         paid = verify_payment(payload, requirement)
+        await self.billing.writer.run(lambda s: _claim(s, paid))
+        # From the claim on, the payment runs to its end even if the client hangs up (Serve
+        # cancels the request): money that moved is credited, a refusal frees the claim.
+        task = asyncio.ensure_future(self._settle_and_credit(payload, requirement, paid))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        credited, settled = await asyncio.shield(task)
+        logger.info("credited %s USD to wallet %s (payment %s, transaction %s)",
+                    from_nanos(credited.amount_nanos), paid.payer, paid.payment_id,
+                    settled.transaction)
+        body = {"success": True, "data": {
+            "walletAddress": credited.wallet_address,
+            "amountCredited": float(from_nanos(credited.amount_nanos)),
+            "newBalance": float(from_nanos(credited.balance.usd_nanos)),
+            "paymentId": credited.payment_id,
+        }}
+        return body, settled.payment_response_header()
+
+    async def _settle_and_credit(self, payload, requirement: dict,
+                                 paid: VerifiedPayment) -> tuple[Credited, SettleResult]:
         writer = self.billing.writer
-        await writer.run(lambda s: _claim(s, paid))
         facilitator = self.facilitator()
         try:
             await facilitator.verify(payload, requirement)
@@ -227,16 +297,7 @@ class TopUps:
                                 "the operator to reconcile", code=exc.code) from exc
         credited = await writer.run(lambda s: _credit(s, paid, settled.transaction))
         self.billing.remember_balance(credited.account_id, credited.balance)
-        logger.info("credited %s USD to wallet %s (payment %s, transaction %s)",
-                    from_nanos(credited.amount_nanos), paid.payer, paid.payment_id,
-                    settled.transaction)
-        body = {"success": True, "data": {
-            "walletAddress": credited.wallet_address,
-            "amountCredited": float(from_nanos(credited.amount_nanos)),
-            "newBalance": float(from_nanos(credited.balance.usd_nanos)),
-            "paymentId": credited.payment_id,
-        }}
-        return body, settled.payment_response_header()
+        return credited, settled
 
     def close(self) -> None:
         if self._stop_dev is not None:

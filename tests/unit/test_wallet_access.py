@@ -61,7 +61,8 @@ def wallet_settings(tmp_path: Path, node: RpcNode, facilitator: str | None, **ex
               "crypto_rpc_nodes": nodes, "x402_facilitator_url": facilitator,
               "x402_pay_to_evm": Account.create().address,
               "x402_pay_to_solana": str(Keypair().pubkey()),
-              "x402_solana_fee_payer": dev_facilitator.DEV_SOLANA_FEE_PAYER}
+              "x402_solana_fee_payer": dev_facilitator.DEV_SOLANA_FEE_PAYER,
+              "siwx_domains": "testserver"}
     return Settings(**{**fields, **extra})
 
 
@@ -354,3 +355,42 @@ def test_staked_tokens_give_a_wallet_daily_credit(gw: Gateway) -> None:
                             headers=gw.auth()).json()["data"]
     assert balance["balanceUsd"] == 0
     assert nanos(balance["diemBalanceUsd"]) == 3 * 10**9 - NANOS_PER_CALL
+
+
+def test_a_sign_in_for_another_site_is_refused_whatever_the_host_header(gw: Gateway) -> None:
+    wallet = Wallet()
+    challenge = challenge_of(gw.client.post(RPC_URL, json={}))
+    elsewhere = {**challenge, "info": {**challenge["info"], "domain": "other.example",
+                                       "uri": "https://other.example/api/v1"}}
+    header = wallet.sign_in(elsewhere, "https://other.example/api/v1")
+    resp = gw.client.post(RPC_URL, json=CALL, headers={"SIGN-IN-WITH-X": header,
+                                                       "Host": "other.example"})
+    assert resp.status_code == 401
+    assert "domain" in resp.json()["error"]
+
+
+def test_an_admin_key_of_another_account_cannot_read_a_wallet(gw: Gateway) -> None:
+    wallet = Wallet()
+    other_admin = gw.cli("create-account", "--usd", "1")["apiKey"]
+    resp = gw.client.get(f"/api/v1/x402/balance/{wallet.address}", headers=gw.auth(other_admin))
+    assert resp.status_code == 403
+
+
+def test_absurd_top_up_amounts_are_400s(gw: Gateway) -> None:
+    for amount in ("1e1000000", "1e999990", "-5", "5.0000001", "NaN"):
+        resp = gw.client.post(f"{TOP_UP}?amount={amount}")
+        assert resp.status_code == 400, (amount, resp.text)
+
+
+def test_a_wallet_path_with_a_newline_is_a_400(gw: Gateway) -> None:
+    address = Wallet().address
+    resp = gw.client.get(f"/api/v1/x402/balance/{address}%0A", headers=gw.auth())
+    assert resp.status_code == 400
+
+
+def test_pending_payments_are_resolved_by_the_operator(tmp_path: Path, node: RpcNode) -> None:
+    """A facilitator that is down leaves no claim; one the operator resolves is credited."""
+    for gw in make_gateway(wallet_settings(tmp_path, node, "http://127.0.0.1:9")):
+        assert gw.cli("pending-payments") == []
+        with pytest.raises(SystemExit, match="no PENDING payment"):
+            gw.cli("resolve-payment", "nope", "--drop")

@@ -120,6 +120,10 @@ def to_base_units(usd: Decimal | int | str) -> int:
         raise ValueError(f"not a number: {usd!r}") from exc
     if not value.is_finite():
         raise ValueError(f"not a finite number: {usd!r}")
+    # Huge or tiny exponents are refused before any arithmetic (it could overflow, or run for
+    # a minute on a number with a million digits).
+    if value and not -USDC_DECIMALS - 30 <= value.adjusted() <= 30:
+        raise ValueError(f"out of range: {usd!r}")
     units = value * _UNIT
     if units != units.to_integral_value():
         raise ValueError(f"more than {USDC_DECIMALS} decimals: {usd!r}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -191,5 +192,7 @@ def verify_solana(payload: PaymentPayload, requirement: Mapping[str, Any]) -> Ve
     except (BadSignatureError, ValueError):
         raise invalid_payment("signature_mismatch",
                               "Payment signature is not the payer's") from None
+    # The payment's id is its message, not its signature: a payer can sign one transfer
+    # several times (ed25519 signatures are not unique per message), and the chain runs it once.
     return VerifiedPayment(network=network, payer=str(authority), amount_base_units=amount,
-                           payment_id=str(signatures[1]))
+                           payment_id="solana:" + hashlib.sha256(bytes(message)).hexdigest())
