@@ -71,8 +71,9 @@ def challenge_of(answer_402: Any) -> dict:
     return answer_402.json()["extensions"]["sign-in-with-x"]
 
 
-def signed_in(http: Any, wallet: Wallet, url: str) -> dict[str, str]:
-    """Headers of one signed request to `url`: ask (402), take its challenge, sign it."""
-    answer = http.post(url, json={})
+def signed_in(http: Any, wallet: Wallet, url: str, ask: str | None = None) -> dict[str, str]:
+    """Headers of one signed request to `url`: ask an inference route (`url` itself unless
+    `ask` names another of the same origin) without credentials, and sign its challenge."""
+    answer = http.post(ask or url, json={})
     assert answer.status_code == 402, answer.text
     return {"SIGN-IN-WITH-X": wallet.sign_in(challenge_of(answer), url)}

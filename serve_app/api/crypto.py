@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Path, Request, Response
 
-from serve_app.api.deps import InferenceCaller, JsonBody, State
+from serve_app.api.deps import JsonBody, KeyOrWallet, State
 
 router = APIRouter(prefix="/crypto/rpc", tags=["Crypto RPC"])
 
@@ -36,7 +36,7 @@ async def list_networks(state: State) -> dict:
 
 @router.post("/{network}", dependencies=[JsonBody], openapi_extra={"requestBody": _BODY},
              summary="Proxy a JSON-RPC request to a supported blockchain")
-async def rpc_proxy(request: Request, key: InferenceCaller, state: State,
+async def rpc_proxy(request: Request, key: KeyOrWallet, state: State,
                     network: str = Path(description="Network slug; GET /crypto/rpc/networks "
                                                     "lists them", examples=["ethereum-mainnet"]),
                     ) -> Response:

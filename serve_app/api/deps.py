@@ -57,13 +57,22 @@ CurrentKey = Annotated[KeyRecord, Depends(current_key)]
 async def inference_caller(request: Request, state: State) -> KeyRecord:
     """The caller of an inference endpoint: a Bearer key, or else a wallet signed in with
     SIGN-IN-WITH-X (auth/wallets.py). With neither, the x402 discovery 402."""
+    if not request.headers.get("authorization") and siwx_header(request.headers) is None:
+        host = request.headers.get("host", "")
+        raise payment_required.discovery(request, state.payments,
+                                         state.wallets.domain_for(host))
+    return await key_or_wallet(request, state)
+
+
+async def key_or_wallet(request: Request, state: State) -> KeyRecord:
+    """A Bearer key, or else a wallet signed in with SIGN-IN-WITH-X; 401 with neither."""
     if request.headers.get("authorization"):
         return await current_key(request, state)
     header = siwx_header(request.headers)
-    host = request.headers.get("host", "")
     if header is None:
-        raise payment_required.discovery(request, state.payments,
-                                         state.wallets.domain_for(host))
+        raise authentication_failed("Authentication failed: send an API key "
+                                    "('Authorization: Bearer <key>') or a SIGN-IN-WITH-X header")
+    host = request.headers.get("host", "")
     with timed(request, "auth"):
         key = await state.wallets.authenticate(header, host)
         request.state.api_key = key
@@ -77,6 +86,8 @@ async def inference_caller(request: Request, state: State) -> KeyRecord:
 
 # A Bearer key, or a wallet (modelled as a key of its wallet account, without a secret).
 InferenceCaller = Annotated[KeyRecord, Depends(inference_caller)]
+# The same for routes that answer a missing credential with 401 (the crypto RPC proxy).
+KeyOrWallet = Annotated[KeyRecord, Depends(key_or_wallet)]
 
 
 async def admin_key(key: CurrentKey) -> KeyRecord:

@@ -356,8 +356,10 @@ def test_the_daily_credit_cap(tmp_path: Path, node: RpcNode,
 
 def test_no_credentials(gw: Gateway, node: RpcNode) -> None:
     resp = gw.client.post(f"{RPC}/ethereum-mainnet", json=call("eth_blockNumber"))
-    # 401 today; 402 (the x402 wallet discovery body) once wallets sign in here.
-    assert resp.status_code in (401, 402), resp.text
+    # As published: 401 for missing credentials (a key or a wallet sign-in), not the
+    # discovery 402 of inference routes.
+    assert resp.status_code == 401, resp.text
+    assert "SIGN-IN-WITH-X" in resp.json()["error"]
     resp = gw.client.post(f"{RPC}/ethereum-mainnet", json=call("eth_blockNumber"),
                           headers={"Authorization": "Bearer sk-not-a-key"})
     assert resp.status_code == 401, resp.text

@@ -29,6 +29,7 @@ from tests.x402_fakes import FakeSolanaRpc
 
 ORIGIN = "http://testserver"
 RPC_URL = f"{ORIGIN}/api/v1/crypto/rpc/ethereum-mainnet"
+CHAT_URL = f"{ORIGIN}/api/v1/chat/completions"  # an inference route: its 402 has a challenge
 TOP_UP = "/api/v1/x402/top-up"
 CALL = {"jsonrpc": "2.0", "method": "eth_blockNumber", "params": [], "id": 1}
 NANOS_PER_CALL = 20 * 700  # 20 credits at 7e-7 USD
@@ -86,7 +87,8 @@ def top_up(gw: Gateway, wallet: Wallet, usd: str, network: str = BASE_NETWORK):
 
 
 def rpc_call(gw: Gateway, wallet: Wallet):
-    return gw.client.post(RPC_URL, json=CALL, headers=signed_in(gw.client, wallet, RPC_URL))
+    headers = signed_in(gw.client, wallet, RPC_URL, CHAT_URL)
+    return gw.client.post(RPC_URL, json=CALL, headers=headers)
 
 
 def nanos(value: float | str) -> int:
@@ -97,13 +99,13 @@ def nanos(value: float | str) -> int:
 
 
 def test_no_credentials_get_the_discovery_402_with_its_header(gw: Gateway) -> None:
-    resp = gw.client.post(RPC_URL, json=CALL)
+    resp = gw.client.post(CHAT_URL, json={"model": "x", "messages": []})
     assert resp.status_code == 402
     body = resp.json()
     assert set(body) == {"x402Version", "error", "resource", "accepts", "extensions",
                          "authOptions"}
     assert body["x402Version"] == 2
-    assert body["resource"] == {"url": RPC_URL, "description": "Inference API",
+    assert body["resource"] == {"url": CHAT_URL, "description": "Inference API",
                                 "mimeType": "application/json"}
     networks = {entry["network"]: entry for entry in body["accepts"]}
     assert set(networks) == {BASE_NETWORK, SOLANA_NETWORK}
@@ -115,6 +117,8 @@ def test_no_credentials_get_the_discovery_402_with_its_header(gw: Gateway) -> No
     assert body["authOptions"]["x402Wallet"]["legacyHeader"] == "X-Sign-In-With-X"
     header = json.loads(base64.b64decode(resp.headers["PAYMENT-REQUIRED"]))
     assert header["accepts"] == body["accepts"] and header["x402Version"] == 2
+    # The crypto proxy is not an inference route: no credentials is a 401 there, as published.
+    assert gw.client.post(RPC_URL, json=CALL).status_code == 401
 
 
 def test_a_wallet_without_credit_gets_payment_required_with_instructions(gw: Gateway) -> None:
@@ -147,7 +151,7 @@ def test_a_key_account_without_balance_keeps_insufficient_balance(
 def test_a_signed_in_wallet_is_created_once_and_its_nonce_works_once(each_db_gw: Gateway) -> None:
     gw = each_db_gw
     wallet = Wallet()
-    headers = signed_in(gw.client, wallet, RPC_URL)
+    headers = signed_in(gw.client, wallet, RPC_URL, CHAT_URL)
     first = gw.client.post(RPC_URL, json=CALL, headers=headers)
     assert first.status_code == 402  # recognised (no credit yet): not a 401
     again = gw.client.post(RPC_URL, json=CALL, headers=headers)
@@ -159,7 +163,7 @@ def test_a_signed_in_wallet_is_created_once_and_its_nonce_works_once(each_db_gw:
 
 def test_the_legacy_header_name_signs_in_too(gw: Gateway) -> None:
     wallet = Wallet()
-    headers = signed_in(gw.client, wallet, RPC_URL)
+    headers = signed_in(gw.client, wallet, RPC_URL, CHAT_URL)
     resp = gw.client.post(RPC_URL, json=CALL,
                           headers={"X-Sign-In-With-X": headers["SIGN-IN-WITH-X"]})
     assert resp.status_code == 402 and resp.json()["code"] == "PAYMENT_REQUIRED"
@@ -170,7 +174,7 @@ def test_bad_sign_ins_are_refused_with_401_and_charge_nothing(gw: Gateway,
                                                               problem: str) -> None:
     wallet = Wallet()
     gw.cli("stake", "--wallet", wallet.address, "--tokens", "5")
-    answer = gw.client.post(RPC_URL, json={})
+    answer = gw.client.post(CHAT_URL, json={})
     challenge = challenge_of(answer)
     if problem == "other-domain":
         challenge = {**challenge, "info": {**challenge["info"], "domain": "evil.example",
@@ -287,7 +291,7 @@ def test_a_wallet_pays_from_its_credit_with_balance_headers(
     remaining = 5 * 10**9 - NANOS_PER_CALL
     assert nanos(resp.headers["X-Balance-Remaining"]) == remaining
     balance = gw.client.get(f"/api/v1/x402/balance/{wallet.address}",
-                            headers=signed_in(gw.client, wallet, RPC_URL))
+                            headers=signed_in(gw.client, wallet, RPC_URL, CHAT_URL))
     assert balance.status_code == 200, balance.text
     assert nanos(balance.json()["data"]["balanceUsd"]) == remaining
     assert balance.json()["data"]["canConsume"] is True
@@ -301,7 +305,7 @@ def test_concurrent_charges_never_overdraw_a_wallet(each_db_gw: Gateway) -> None
     with gw.state.engine.begin() as db:
         db.execute(update(AccountRow).where(AccountRow.wallet_address == wallet.address)
                    .values(usd_balance_nanos=3 * NANOS_PER_CALL + 1000))
-    headers = [signed_in(gw.client, wallet, RPC_URL) for _ in range(8)]
+    headers = [signed_in(gw.client, wallet, RPC_URL, CHAT_URL) for _ in range(8)]
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(
             lambda h: gw.client.post(RPC_URL, json=CALL, headers=h), headers))
@@ -318,7 +322,7 @@ def test_transactions_list_top_ups_and_charges_with_balances(gw: Gateway) -> Non
     for _ in range(2):
         assert rpc_call(gw, wallet).status_code == 200
     resp = gw.client.get(f"/api/v1/x402/transactions/{wallet.address}?limit=2",
-                         headers=signed_in(gw.client, wallet, RPC_URL))
+                         headers=signed_in(gw.client, wallet, RPC_URL, CHAT_URL))
     assert resp.status_code == 200, resp.text
     data = resp.json()["data"]
     assert data["walletAddress"] == wallet.address
@@ -338,7 +342,7 @@ def test_wallet_records_are_closed_to_others(gw: Gateway) -> None:
     wallet, other = Wallet(), Wallet()
     url = f"/api/v1/x402/balance/{wallet.address}"
     assert gw.client.get(url).status_code == 401
-    resp = gw.client.get(url, headers=signed_in(gw.client, other, RPC_URL))
+    resp = gw.client.get(url, headers=signed_in(gw.client, other, RPC_URL, CHAT_URL))
     assert resp.status_code == 403
     inference = gw.create_key()["apiKey"]
     assert gw.client.get(url, headers=gw.auth(inference)).status_code == 401
@@ -359,7 +363,7 @@ def test_staked_tokens_give_a_wallet_daily_credit(gw: Gateway) -> None:
 
 def test_a_sign_in_for_another_site_is_refused_whatever_the_host_header(gw: Gateway) -> None:
     wallet = Wallet()
-    challenge = challenge_of(gw.client.post(RPC_URL, json={}))
+    challenge = challenge_of(gw.client.post(CHAT_URL, json={}))
     elsewhere = {**challenge, "info": {**challenge["info"], "domain": "other.example",
                                        "uri": "https://other.example/api/v1"}}
     header = wallet.sign_in(elsewhere, "https://other.example/api/v1")
