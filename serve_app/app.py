@@ -20,7 +20,7 @@ from deployments.weights import check_weights
 from serve_app.catalog import load_catalog
 from serve_app.control.key_events import KeyEventHub, ServeKeyEvents
 from serve_app.db.bootstrap import bootstrap
-from serve_app.gateway import create_app
+from serve_app.gateway import create_prefixed_app
 from serve_app.settings import Settings
 from serve_app.state import GatewayState
 
@@ -57,7 +57,7 @@ class Gateway:
         )
 
     def __serve_build_asgi_app__(self):
-        return create_app(self._state)
+        return create_prefixed_app(self._state)
 
 
 class AppArgs(BaseModel):

@@ -1,8 +1,8 @@
 """The FastAPI application of the gateway, built without Serve so tests can call it directly.
 
 `create_app` serves the API at `/` and expects the `/api/v1` prefix to arrive as the ASGI
-root path (Serve's route prefix does that); `create_prefixed_app` mounts it under `/api/v1`
-for plain uvicorn and in-process tests.
+root path; `create_prefixed_app` is the whole site (API under `/api/v1`, web console under
+`/console`) that Serve runs with route prefix `/`, as do plain uvicorn and in-process tests.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.api import (
     api_keys,
@@ -26,6 +27,7 @@ from serve_app.api import (
 )
 from serve_app.auth import payment_required
 from serve_app.billing.ledger import InsufficientBalance
+from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.errors import error_response, install_error_handlers
 from serve_app.middleware import (
     RequestIdLogFilter,
@@ -108,23 +110,38 @@ async def _wallet_aware_402(request: Request, exc: InsufficientBalance) -> JSONR
         balance_nanos=exc.available_nanos, needed_nanos=exc.needed_nanos))
 
 
-def create_prefixed_app(state: GatewayState) -> FastAPI:
-    """The API under `/api/v1`, with 404s outside it in the standard error shape."""
-    inner = create_app(state)
+class Site:
+    """The whole site of one Gateway, as pure ASGI: `/api/v1` -> the API, `/console` -> the web
+    console's files, a 404 in the standard error shape elsewhere. Like a Starlette `Mount`,
+    a prefix moves into `root_path`; lifespan events go to the API."""
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI):
-        async with inner.router.lifespan_context(inner):
-            yield
+    def __init__(self, api: ASGIApp, console: ASGIApp) -> None:
+        self.routes = ((API_PREFIX, api), (CONSOLE_PREFIX, console))
+        self.api = api
 
-    outer = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    install_error_handlers(outer)
-    outer.mount(API_PREFIX, inner)
-    outer.add_middleware(ServiceHeadersMiddleware)
-    return outer
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.api(scope, receive, send)
+            return
+        root = scope.get("root_path", "")
+        path = scope["path"]
+        route = path[len(root):] if root and path.startswith(root) else path
+        for prefix, app in self.routes:
+            if route == prefix or route.startswith(prefix + "/"):
+                await app({**scope, "root_path": root + prefix}, receive, send)
+                return
+        if scope["type"] == "http":
+            await JSONResponse({"error": "Not found"}, status_code=404)(scope, receive, send)
 
 
-def create_uvicorn_app() -> FastAPI:
+def create_prefixed_app(state: GatewayState) -> ASGIApp:
+    """The Gateway's site: the API under `/api/v1` and the console under `/console`. Serve
+    runs it with route prefix `/`; tests and plain uvicorn run it as it is."""
+    console = ConsoleFiles(state.settings.console_dir)
+    return ServiceHeadersMiddleware(Site(create_app(state), console))
+
+
+def create_uvicorn_app() -> ASGIApp:
     """Factory for plain uvicorn, without Ray (development and benchmarks):
     `uvicorn --factory serve_app.gateway:create_uvicorn_app`."""
     from serve_app.settings import Settings

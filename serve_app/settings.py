@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     x402_pay_to_solana: str | None = None
     x402_solana_fee_payer: str | None = None
     x402_min_top_up_usd: Decimal = Field(default=Decimal("5"), ge=0)
+    # The web console's built files (console/dist, `npm run build`), served under /console.
+    console_dir: Path = PROJECT_ROOT / "console" / "dist"
     # JSON-RPC nodes of `/crypto/rpc/{network}` (configs/crypto_rpc.yaml documents the format).
     crypto_rpc_nodes: Path = PROJECT_ROOT / "configs" / "crypto_rpc.yaml"
 
@@ -67,7 +69,8 @@ class Settings(BaseSettings):
     def accepted_siwx_domains(self) -> frozenset[str]:
         return frozenset(d.strip().lower() for d in self.siwx_domains.split(",") if d.strip())
 
-    @field_validator("data_dir", "model_catalog", "rate_limit_tiers", "crypto_rpc_nodes")
+    @field_validator("data_dir", "model_catalog", "rate_limit_tiers", "crypto_rpc_nodes",
+                     "console_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         # Replicas may run in another working directory: pin paths now.

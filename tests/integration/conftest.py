@@ -34,7 +34,8 @@ ADMIN_KEY = "sk-integration-admin-key-000000000001"
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
 GATEWAY_REPLICAS = 2  # per application
-PG_PREFIX = "/pg/api/v1"
+PG_ROUTE = "/pg"  # the second application's route prefix: its API is under /pg/api/v1
+PG_PREFIX = PG_ROUTE + "/api/v1"
 SIWX_DOMAIN = "platform.test"
 X402_PAY_TO = "0x00000000000000000000000000000000000A11CE"
 
@@ -196,7 +197,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
         # text-m stays down: its model tests fallbacks and MODEL_OFFLINE.
         "model_deployments": ["text-xs", "text-s", "embedding"],
     })
-    serve.run(app, name="inference", route_prefix="/api/v1", blocking=False)
+    serve.run(app, name="inference", route_prefix="/", blocking=False)
     # Serve answers before the model replicas are up: wait until they are.
     _wait_running(serve, "inference")
     redis = None
@@ -211,7 +212,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
             "model_deployments": ["text-xs", "text-s", "embedding"],
             "model_app": "inference",
         })
-        serve.run(pg_app, name="inference-pg", route_prefix=PG_PREFIX, blocking=False)
+        serve.run(pg_app, name="inference-pg", route_prefix=PG_ROUTE, blocking=False)
         _wait_running(serve, "inference-pg")
     urls, pg_urls = _replicas_by_app(range(base, base + replicas))
     assert len(urls) == GATEWAY_REPLICAS, urls

@@ -85,7 +85,7 @@ def test_unexpected_exception_is_500_without_trace_and_logged_with_request_id(ga
     async def boom() -> dict:
         raise RuntimeError("secret internal detail")
 
-    inner = gateway.client.app.routes[0].app  # the /api/v1 mount
+    inner = gateway.client.app.app.api  # the site (under its headers middleware) -> the API
     inner.include_router(router)
     caplog.set_level(logging.ERROR, logger="serve_app")
     resp = gateway.client.get("/api/v1/boom")
