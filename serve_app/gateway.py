@@ -94,8 +94,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(x402.router)
     app.include_router(crypto.router)
     app.add_middleware(RequestOutcomeMiddleware, on_finished=state.limits.request_finished)
-    app.add_middleware(ServiceHeadersMiddleware)
-    return app
+    return app  # the site (create_prefixed_app) adds the service headers around it
 
 
 async def _wallet_aware_402(request: Request, exc: InsufficientBalance) -> JSONResponse:
