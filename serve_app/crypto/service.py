@@ -42,10 +42,11 @@ from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
 from serve_app.billing.service import payer_of
 from serve_app.catalog import CatalogModel
+from serve_app.crypto import idempotency
 from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
 from serve_app.crypto.networks import Network, NodeConfig, load_nodes
 from serve_app.db.engine import run_in_session
-from serve_app.db.tables import LedgerLine
+from serve_app.db.tables import LedgerLine, utcnow
 from serve_app.errors import ApiError, nest_errors
 from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
@@ -403,7 +404,32 @@ class CryptoRpc:
     async def proxy(self, request: Request, state: GatewayState, key: KeyRecord,
                     slug: str) -> Response:
         network = self.network(slug)
-        rpc = parse_request(await request.body(), network)
+        body = await request.body()
+        rpc = parse_request(body, network)
+        idempotency_key = request.headers.get("idempotency-key")
+        if idempotency_key is None:
+            return await self._forward(request, state, key, slug, network, rpc)
+        idempotency_key = idempotency.check_key(idempotency_key)
+        digest, now = idempotency.body_digest(body), utcnow()
+        writer = state.billing.writer
+        replay = await writer.run(lambda s: idempotency.claim(
+            s, key.account_id, idempotency_key, digest, now))
+        if replay is not None:
+            return Response(replay.response, media_type="application/json", headers={
+                "X-Venice-RPC-Credits": str(replay.credits),
+                "X-Venice-RPC-Cost-USD": replay.cost_usd, "Idempotent-Replayed": "true"})
+        try:
+            answer = await self._forward(request, state, key, slug, network, rpc)
+        except BaseException:
+            await writer.run(lambda s: idempotency.drop(s, key.account_id, idempotency_key))
+            raise
+        await writer.run(lambda s: idempotency.complete(
+            s, key.account_id, idempotency_key, bytes(answer.body),
+            int(answer.headers["X-Venice-RPC-Credits"]), answer.headers["X-Venice-RPC-Cost-USD"]))
+        return answer
+
+    async def _forward(self, request: Request, state: GatewayState, key: KeyRecord, slug: str,
+                       network: Network, rpc: RpcRequest) -> Response:
         model = self.model(slug)
         await self._admit(request, state, key, rpc.max_credits)
         self.credits.start(key.account_id, rpc.max_credits)

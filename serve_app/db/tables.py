@@ -14,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Text,
     UniqueConstraint,
     false,
 )
@@ -292,3 +293,20 @@ class X402Payment(SQLModel, table=True):
     balance_after_nanos: int | None = Field(default=None, sa_column=Column(BigInteger))
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
     credited_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+
+
+class RpcIdempotency(SQLModel, table=True):
+    """A crypto RPC answer kept for its `Idempotency-Key` (24 hours): a retry with the same
+    key and body is answered from here, not forwarded or charged again."""
+
+    __tablename__ = "rpc_idempotency"
+
+    account_id: str = Field(primary_key=True, max_length=36)
+    key: str = Field(primary_key=True, max_length=255)
+    body_sha256: str = Field(max_length=64)
+    done: bool = Field(default=False)  # False while the first request is still running
+    response: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    credits: int = Field(default=0)
+    cost_usd: str = Field(default="", max_length=32)
+    created_at: datetime = Field(default_factory=utcnow,
+                                 sa_column=_utc_column(nullable=False, index=True))

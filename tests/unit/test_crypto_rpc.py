@@ -375,3 +375,42 @@ def test_insufficient_balance_is_402_and_the_node_is_not_called(
         resp = post(gw, "ethereum-mainnet", call("eth_blockNumber"))
         assert resp.status_code == 402, resp.text
         assert node.requests == []
+
+
+# --- Idempotency-Key ------------------------------------------------------------------------
+
+
+def test_an_idempotent_retry_is_replayed_without_a_second_charge(gw: Gateway,
+                                                                 node: RpcNode) -> None:
+    before = usd_nanos(gw)
+    headers = {**gw.auth(), "Idempotency-Key": "retry-1"}
+    body = call("eth_blockNumber", id=3)
+    first = gw.client.post(f"{RPC}/ethereum-mainnet", headers=headers, json=body)
+    again = gw.client.post(f"{RPC}/ethereum-mainnet", headers=headers, json=body)
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in first.headers
+    assert again.headers["x-venice-rpc-credits"] == "20"
+    assert len(node.requests) == 1  # forwarded once
+    assert usd_nanos(gw) == before - 20 * NANOS_PER_CREDIT  # charged once
+    other = gw.client.post(f"{RPC}/ethereum-mainnet", headers=headers,
+                           json=call("eth_chainId", id=3))
+    assert other.status_code == 400
+    assert "different body" in other.json()["details"]["Idempotency-Key"]["_errors"][0]
+    bad = gw.client.post(f"{RPC}/ethereum-mainnet", json=body,
+                         headers={**gw.auth(), "Idempotency-Key": "no spaces allowed"})
+    assert bad.status_code == 400
+
+
+def test_a_failed_idempotent_request_may_be_retried(tmp_path: Path, node: RpcNode,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    for gw in rpc_gateway(tmp_path, node, monkeypatch):
+        headers = {**gw.auth(), "Idempotency-Key": "down-then-up"}
+        down = gw.client.post(f"{RPC}/arbitrum-mainnet", headers=headers,
+                              json=call("eth_blockNumber"))
+        assert down.status_code == 500  # its node is a closed port: not charged, not kept
+        retry = gw.client.post(f"{RPC}/arbitrum-mainnet", headers=headers,
+                               json=call("eth_blockNumber"))
+        assert retry.status_code == 500
+        assert "idempotent-replayed" not in retry.headers

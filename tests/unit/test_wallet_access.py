@@ -294,6 +294,7 @@ def test_a_wallet_pays_from_its_credit_with_balance_headers(
                             headers=signed_in(gw.client, wallet, RPC_URL, CHAT_URL))
     assert balance.status_code == 200, balance.text
     assert nanos(balance.json()["data"]["balanceUsd"]) == remaining
+    assert nanos(balance.headers["X-Balance-Remaining"]) == remaining
     assert balance.json()["data"]["canConsume"] is True
 
 

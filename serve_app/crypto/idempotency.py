@@ -1,0 +1,84 @@
+"""`Idempotency-Key` of the crypto RPC proxy, as published: a retry within 24 hours with the
+same key and body is answered from the first answer (`Idempotent-Replayed: true`), neither
+forwarded nor charged again; the same key with another body is a 400; a retry while the first
+request is still running is a 429 (the per-caller collision the reference names).
+
+Keys are per account and kept in SQL, so every replica and node sees them. The first request
+claims its key before it forwards; if it fails, the claim is dropped and a retry runs afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select, update
+from sqlmodel import Session
+
+from serve_app.db.engine import dialect_insert
+from serve_app.db.tables import RpcIdempotency
+from serve_app.errors import ApiError, invalid_request
+
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,255}")
+KEPT_FOR = timedelta(hours=24)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    response: bytes
+    credits: int
+    cost_usd: str
+
+
+def check_key(value: str) -> str:
+    if not KEY_PATTERN.fullmatch(value):
+        raise invalid_request("Idempotency-Key must be 1 to 255 letters, digits, '_' or '-'",
+                              "Idempotency-Key")
+    return value
+
+
+def body_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def claim(session: Session, account_id: str, key: str, digest: str,
+          now: datetime) -> Replay | None:
+    """Claim `key` for this request (None), or the answer to replay; 400 or 429 otherwise."""
+    session.execute(delete(RpcIdempotency).where(
+        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key,
+        RpcIdempotency.created_at < now - KEPT_FOR))
+    claimed = session.execute(
+        dialect_insert(session)(RpcIdempotency)
+        .values(account_id=account_id, key=key, body_sha256=digest, done=False, credits=0,
+                cost_usd="", created_at=now)
+        .on_conflict_do_nothing(index_elements=["account_id", "key"])
+        .returning(RpcIdempotency.key)).first()
+    if claimed is not None:
+        return None
+    found = session.execute(select(RpcIdempotency).where(
+        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key)).scalar_one()
+    if found.body_sha256 != digest:
+        raise invalid_request("This Idempotency-Key was used with a different body in the "
+                              "last 24 hours", "Idempotency-Key")
+    if not found.done:
+        message = ("A request with this Idempotency-Key is still running; retry when it has "
+                   "answered")
+        raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                       extra={"customMessage": message})
+    return Replay((found.response or "").encode(), found.credits, found.cost_usd)
+
+
+def complete(session: Session, account_id: str, key: str, response: bytes, credits: int,
+             cost_usd: str) -> None:
+    session.execute(update(RpcIdempotency).where(
+        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key).values(
+        done=True, response=response.decode("utf-8", "replace"), credits=credits,
+        cost_usd=cost_usd))
+
+
+def drop(session: Session, account_id: str, key: str) -> None:
+    session.execute(delete(RpcIdempotency).where(
+        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key,
+        RpcIdempotency.done.is_(False)))
