@@ -19,6 +19,16 @@ from serve_app.money import from_nanos
 from serve_app.settings import Settings
 
 
+def test_the_migrations_build_exactly_the_tables_of_the_models(database_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    with make_engine(database_url).connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
+    assert differences == []
+
+
 def _settings(database_url: str, tmp_path, **extra) -> Settings:
     return Settings(database_url=database_url, data_dir=tmp_path, **extra)
 
