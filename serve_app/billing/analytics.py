@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlmodel import Session, col
 
-from serve_app.billing.pricing import ANALYTICS_MODEL_TYPE, LINE_TYPES, unit_type
+from serve_app.billing.pricing import ANALYTICS_MODEL_TYPE, LINE_TYPES, unit_type_of
 from serve_app.catalog import Catalog
 from serve_app.db.tables import ApiKey, UsageDaily
 from serve_app.money import as_number
@@ -90,10 +90,6 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
         model = catalog.by_id.get(model_id)
         return model.name if model else model_id
 
-    def unit_of(model_id: str) -> str:
-        model = catalog.by_id.get(model_id)
-        return unit_type(model) if model is not None else "tokens"
-
     def raw_key_label(key_id: str) -> str:
         if not key_id:
             return "Web App"
@@ -106,7 +102,9 @@ def usage_analytics(session: Session, catalog: Catalog, account_id: str, first: 
     by_model = []
     for model_id, m in ranked_models:
         entry: dict[str, Any] = {
-            "modelName": model_labels[model_id], "unitType": unit_of(model_id),
+            # by the model type recorded with the usage: crypto RPC and retired models are not
+            # in the catalog
+            "modelName": model_labels[model_id], "unitType": unit_type_of(m["model_type"]),
             "modelType": ANALYTICS_MODEL_TYPE.get(m["model_type"]),
             "totalUsd": _num(m["usd"]), "totalDiem": _num(m["diem"]), "totalUnits": m["units"]}
         if len(m["types"]) > 1:

@@ -73,11 +73,18 @@ def unit_price_usd(model: CatalogModel, line_type: str) -> Decimal:
     return Decimal(str(entry))
 
 
+_UNIT_TYPES = {"image": "images", "upscale": "images", "inpaint": "images", "tts": "chars",
+               "asr": "seconds", "video": "seconds", "music": "seconds",
+               "crypto_rpc": "credits"}
+
+
 def unit_type(model: CatalogModel) -> str:
-    """The unit of the analytics answer: tokens, images, chars, seconds or minutes."""
-    return {"image": "images", "upscale": "images", "inpaint": "images", "tts": "chars",
-            "asr": "seconds", "video": "seconds", "music": "seconds",
-            "crypto_rpc": "credits"}.get(model.type, "tokens")
+    """The unit of the analytics answer: tokens, images, chars, seconds, minutes, credits."""
+    return unit_type_of(model.type)
+
+
+def unit_type_of(model_type: str) -> str:
+    return _UNIT_TYPES.get(model_type, "tokens")
 
 
 def price(model: CatalogModel, units: dict[str, int]) -> Cost:

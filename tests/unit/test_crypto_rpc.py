@@ -414,3 +414,12 @@ def test_a_failed_idempotent_request_may_be_retried(tmp_path: Path, node: RpcNod
                                json=call("eth_blockNumber"))
         assert retry.status_code == 500
         assert "idempotent-replayed" not in retry.headers
+
+
+def test_crypto_usage_is_counted_in_credits_by_the_analytics(gw: Gateway) -> None:
+    assert post(gw, "ethereum-mainnet", call("eth_blockNumber")).status_code == 200
+    resp = gw.client.get("/api/v1/billing/usage-analytics", headers=gw.auth())
+    assert resp.status_code == 200, resp.text
+    [entry] = [m for m in resp.json()["byModel"]
+               if m["modelName"] == "crypto-rpc-ethereum-mainnet"]
+    assert (entry["unitType"], entry["totalUnits"]) == ("credits", 20)
