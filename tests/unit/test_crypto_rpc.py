@@ -27,7 +27,9 @@ def call(method: str, params: list | None = None, id: int | str = 1) -> dict:
 def write_config(path: Path, node_url: str, **overrides) -> Path:
     config = {
         "price_per_credit_usd": "0.0000007",
-        "timeout_s": 0.5,
+        # Generous: a loaded machine (Ray shutting down after the integration suite) must not
+        # turn the fake node's instant answers into timeouts.
+        "timeout_s": 3,
         "networks": {
             "ethereum-mainnet": {"url": node_url, "family": "evm", "base_credits": 20},
             "base-mainnet": {"url": "${CRYPTO_RPC_TEST_BASE_URL}", "family": "evm"},
@@ -298,10 +300,10 @@ def test_upstream_down_is_a_clear_500_and_costs_nothing(gw: Gateway) -> None:
 
 def test_upstream_timeout_is_a_clear_500_and_costs_nothing(gw: Gateway, node: RpcNode) -> None:
     before = usd_nanos(gw)
-    node.delay = 2.0
+    node.delay = 5.0
     resp = post(gw, "ethereum-mainnet", call("eth_blockNumber"))
     assert resp.status_code == 500, resp.text
-    assert resp.json()["error"] == ("The ethereum-mainnet node did not answer within 0.5 "
+    assert resp.json()["error"] == ("The ethereum-mainnet node did not answer within 3 "
                                     "seconds; you were not charged")
     assert usd_nanos(gw) == before
 
