@@ -13,7 +13,7 @@ from serve_app.auth.key_store import KeyStore
 from serve_app.auth.wallets import WalletAuth, sign_in_domains
 from serve_app.auth.x402.requirements import PaymentConfig
 from serve_app.billing.service import Billing
-from serve_app.billing.topups import TopUps, listening_hosts, payment_config
+from serve_app.billing.topups import TopUps, listening_hosts
 from serve_app.catalog import Catalog, load_catalog
 from serve_app.chat.web import WebTools
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
@@ -76,7 +76,7 @@ class GatewayState:
         engine = make_engine(settings.resolved_database_url)
         router = ModelRouter(catalog, handles or {})
         billing = Billing(settings.resolved_database_url)
-        payments = payment_config(settings)
+        payments = PaymentConfig.from_settings(settings)
         return cls(
             settings=settings,
             catalog=catalog,

@@ -14,6 +14,7 @@ from sqlmodel import Session
 from serve_app.auth import payment_required
 from serve_app.auth.key_store import KeyRecord
 from serve_app.auth.wallets import siwx_header
+from serve_app.billing.ledger import Balances
 from serve_app.billing.service import RemainingCredit
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
@@ -77,11 +78,17 @@ async def key_or_wallet(request: Request, state: State) -> KeyRecord:
         key = await state.wallets.authenticate(header, host)
         request.state.api_key = key
         state.limits.check_failed_budget(key)
-        before = await state.billing.balances(key.account_id)
-        set_balance_headers(request, before)
-        request.state.response_headers["X-Balance-Remaining"] = RemainingCredit(
-            state.billing, key.account_id, before)
+        set_balance_headers(request, await remaining_credit_header(request, state, key))
     return key
+
+
+async def remaining_credit_header(request: Request, state: GatewayState,
+                                  wallet: KeyRecord) -> Balances:
+    """`X-Balance-Remaining` on a wallet's answer; returns the balance before the request."""
+    before = await state.billing.balances(wallet.account_id)
+    request.state.response_headers["X-Balance-Remaining"] = RemainingCredit(
+        state.billing, wallet.account_id, before)
+    return before
 
 
 # A Bearer key, or a wallet (modelled as a key of its wallet account, without a secret).

@@ -8,10 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlmodel import Session
 
-from serve_app.api.deps import State, current_key, run_db
+from serve_app.api.deps import State, current_key, remaining_credit_header, run_db
 from serve_app.auth.payment_required import suggested_top_up
 from serve_app.auth.wallets import normalize_address, siwx_header
-from serve_app.billing.service import RemainingCredit
 from serve_app.billing.topups import parse_amount, payment_header
 from serve_app.billing.wallet_history import wallet_balance, wallet_transactions
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
@@ -56,8 +55,7 @@ async def wallet_reader(request: Request, state: State,
     if caller.wallet_address != address:
         raise ApiError(403, "The signed-in wallet does not match the requested wallet",
                        code="UNAUTHORIZED")
-    request.state.response_headers["X-Balance-Remaining"] = RemainingCredit(
-        state.billing, caller.account_id, await state.billing.balances(caller.account_id))
+    await remaining_credit_header(request, state, caller)
     return address
 
 

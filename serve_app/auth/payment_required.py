@@ -20,15 +20,22 @@ from typing import Any
 from fastapi import Request
 
 from serve_app.auth import siwx
-from serve_app.auth.x402.requirements import PaymentConfig, accepts
+from serve_app.auth.x402.requirements import (
+    BASE_NETWORK,
+    SOLANA_NETWORK,
+    USDC_DECIMALS,
+    X402_VERSION,
+    PaymentConfig,
+    accepts,
+)
 from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
 from serve_app.money import from_nanos
 
-X402_VERSION = 2
 SUGGESTED_TOP_UP_USD = Decimal(10)
 RESOURCE_DESCRIPTION = "Inference API"
 TOP_UP_ROUTE = "POST /api/v1/x402/top-up"
+_CHAIN_NAMES = {BASE_NETWORK: "base", SOLANA_NETWORK: "solana"}  # `supportedChains`
 
 
 def suggested_top_up(config: PaymentConfig) -> Decimal:
@@ -39,8 +46,13 @@ def _origin(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}"
 
 
-def _payment_required_header(body: dict[str, Any]) -> str:
+def encode_header(body: dict[str, Any]) -> str:
+    """A `PAYMENT-REQUIRED` header: the requirements as base64 JSON."""
     return base64.b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
+
+
+def resource(url: str, description: str = RESOURCE_DESCRIPTION) -> dict[str, str]:
+    return {"url": url, "description": description, "mimeType": "application/json"}
 
 
 def _challenge_uri(request: Request, domain: str) -> str:
@@ -55,8 +67,7 @@ def discovery(request: Request, config: PaymentConfig, domain: str) -> ApiError:
     now = utcnow()
     body = {
         "x402Version": X402_VERSION,
-        "resource": {"url": str(request.url), "description": RESOURCE_DESCRIPTION,
-                     "mimeType": "application/json"},
+        "resource": resource(str(request.url)),
         "accepts": accepts(config, suggested_top_up(config)),
         "extensions": siwx.discovery_extension(domain, _challenge_uri(request, domain), now),
         "authOptions": {
@@ -69,7 +80,7 @@ def discovery(request: Request, config: PaymentConfig, domain: str) -> ApiError:
     }
     message = ("Payment required: send an API key (Authorization: Bearer) or sign in with a "
                "wallet (SIGN-IN-WITH-X) that has credit")
-    header = _payment_required_header({"error": message, **body})
+    header = encode_header({"error": message, **body})
     return ApiError(402, message, extra=body, headers={"PAYMENT-REQUIRED": header})
 
 
@@ -78,7 +89,7 @@ def insufficient_credit(request: Request, config: PaymentConfig, domain: str, *,
     """402 for a signed-in wallet whose credit does not cover the request."""
     now = utcnow()
     evm = next((a for a in accepts(config, config.min_top_up_usd)
-                if a["network"].startswith("eip155:")), None)
+                if a["network"] == BASE_NETWORK), None)
     body: dict[str, Any] = {
         "reason": "insufficient_balance",
         "message": "Insufficient x402 balance",
@@ -87,10 +98,7 @@ def insufficient_credit(request: Request, config: PaymentConfig, domain: str, *,
         "suggestedTopUpUsd": float(suggested_top_up(config)),
         "minimumTopUpUsd": float(config.min_top_up_usd),
         "supportedTokens": ["USDC"],
-        "supportedChains": [chain for chain, network in (("base", "eip155:"),
-                                                         ("solana", "solana:"))
-                            if any(a["network"].startswith(network)
-                                   for a in accepts(config, config.min_top_up_usd))],
+        "supportedChains": [_CHAIN_NAMES[network] for network in config.networks],
         "topUpInstructions": {
             "step1": f"{TOP_UP_ROUTE} with no payment header to get payment requirements",
             "step2": "Choose a payment option from accepts and sign a USDC transfer "
@@ -98,7 +106,7 @@ def insufficient_credit(request: Request, config: PaymentConfig, domain: str, *,
             "step3": f"{TOP_UP_ROUTE} with the signed PAYMENT-SIGNATURE header",
             "receiverWallet": evm["payTo"] if evm else "",
             "tokenAddress": evm["asset"] if evm else "",
-            "tokenDecimals": 6,
+            "tokenDecimals": USDC_DECIMALS,
             "network": evm["network"] if evm else "",
             "minimumAmountUsd": float(config.min_top_up_usd),
         },
@@ -106,10 +114,8 @@ def insufficient_credit(request: Request, config: PaymentConfig, domain: str, *,
     }
     if needed_nanos is not None:
         body["minimumBalanceUsd"] = float(from_nanos(needed_nanos))
-    header = _payment_required_header({
-        "x402Version": X402_VERSION, "error": "Payment required",
-        "resource": {"url": str(request.url), "description": RESOURCE_DESCRIPTION,
-                     "mimeType": "application/json"},
-        "accepts": accepts(config, suggested_top_up(config))})
+    header = encode_header({"x402Version": X402_VERSION, "error": "Payment required",
+                            "resource": resource(str(request.url)),
+                            "accepts": accepts(config, suggested_top_up(config))})
     return ApiError(402, "Payment required", code="PAYMENT_REQUIRED", extra=body,
                     headers={"PAYMENT-REQUIRED": header})

@@ -163,10 +163,6 @@ class WalletAuth:
         assert account is not None
         return wallet_caller(sign_in.address, account)
 
-    def forget(self, address: str) -> None:
-        """Drop a cached account (its tier or partner status changed)."""
-        self._accounts.pop(address, None)
-
     async def sweep_nonces(self) -> int:
         # A margin for replicas whose clocks differ: a nonce outlives its message by minutes.
         now = utcnow() - NONCE_SWEEP_MARGIN

@@ -4,19 +4,17 @@ The way of one payment:
   1. decode the payment header and match it to a requirement we issue (auth/x402);
   2. check its signature here, before anything is written;
   3. claim it: a PENDING row keyed by what makes the payment unique on its chain (EIP-3009
-     authorization nonce, Solana signature). A replay, or a second submission racing the
-     first, finds the row and is refused;
+     authorization nonce, the Solana transfer message). A replay, or a second submission
+     racing the first, finds the row and is refused;
   4. the facilitator verifies and settles it (moves the money);
   5. credit the wallet and mark the row CREDITED in one transaction.
-A facilitator that refuses or cannot be reached drops the claim (step 3), so the same payment
-may be submitted again; nothing is credited.
+A facilitator that refuses drops the claim (step 3), so the same payment may be submitted
+again; one that does not confirm a settlement leaves it PENDING for the operator.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -27,7 +25,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlmodel import Session
 
-from serve_app.auth.payment_required import X402_VERSION
+from serve_app.auth.payment_required import encode_header, resource
 from serve_app.auth.wallets import find_or_create_wallet_account, first_header
 from serve_app.auth.x402 import (
     FacilitatorClient,
@@ -40,6 +38,7 @@ from serve_app.auth.x402 import (
     match_requirement,
     verify_payment,
 )
+from serve_app.auth.x402.requirements import X402_VERSION
 from serve_app.billing.ledger import Balances
 from serve_app.billing.service import Billing
 from serve_app.db.engine import dialect_insert
@@ -58,10 +57,10 @@ def payment_header(headers: Mapping[str, str]) -> str | None:
     return first_header(headers, PAYMENT_HEADERS)
 
 
-def _x402_error(status: int, code: str, message: str, reason: str) -> ApiError:
-    """The top-up errors of the published reference: `{error: CODE, message, details}`."""
-    return ApiError(status, message, raw_body={"error": code, "message": message,
-                                               "details": {"reason": reason}})
+def _already_credited() -> X402PaymentError:
+    return X402PaymentError(409, "X402_PAYMENT_ALREADY_USED",
+                            "This payment has already been credited",
+                            reason="payment_already_used")
 
 
 def not_configured() -> ApiError:
@@ -91,8 +90,6 @@ class Credited:
     amount_nanos: int
     balance: Balances
     payment_id: str
-    transaction: str
-    network: str
 
 
 def _claim(session: Session, paid: VerifiedPayment) -> None:
@@ -107,11 +104,10 @@ def _claim(session: Session, paid: VerifiedPayment) -> None:
         status = session.execute(select(X402Payment.status).where(
             X402Payment.payment_id == paid.payment_id)).scalar_one_or_none()
         if status == PaymentStatus.CREDITED:
-            raise _x402_error(409, "X402_PAYMENT_ALREADY_USED",
-                              "This payment has already been credited", "payment_already_used")
-        raise _x402_error(409, "X402_PAYMENT_IN_PROGRESS",
-                          "This payment is being processed by another request",
-                          "payment_in_progress")
+            raise _already_credited()
+        raise X402PaymentError(409, "X402_PAYMENT_IN_PROGRESS",
+                               "This payment is being processed by another request",
+                               reason="payment_in_progress")
 
 
 def _unclaim(session: Session, payment_id: str) -> None:
@@ -126,8 +122,7 @@ def _credit(session: Session, paid: VerifiedPayment, transaction: str) -> Credit
         .values(status=PaymentStatus.CREDITED.value, transaction=transaction,
                 credited_at=utcnow()))
     if marked.rowcount != 1:  # cannot happen while the claim is ours; never credit twice
-        raise _x402_error(409, "X402_PAYMENT_ALREADY_USED",
-                          "This payment has already been credited", "payment_already_used")
+        raise _already_credited()
     account = find_or_create_wallet_account(session, paid.payer)
     amount = paid.amount_base_units * NANOS_PER_BASE_UNIT
     usd, diem = session.execute(
@@ -137,21 +132,7 @@ def _credit(session: Session, paid: VerifiedPayment, transaction: str) -> Credit
     session.execute(update(X402Payment).where(X402Payment.payment_id == paid.payment_id)
                     .values(account_id=account.account_id, balance_after_nanos=usd))
     return Credited(paid.payer, account.account_id, amount, Balances(usd, diem),
-                    paid.payment_id, transaction, paid.network)
-
-
-def payment_config(settings) -> PaymentConfig:
-    """Where top-ups are paid; with the development facilitator, Solana's fee payer defaults
-    to the one it manages."""
-    fee_payer = settings.x402_solana_fee_payer
-    if settings.x402_facilitator_url == "dev" and settings.x402_pay_to_solana and not fee_payer:
-        from serve_app.auth.x402.dev_facilitator import DEV_SOLANA_FEE_PAYER
-
-        fee_payer = DEV_SOLANA_FEE_PAYER
-    return PaymentConfig(pay_to_evm=settings.x402_pay_to_evm,
-                         pay_to_solana=settings.x402_pay_to_solana,
-                         solana_fee_payer=fee_payer,
-                         min_top_up_usd=settings.x402_min_top_up_usd)
+                    paid.payment_id)
 
 
 def listening_hosts(settings) -> set[str]:
@@ -240,11 +221,9 @@ class TopUps:
         if not self.available:
             raise not_configured()
         offered = accepts(self.config, amount_usd)
-        header = base64.b64encode(json.dumps({
-            "x402Version": X402_VERSION, "error": "Payment required",
-            "resource": {"url": resource_url, "description": "Wallet credit top-up",
-                         "mimeType": "application/json"},
-            "accepts": offered}, separators=(",", ":")).encode()).decode()
+        header = encode_header({"x402Version": X402_VERSION, "error": "Payment required",
+                                "resource": resource(resource_url, "Wallet credit top-up"),
+                                "accepts": offered})
         return ApiError(402, "Payment required", headers={"PAYMENT-REQUIRED": header},
                         raw_body={"x402Version": X402_VERSION, "accepts": offered})
 
