@@ -1,0 +1,1 @@
+"""Image endpoints: the inputs they share (decoding, checks, uploads)."""

@@ -1,0 +1,485 @@
+"""Image inputs shared by every image endpoint: getting the bytes, and checking the image.
+
+Two stages. At the gateway, `ImageSourceReader` and `read_image_body` get the bytes (raw
+base64, a data URL, an http(s) URL or a multipart upload) and refuse anything of 25 MB or more
+before it is read whole or decoded; `inspect_image` then checks the image from its header
+alone (format, size, frames, mode) without decoding a pixel. In the model replica,
+`decode_image` decodes. Both stages apply the same rules (`_open_checked`): the gateway raises
+`ApiError`, the replica `ImageInputError`, a `ValueError` it can report as data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from io import BytesIO
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from PIL import Image, ImageOps
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+from starlette.types import Message, Receive
+
+from serve_app.errors import ApiError, invalid_request, validation_error_response
+from serve_app.net_guard import BlockedAddress, GuardedFetcher
+
+MAX_IMAGE_BYTES = 25 * 1024 * 1024  # images must be smaller: 25 MB or more is refused
+# No endpoint takes more pixels than this, whatever its own bound (256 MB once RGBA).
+ABSOLUTE_MAX_PIXELS = 8192 * 8192
+IMAGE_FETCH_TIMEOUT_S = 15.0
+MAX_FORM_FIELDS = 64
+
+# Pillow's own guard, at the same bound: at open time, before any pixel is decoded, it warns
+# above it and raises DecompressionBombError above twice it. Our check refuses both.
+Image.MAX_IMAGE_PIXELS = ABSOLUTE_MAX_PIXELS
+
+ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP")
+ACCEPTED_MODES = frozenset({"1", "L", "LA", "P", "PA", "RGB", "RGBA"})
+_ALPHA_MODES = frozenset({"LA", "PA", "RGBA"})
+
+NOT_ACCEPTED_FORMAT = "image must be a PNG, JPEG or WebP file"
+UNREADABLE = "image could not be read: not a PNG, JPEG or WebP file"
+CORRUPT = "image data is truncated or corrupt"
+ANIMATED = "animated images are not supported"
+CMYK = "CMYK images are not supported; convert to RGB"
+SIXTEEN_BIT = "16-bit images are not supported; use 8 bits per channel"
+
+# Images we recognise but do not take, to say so rather than "could not be read".
+_OTHER_SIGNATURES = (
+    (b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"), (b"\x00\x00\x01\x00", "ICO"), (b"8BPS", "PSD"),
+    (b"\xff\x0a", "JPEG XL"), (b"\x00\x00\x00\x0cJXL ", "JPEG XL"),
+)
+_HEIF_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"avif": "AVIF",
+                b"avis": "AVIF"}
+_ORIENTATION_TAG = 0x0112
+_SWAPPED_ORIENTATIONS = frozenset({5, 6, 7, 8})
+
+_URL_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://")
+_WHITESPACE = re.compile(r"\s")
+
+
+class ImageInputError(ValueError):
+    """An image we refuse. `str()` is the client's message; `status` is 400, or 413 for size."""
+
+    def __init__(self, message: str, field: str, status: int = 400,
+                 code: str = "INVALID_REQUEST") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.status = status
+        self.code = code  # INVALID_REQUEST, IMAGE_TOO_SMALL, IMAGE_TOO_LARGE, CORRUPTED_IMAGE
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable as itself (replica errors may cross process boundaries).
+        return type(self), (self.message, self.field, self.status, self.code)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image, checked from its header but not decoded. Width and height are as displayed,
+    after the EXIF orientation (which `decode_image` applies)."""
+
+    data: bytes = dataclass_field(repr=False)
+    width: int
+    height: int
+    format: str
+    mode: str
+    field: str
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def payload_too_large(message: str) -> ApiError:
+    return ApiError(413, message, code="PAYLOAD_TOO_LARGE",
+                    raw_body={"code": "PAYLOAD_TOO_LARGE", "error": message})
+
+
+def to_api_error(err: ImageInputError) -> ApiError:
+    """The answer the client gets for an `ImageInputError` (also one raised in a replica)."""
+    if err.status == 413:
+        return payload_too_large(err.message)
+    refused = invalid_request(err.message, err.field)
+    refused.code = err.code
+    return refused
+
+
+def _too_large_message(field: str, size: int | None) -> str:
+    what = f"is {size} bytes" if size is not None else "is 25 MB or more"
+    return (f"the image in {field!r} {what}; images must be smaller than 25 MB "
+            f"({MAX_IMAGE_BYTES} bytes)")
+
+
+# --------------------------------------------------------------------------------------------
+# The rules, from the header
+
+
+def _other_format(data: bytes) -> str | None:
+    for signature, name in _OTHER_SIGNATURES:
+        if data.startswith(signature):
+            return name
+    if data[4:8] == b"ftyp":
+        return _HEIF_BRANDS.get(data[8:12])
+    head = data[:256].lstrip().lower()
+    if head.startswith(b"<svg") or (head.startswith(b"<?xml") and b"<svg" in data[:4096]):
+        return "SVG"
+    return None
+
+
+def _check_header(image: Image.Image, field: str, min_pixels: int | None, limit: int) -> str:
+    """Apply the rules to an opened, undecoded image; returns its format."""
+    # Pillow names a JPEG that carries extra pictures (stereo pairs, phone previews) MPO.
+    image_format = "JPEG" if image.format == "MPO" else (image.format or "")
+    if image_format not in ACCEPTED_FORMATS:
+        raise ImageInputError(NOT_ACCEPTED_FORMAT, field)
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        raise ImageInputError(f"image has no pixels ({width}x{height})", field)
+    pixels = width * height
+    if min_pixels is not None and pixels < min_pixels:
+        raise ImageInputError(
+            f"image is {width}x{height} = {pixels} pixels; at least {min_pixels} are required",
+            field, code="IMAGE_TOO_SMALL")
+    if pixels > limit:
+        raise ImageInputError(
+            f"image is {width}x{height} = {pixels} pixels; at most {limit} are allowed", field,
+            code="IMAGE_TOO_LARGE")
+    if image.format != "MPO" and getattr(image, "n_frames", 1) > 1:
+        raise ImageInputError(ANIMATED, field)
+    mode = image.mode
+    if mode == "CMYK":
+        raise ImageInputError(CMYK, field)
+    if mode.startswith(("I", "F")):  # I;16, I;16B..., I (32-bit int), F (float)
+        raise ImageInputError(SIXTEEN_BIT, field)
+    if mode not in ACCEPTED_MODES:
+        raise ImageInputError(f"images in mode {mode} are not supported; convert to RGB", field)
+    return image_format
+
+
+def _open_checked(data: bytes, field: str, *, min_pixels: int | None,
+                  max_pixels: int | None) -> tuple[Image.Image, str]:
+    """Open (which reads the header only) and apply every rule; the caller closes the image."""
+    if len(data) >= MAX_IMAGE_BYTES:
+        raise ImageInputError(_too_large_message(field, len(data)), field, 413)
+    limit = ABSOLUTE_MAX_PIXELS if max_pixels is None else min(max_pixels, ABSOLUTE_MAX_PIXELS)
+    try:
+        image = Image.open(BytesIO(data), formats=ACCEPTED_FORMATS)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageInputError(f"image has too many pixels; at most {limit} are allowed",
+                              field, code="IMAGE_TOO_LARGE") from exc
+    except Exception as exc:  # untrusted bytes: any parser failure means unreadable
+        other = _other_format(data)
+        message = f"{NOT_ACCEPTED_FORMAT}, not {other}" if other else UNREADABLE
+        raise ImageInputError(message, field, code="CORRUPTED_IMAGE") from exc
+    try:
+        return image, _check_header(image, field, min_pixels, limit)
+    except BaseException:
+        image.close()
+        raise
+
+
+def _displayed_size(image: Image.Image) -> tuple[int, int]:
+    """Width and height once the EXIF orientation is applied, from the metadata read with the
+    header (Image.getexif itself: a PNG's override would decode the image to look further)."""
+    try:
+        orientation = Image.Image.getexif(image).get(_ORIENTATION_TAG, 1)
+    except Exception:  # unreadable EXIF: decode_image keeps the image as stored too
+        orientation = 1
+    width, height = image.size
+    return (height, width) if orientation in _SWAPPED_ORIENTATIONS else (width, height)
+
+
+def inspect_image(data: bytes, field: str, *, min_pixels: int | None = None,
+                  max_pixels: int | None = None) -> ImageInput:
+    """Check an image from its header, without decoding it (cheap enough for the event loop).
+
+    Raises ApiError: 400 naming `field` for a refused image, 413 for 25 MB or more.
+    """
+    try:
+        image, image_format = _open_checked(data, field, min_pixels=min_pixels,
+                                            max_pixels=max_pixels)
+    except ImageInputError as exc:
+        raise to_api_error(exc) from exc
+    with image:
+        width, height = _displayed_size(image)
+        return ImageInput(data=data, width=width, height=height, format=image_format,
+                          mode=image.mode, field=field)
+
+
+def decode_image(data: bytes, field: str, *, max_pixels: int | None = None) -> Image.Image:
+    """Decode an image upright (EXIF orientation applied), in RGB, or RGBA when it has alpha.
+
+    CPU-bound: run it in a worker thread or the model replica, not on the event loop.
+    Raises ImageInputError (a ValueError) with the same rules and messages as `inspect_image`.
+    """
+    image, _ = _open_checked(data, field, min_pixels=None, max_pixels=max_pixels)
+    with image:
+        try:
+            image.load()
+        except Exception as exc:  # truncated data, a header that lies about the size...
+            raise ImageInputError(CORRUPT, field, code="CORRUPTED_IMAGE") from exc
+        try:
+            upright = ImageOps.exif_transpose(image)
+        except Exception:  # unreadable EXIF: keep the image as stored
+            upright = image.copy()
+        has_alpha = upright.mode in _ALPHA_MODES or "transparency" in upright.info
+        target = "RGBA" if has_alpha else "RGB"
+        if upright.mode == target:
+            return upright
+        try:
+            return upright.convert(target)
+        except (ValueError, OSError) as exc:  # e.g. a transparency entry that does not fit
+            raise ImageInputError(CORRUPT, field, code="CORRUPTED_IMAGE") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Where the bytes come from
+
+
+def image_fetcher(allowed_hosts: frozenset[str] = frozenset(),
+                  timeout_s: float = IMAGE_FETCH_TIMEOUT_S) -> GuardedFetcher:
+    """The fetcher for image URLs: public addresses only (plus `allowed_hosts`), under 25 MB."""
+    return GuardedFetcher(allowed_hosts=allowed_hosts, timeout_s=timeout_s,
+                          max_bytes=MAX_IMAGE_BYTES - 1)
+
+
+def _decode_base64(text: str, field: str) -> bytes:
+    """Base64 to bytes, refusing 25 MB or more from the length alone, before decoding."""
+    if _WHITESPACE.search(text):  # line-wrapped base64 (the `base64` tool wraps at 76)
+        text = "".join(text.split())
+    if not text:
+        raise invalid_request("must be a non-empty base64 string", field)
+    padding = 2 if text.endswith("==") else 1 if text.endswith("=") else 0
+    size = len(text) * 3 // 4 - padding
+    if size >= MAX_IMAGE_BYTES:
+        raise payload_too_large(_too_large_message(field, size))
+    text += "=" * (-len(text) % 4)  # tolerate missing padding
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:  # binascii.Error, or non-ASCII characters
+        raise invalid_request("is not valid base64", field) from exc
+
+
+def _data_url_payload(value: str, field: str) -> str:
+    header, comma, payload = value.partition(",")
+    if not comma:
+        raise invalid_request("is not a valid data URL (data:image/png;base64,...)", field)
+    params = [part.strip().lower() for part in header[len("data:"):].split(";")]
+    if len(params) < 2 or params[-1] != "base64":
+        raise invalid_request("data URLs must be base64-encoded (data:image/png;base64,...)",
+                              field)
+    media_type = params[0]
+    # No type, or one that says nothing of the content, is left to the header check.
+    if media_type and media_type != "application/octet-stream" \
+            and not media_type.startswith("image/"):
+        raise invalid_request(f"data URL media type {media_type!r} is not an image type", field)
+    return payload
+
+
+def _blocked_reason(exc: BlockedAddress) -> str:
+    """net_guard raises BlockedAddress for three things; tell them apart by their message."""
+    message = str(exc)
+    if " is larger than " in message:
+        return "too large"
+    if message.startswith("too many redirects"):
+        return "redirects"
+    return "blocked"
+
+
+class ImageSourceReader:
+    """Turns a JSON string (raw base64, a data URL, or an http(s) URL) into image bytes."""
+
+    def __init__(self, fetcher: GuardedFetcher, *, total_timeout_s: float | None = None) -> None:
+        self.fetcher = fetcher
+        # One deadline for the whole fetch: the fetcher's timeout applies to each read, which
+        # a server sending a byte at a time would never hit.
+        self.total_timeout_s = total_timeout_s or 2 * fetcher.timeout_s
+
+    async def read(self, value: str, field: str, *, allow_urls: bool) -> bytes:
+        """Raises ApiError: 400 naming `field`, 413 for 25 MB or more."""
+        text = value.strip() if isinstance(value, str) else ""
+        if not text:
+            raise invalid_request("must be a non-empty base64 string or image URL" if allow_urls
+                                  else "must be a non-empty base64 string", field)
+        head = text[:16].lower()
+        if head.startswith("data:"):
+            return _decode_base64(_data_url_payload(text, field), field)
+        if head.startswith(("http://", "https://")):
+            if not allow_urls:
+                raise invalid_request(
+                    "image URLs are not accepted here; send the image as base64 or a data URL",
+                    field)
+            return await self._fetch(text, field)
+        if _URL_SCHEME.match(head):
+            raise invalid_request("only http and https image URLs are supported", field)
+        return _decode_base64(text, field)
+
+    async def _fetch(self, url: str, field: str) -> bytes:
+        try:
+            host = urlsplit(url).hostname
+            _ = urlsplit(url).port  # raises ValueError for a bad port
+        except ValueError as exc:
+            raise invalid_request("is not a valid URL", field) from exc
+        if not host:
+            raise invalid_request("is not a valid URL", field)
+        try:
+            async with asyncio.timeout(self.total_timeout_s):
+                fetched = await self.fetcher.fetch(url)
+        except BlockedAddress as exc:
+            reason = _blocked_reason(exc)
+            if reason == "too large":
+                raise payload_too_large(_too_large_message(field, None)) from exc
+            if reason == "redirects":
+                raise invalid_request("could not fetch image URL: too many redirects",
+                                      field) from exc
+            raise invalid_request(f"image URL host {host} is not reachable from here",
+                                  field) from exc
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise invalid_request("could not fetch image URL: timed out", field) from exc
+        except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
+            raise invalid_request("could not fetch image URL", field) from exc
+        if not 200 <= fetched.status < 300:
+            raise invalid_request(
+                f"could not fetch image URL: the server answered HTTP {fetched.status}", field)
+        if len(fetched.body) >= MAX_IMAGE_BYTES:  # a fetcher built with a larger cap
+            raise payload_too_large(_too_large_message(field, len(fetched.body)))
+        return fetched.body
+
+
+# --------------------------------------------------------------------------------------------
+# Request bodies
+
+
+def _body_too_large(limit: int) -> ApiError:
+    return payload_too_large(f"Request body exceeds {limit} bytes")
+
+
+def _capped(receive: Receive, limit: int) -> Receive:
+    """`receive` that refuses the body once more than `limit` bytes have come (chunked
+    bodies declare no length)."""
+    received = 0
+
+    async def capped_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise _body_too_large(limit)
+        return message
+
+    return capped_receive
+
+
+def _unsupported_media_type(content_type: str, multipart: bool) -> ApiError:
+    accepted = "application/json or multipart/form-data" if multipart else "application/json"
+    return ApiError(415, f"Invalid content type {content_type or '(none)'!r}; use {accepted}",
+                    code="INVALID_CONTENT_TYPE")
+
+
+async def read_image_body(request: Request, *, file_fields: frozenset[str],
+                          multipart: bool = True, max_body_bytes: int, max_files: int,
+                          max_fields: int = MAX_FORM_FIELDS,
+                          ) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    """The body of an image request: (JSON object or plain form fields, uploaded files).
+
+    Call it before anything else reads the body. JSON gives (object, {}). Multipart gives the
+    text fields (repeated ones, and names ending in `[]`, as lists) and the bytes of the file
+    parts, by field name with any `[]` dropped; a file in a field not in `file_fields` is a
+    400, a text value in a file field is left among the text fields. Bodies over
+    `max_body_bytes` and files of 25 MB or more are 413s; other content types 415.
+    """
+    declared = request.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        raise _body_too_large(max_body_bytes)
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    capped = Request(request.scope, _capped(request.receive, max_body_bytes))
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return await _read_json(capped), {}
+    if multipart and media_type == "multipart/form-data":
+        return await _read_multipart(capped, file_fields, max_body_bytes=max_body_bytes,
+                                     max_files=max_files, max_fields=max_fields)
+    if not content_type and declared in ("", "0") \
+            and "transfer-encoding" not in request.headers:
+        return {}, {}  # no body at all: validation reports the missing fields
+    raise _unsupported_media_type(content_type, multipart)
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise validation_error_response([{"type": "json_invalid"}]) from exc
+    if not isinstance(value, dict):
+        raise invalid_request("Request body must be a JSON object")
+    return value
+
+
+async def _read_multipart(request: Request, file_fields: frozenset[str], *,
+                          max_body_bytes: int, max_files: int, max_fields: int,
+                          ) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    try:
+        # Text parts are held in memory up to the body cap (base64 images may come as text);
+        # file parts are spooled to disk past 1 MB.
+        form = await request.form(max_files=max_files, max_fields=max_fields,
+                                  max_part_size=max_body_bytes)
+    except MultiPartException as exc:
+        raise invalid_request(f"Invalid multipart body: {exc.message}") from exc
+    except StarletteHTTPException as exc:  # how starlette reports the above inside an app
+        raise invalid_request(f"Invalid multipart body: {exc.detail}") from exc
+    fields: dict[str, Any] = {}
+    files: dict[str, list[bytes]] = {}
+    try:
+        for name, value in form.multi_items():
+            key = name.removesuffix("[]")
+            if isinstance(value, UploadFile):
+                if not value.filename and not value.size:
+                    continue  # a file input left empty in a browser form
+                if key not in file_fields:
+                    raise invalid_request(f"field {name!r} does not take a file upload", key)
+                if value.size is None or value.size >= MAX_IMAGE_BYTES:
+                    raise payload_too_large(_too_large_message(key, value.size))
+                files.setdefault(key, []).append(await value.read())
+            elif name.endswith("[]") or key in fields:
+                _as_list(fields, key).append(value)
+            else:
+                fields[key] = value
+    finally:
+        await form.close()
+    return fields, files
+
+
+def _as_list(fields: dict[str, Any], key: str) -> list[Any]:
+    current = fields.get(key)
+    if not isinstance(current, list):
+        current = fields[key] = [] if current is None else [current]
+    return current
+
+
+def check_anon_user_id(value: Any) -> str | None:
+    """The optional `anon_user_id`: 1 to 128 printable ASCII characters, without `||`."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid_request("anon_user_id must be a string", "anon_user_id")
+    if not 1 <= len(value) <= 128:
+        raise invalid_request("anon_user_id must be 1 to 128 characters long", "anon_user_id")
+    if any(not " " <= ch <= "~" for ch in value):
+        raise invalid_request(
+            "anon_user_id must contain printable ASCII characters only (0x20 to 0x7E)",
+            "anon_user_id")
+    if "||" in value:
+        raise invalid_request("anon_user_id must not contain '||'", "anon_user_id")
+    return value

@@ -1,0 +1,312 @@
+"""Image requests between the router and the image deployments: the model, the rate limits,
+the hold of the most the request may cost, the inputs (read and checked from their headers),
+one call to the deployment, and the settlement of what it did cost. Nothing is charged when
+any step fails: the hold goes back.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import Request
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.billing.admission import admit_and_hold
+from serve_app.billing.pricing import Cost, image_cost
+from serve_app.catalog import CatalogModel, ImageOperation
+from serve_app.errors import ApiError, invalid_request
+from serve_app.images import sizing
+from serve_app.images.inputs import ImageInput, inspect_image
+from serve_app.model_calls import call_model, stream_model
+from serve_app.responses import add_model_headers
+from serve_app.routing import RoutedModel
+from serve_app.schemas.images import (
+    BackgroundRemoveRequest,
+    GenerateRequest,
+    MultiEditRequest,
+    UpscaleRequest,
+)
+from serve_app.state import GatewayState
+from serve_app.timing import step_times, timed
+
+ENHANCE_SYSTEM_PROMPT = (
+    "You rewrite instructions for an image model. Make the user's instruction clear and "
+    "specific in one or two sentences: name the subject, the change, and the style. Answer "
+    "with the rewritten instruction only.")
+ENHANCE_MAX_TOKENS = 120
+
+
+@dataclass
+class Produced:
+    """What the image deployment made, with what the answer's headers need."""
+
+    model: CatalogModel
+    images: list[bytes]
+    media_type: str
+    width: int
+    height: int
+    blurred: bool
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+def model_for(state: GatewayState, operation: ImageOperation, name: str | None) -> RoutedModel:
+    """The model of an image operation: by name (id, alias or trait), or the operation's
+    default model when the endpoint takes no model (upscale, background removal)."""
+    if name is None or name == "default":
+        models = state.catalog.for_operation(operation)
+        if not models:
+            raise ApiError(503, f"No model serves image {operation} on this platform",
+                           code="MODEL_OFFLINE")
+        return RoutedModel(model=models[0], router="direct" if name is None else "alias")
+    routed = state.router.resolve(name)
+    if routed.model.operation != operation:
+        raise invalid_request(f"model {routed.model.id!r} cannot serve image {operation}; "
+                              f"use one of {_ids(state, operation)}", "model")
+    return routed
+
+
+def _ids(state: GatewayState, operation: ImageOperation) -> str:
+    return ", ".join(m.id for m in state.catalog.for_operation(operation)) or "(none)"
+
+
+async def _charged(request: Request, state: GatewayState, key: KeyRecord, routed: RoutedModel,
+                   max_cost: Cost, work: Callable[[], Awaitable[tuple[Produced, Cost]]]
+                   ) -> Produced:
+    """Limits and hold, then `work`; settle its cost, or release the hold if it fails."""
+    model = routed.model
+    _, hold = await admit_and_hold(request, state, key, model, 0, max_cost)
+    try:
+        state.router.handle(model)  # 503 before reading anything when the model is offline
+        add_model_headers(request, model, routed.router)
+        produced, cost = await work()
+    except BaseException:
+        await hold.finish(None)
+        raise
+    with timed(request, "settle"):
+        await hold.finish(cost)
+    return produced
+
+
+async def _run(request: Request, state: GatewayState, model: CatalogModel,
+               inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
+    handle = state.router.handle(model)
+    params = {**params, "_fields": [i.field for i in inputs]}
+    started = time.perf_counter()
+    with timed(request, "model"):
+        out = await call_model(handle.run, model.id, model.id, [i.data for i in inputs],
+                               params, fmt)
+    step_times(request).record("replica", out["replica_ms"])
+    total = (time.perf_counter() - started) * 1000
+    return Produced(model, out["images"], f"image/{fmt}", out["width"], out["height"],
+                    out["blurred"], timing={"inferenceDuration": out["replica_ms"],
+                                            "inferenceQueueTime": max(0.0, total
+                                                                      - out["replica_ms"])})
+
+
+# ---- upscale -----------------------------------------------------------------------------
+
+async def upscale(request: Request, state: GatewayState, key: KeyRecord, body: UpscaleRequest,
+                  source: Callable[[], Awaitable[bytes]]) -> Produced:
+    routed = model_for(state, "upscale", None)
+    model = routed.model
+
+    async def work() -> tuple[Produced, Cost]:
+        data = await source()
+        image = inspect_image(data, "image", min_pixels=sizing.UPSCALE_MIN_PIXELS)
+        scale = sizing.effective_scale(image.width, image.height, body.scale)
+        params = {"scale": scale, "creativity": body.clamped_creativity}
+        produced = await _run(request, state, model, [image], params, "png")
+        request.state.response_headers["x-service-upscale-factor"] = f"{scale:g}"
+        return produced, image_cost(model, scale=scale)
+
+    return await _charged(request, state, key, routed, image_cost(model, scale=body.scale),
+                          work)
+
+
+# ---- background removal ------------------------------------------------------------------
+
+async def remove_background(request: Request, state: GatewayState, key: KeyRecord,
+                            body: BackgroundRemoveRequest,
+                            source: Callable[[], Awaitable[bytes]]) -> Produced:
+    routed = model_for(state, "background-remove", None)
+    model = routed.model
+
+    async def work() -> tuple[Produced, Cost]:
+        image = inspect_image(await source(), "image", max_pixels=sizing.EDIT_MAX_PIXELS)
+        return await _run(request, state, model, [image], {}, "png"), image_cost(model)
+
+    return await _charged(request, state, key, routed, image_cost(model), work)
+
+
+# ---- edits -------------------------------------------------------------------------------
+
+def _edit_limits(model: CatalogModel, body: MultiEditRequest, count: int) -> None:
+    limit = model.constraints.get("promptCharacterLimit")
+    if limit and len(body.prompt) > int(limit):
+        raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} accepts "
+                              f"at most {int(limit)}", "prompt")
+    most = int(model.capabilities.get("maxInputImages", 1))
+    if count < 1:
+        raise invalid_request("at least one image is required", "images")
+    if count > most:
+        raise invalid_request(f"{count} images sent; {model.id} accepts at most {most}",
+                              "images")
+
+
+def _quality(model: CatalogModel, requested: str | None) -> str | None:
+    """The quality tier of models that publish `qualities`; others ignore the field."""
+    qualities = model.constraints.get("qualities")
+    if not qualities:
+        return None
+    return requested or model.constraints.get("defaultQuality") or qualities[-1]
+
+
+async def enhance_prompt(state: GatewayState, request_id: str, prompt: str) -> str | None:
+    """The prompt rewritten by the default text model, or None when no text model answers
+    (then nothing is charged for it)."""
+    try:
+        routed = state.router.resolve("default", "text")
+        handle = state.router.handle(routed.model)
+    except ApiError:
+        return None
+    engine_request = {
+        "request_id": f"{request_id}-enhance",
+        "messages": [{"role": "system", "content": ENHANCE_SYSTEM_PROMPT},
+                     {"role": "user", "content": prompt}],
+        "sampling": {"max_tokens": ENHANCE_MAX_TOKENS, "temperature": 0.2, "n": 1},
+        "json_schema": None,
+        "chat_template_kwargs": {},
+        "prompt_cache_key": None,
+    }
+    text = ""
+    try:
+        async for chunk in stream_model(handle.generate, routed.model.id, routed.model.id,
+                                        engine_request):
+            text += chunk.get("text", "")
+    except ApiError:
+        return None
+    text = " ".join(text.split())
+    return text or None
+
+
+async def edit(request: Request, state: GatewayState, key: KeyRecord, body: MultiEditRequest,
+               sources: list[Callable[[], Awaitable[bytes]]], fields: list[str]) -> Produced:
+    routed = model_for(state, "edit", body.model_name)
+    model = routed.model
+    _edit_limits(model, body, len(sources))
+    quality = _quality(model, body.quality)
+    resolution = sizing.resolution_of(model, body.resolution)
+    enhance = bool(body.enhance_prompt and model.pricing.get("enhancePrompt") is not None)
+    max_cost = image_cost(model, resolution=resolution, quality=quality,
+                          input_images=len(sources), enhanced=enhance)
+
+    async def work() -> tuple[Produced, Cost]:
+        inputs = [inspect_image(await read(), name, min_pixels=sizing.EDIT_MIN_PIXELS,
+                                max_pixels=sizing.EDIT_MAX_PIXELS)
+                  for read, name in zip(sources, fields, strict=True)]
+        size = sizing.output_size(model, body.aspect_ratio, resolution, inputs[0].width,
+                                  inputs[0].height)
+        fmt = {"jpg": "jpeg"}.get(body.output_format or "", body.output_format) or \
+            sizing.default_output_format(size.resolution)
+        prompt, enhanced = body.prompt, None
+        if enhance:
+            with timed(request, "enhance"):
+                enhanced = await enhance_prompt(state, request.state.request_id, prompt)
+            if enhanced:
+                prompt = enhanced
+                request.state.response_headers["x-service-enhanced-prompt"] = quote(enhanced,
+                                                                                   safe="")
+        params = {"prompt": prompt, "width": size.width, "height": size.height,
+                  "safe_mode": body.safe_mode, "seed": None, "steps": _steps(model, None),
+                  "optimize_prompt": not body.disable_prompt_optimization_thinking
+                  if model.capabilities.get("supportsOptimizePromptThinking") else None}
+        produced = await _run(request, state, model, inputs, params, fmt)
+        _content_headers(request, produced, body.safe_mode)
+        return produced, image_cost(model, resolution=size.resolution, quality=quality,
+                                    input_images=len(inputs), enhanced=enhanced is not None)
+
+    return await _charged(request, state, key, routed, max_cost, work)
+
+
+def _content_headers(request: Request, produced: Produced, safe_mode: bool) -> None:
+    headers = request.state.response_headers
+    headers["x-service-is-blurred"] = "true" if produced.blurred and safe_mode else "false"
+    headers["x-service-is-content-violation"] = "false"
+
+
+# ---- generation --------------------------------------------------------------------------
+
+def styled_prompt(state: GatewayState, prompt: str, style: str | None) -> str:
+    if style is None:
+        return prompt
+    styles = {s.lower(): s for s in state.catalog.image_styles}
+    if style.lower() not in styles:
+        raise invalid_request(f"style_preset {style!r} is not one of GET /image/styles",
+                              "style_preset")
+    return f"{prompt}, in {styles[style.lower()]} style"
+
+
+def _steps(model: CatalogModel, requested: int | None) -> int:
+    steps = model.constraints.get("steps") or {}
+    default, most = int(steps.get("default", 8)), int(steps.get("max", 50))
+    return min(requested or default, most)
+
+
+async def generate(request: Request, state: GatewayState, key: KeyRecord,
+                   body: GenerateRequest) -> Produced:
+    routed = model_for(state, "generate", body.model)
+    model = routed.model
+    limit = model.constraints.get("promptCharacterLimit")
+    if limit and len(body.prompt) > int(limit):
+        raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} accepts "
+                              f"at most {int(limit)}", "prompt")
+    prompt = styled_prompt(state, body.prompt, body.style_preset)
+    resolution = body.resolution if body.resolution in model.pricing.get(
+        "resolutions", {}) else None
+    quality = _quality(model, body.quality)
+    enhance = bool(body.enhance_prompt and model.pricing.get("enhancePrompt") is not None)
+    max_cost = image_cost(model, outputs=body.variants, resolution=resolution,
+                          quality=quality, enhanced=enhance)
+
+    async def work() -> tuple[Produced, Cost]:
+        nonlocal prompt
+        enhanced = None
+        if enhance:
+            with timed(request, "enhance"):
+                enhanced = await enhance_prompt(state, request.state.request_id, prompt)
+            if enhanced:
+                prompt = enhanced
+                request.state.response_headers["x-service-enhanced-prompt"] = quote(enhanced,
+                                                                                   safe="")
+        params = {"prompt": prompt, "negative_prompt": body.negative_prompt,
+                  "width": sizing.fit_divisor(body.width, model),
+                  "height": sizing.fit_divisor(body.height, model),
+                  "steps": _steps(model, body.steps), "cfg_scale": body.cfg_scale or 7.5,
+                  "seed": body.seed, "variants": body.variants, "safe_mode": body.safe_mode}
+        produced = await _run(request, state, model, [], params, body.format)
+        _content_headers(request, produced, body.safe_mode)
+        return produced, image_cost(model, outputs=len(produced.images),
+                                    resolution=resolution, quality=quality,
+                                    enhanced=enhanced is not None)
+
+    return await _charged(request, state, key, routed, max_cost, work)
+
+
+def generate_payload(request: Request, body: GenerateRequest, produced: Produced,
+                     started: float) -> dict[str, Any]:
+    """The published JSON answer of `/image/generate`."""
+    return {
+        "id": f"generate-image-{uuid.uuid4().hex}",
+        "images": [base64.b64encode(image).decode("ascii") for image in produced.images],
+        "request": body.model_dump(mode="json"),
+        "timing": {"inferenceDuration": produced.timing.get("inferenceDuration", 0.0),
+                   "inferencePreprocessingTime": 0.0,
+                   "inferenceQueueTime": produced.timing.get("inferenceQueueTime", 0.0),
+                   "total": (time.perf_counter() - started) * 1000},
+    }
