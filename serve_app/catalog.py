@@ -19,6 +19,10 @@ ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "
                     "music"]
 MODEL_TYPES: tuple[str, ...] = ModelType.__args__  # type: ignore[attr-defined]
 SizeClass = Literal["XS", "S", "M", "L"]
+# What an image model does; each image endpoint serves the models of one operation.
+ImageOperation = Literal["generate", "edit", "upscale", "background-remove"]
+_DEFAULT_OPERATION: dict[str, ImageOperation] = {"image": "generate", "inpaint": "edit",
+                                                 "upscale": "upscale"}
 
 TEXT_CAPABILITY_DEFAULTS: dict[str, Any] = {
     "optimizedForCode": False,
@@ -78,12 +82,23 @@ class CatalogModel(BaseModel):
     dimensions: int | None = None
     # Per-model rate-limit overrides: {requests_per_minute, tokens_per_minute}.
     rate_limits: dict[str, int] = Field(default_factory=dict)
+    # Image models: the endpoint family that serves them (by default from `type`: image ->
+    # generate, inpaint -> edit, upscale -> upscale). Not part of the public record.
+    operation: ImageOperation | None = None
 
     @model_validator(mode="after")
     def _text_needs_size(self) -> CatalogModel:
         if self.type == "text" and self.size_class is None:
             raise ValueError(f"text model {self.id!r} needs a size_class (XS, S, M or L)")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_operation(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("operation") is None \
+                and data.get("type") in _DEFAULT_OPERATION:
+            data = {**data, "operation": _DEFAULT_OPERATION[data["type"]]}
+        return data
 
     @property
     def rate_limit_class(self) -> str | None:
@@ -217,6 +232,11 @@ class Catalog(BaseModel):
             return [m for m in self.models
                     if m.type == "text" and m.capabilities.get("optimizedForCode")]
         return [m for m in self.models if m.type == model_type]
+
+    def for_operation(self, operation: ImageOperation) -> list[CatalogModel]:
+        """The image models of one operation, those with the `default` trait first."""
+        found = [m for m in self.models if m.operation == operation]
+        return sorted(found, key=lambda m: "default" not in m.traits)
 
     @property
     def deployments(self) -> set[str]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from fastapi import Request
 
 from serve_app.auth.key_store import KeyRecord
-from serve_app.billing.pricing import price
+from serve_app.billing.pricing import Cost, price
 from serve_app.billing.service import Hold, check_privacy, payer_of
 from serve_app.catalog import CatalogModel
 from serve_app.limits.service import Ticket
@@ -21,18 +21,20 @@ MaxUnits = Callable[[CatalogModel], dict[str, int]]
 
 
 async def hold_for(request: Request, state: GatewayState, key: KeyRecord,
-                   models: Sequence[CatalogModel], max_units: MaxUnits) -> Hold:
-    """Hold the highest price any of `models` (the model and its fallbacks) may charge."""
+                   models: Sequence[CatalogModel], max_units: MaxUnits | Cost) -> Hold:
+    """Hold the highest price any of `models` (the model and its fallbacks) may charge: their
+    token prices of `max_units`, or a price already computed (images)."""
     for model in models:
         check_privacy(key, model)
-    amount = max(price(model, max_units(model)).nanos for model in models)
+    amount = max_units.nanos if isinstance(max_units, Cost) else max(
+        price(model, max_units(model)).nanos for model in models)
     hold = await state.billing.hold(request.state.request_id, payer_of(key), amount)
     set_balance_headers(request, hold.before)
     return hold
 
 
 async def admit_and_hold(request: Request, state: GatewayState, key: KeyRecord,
-                         model: CatalogModel, tokens: int, max_units: MaxUnits
+                         model: CatalogModel, tokens: int, max_units: MaxUnits | Cost
                          ) -> tuple[Ticket | None, Hold]:
     """Rate limits (`tokens`: the prompt estimate), then the hold. When the key's last count
     left it well inside its limits, the two round trips run side by side, and a refusal by

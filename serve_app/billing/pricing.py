@@ -24,6 +24,8 @@ LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
     "seconds": ("seconds", 1, "seconds", "Seconds"),
     "minutes": ("minutes", 1, "minutes", "Minutes"),
     "credits": ("credits", 1, "credits", "Credits"),  # crypto RPC calls
+    "input_images": ("inputImages", 1, "images", "Input Images"),  # edits: extra inputs
+    "prompt_enhancement": ("enhancePrompt", 1, "requests", "Prompt Enhancement"),
 }
 
 # `modelType` of the analytics answer, per catalog model type.
@@ -104,3 +106,61 @@ def sku(model: CatalogModel, line_type: str) -> str:
     kind = {"text": "llm"}.get(model.type, model.type)
     unit = {1_000_000: "mtoken", 1_000: "kchar"}.get(LINE_TYPES[line_type][1], "unit")
     return f"{model.id}-{kind}-{line_type.replace('_', '-')}-{unit}"
+
+
+def _usd(entry: object) -> Decimal | None:
+    if isinstance(entry, dict):
+        entry = entry.get("usd")
+    return None if entry is None else Decimal(str(entry))
+
+
+def _nanos(usd: Decimal, count: int = 1) -> int:
+    return int((usd * count * NANOS_PER_UNIT).to_integral_value(ROUND_CEILING))
+
+
+def upscale_tier(model: CatalogModel, scale: float) -> str:
+    """The catalog's upscale tier (`2x`, `4x`, ...) that pays for `scale`: the smallest tier
+    at least as large, else the largest."""
+    tiers = sorted((float(name.rstrip("x")), name) for name in model.pricing.get("upscale", {}))
+    if not tiers:
+        raise ValueError(f"model {model.id} has no upscale prices")
+    for factor, name in tiers:
+        if scale <= factor + 1e-9:
+            return name
+    return tiers[-1][1]
+
+
+def image_cost(model: CatalogModel, *, outputs: int = 1, scale: float | None = None,
+               resolution: str | None = None, quality: str | None = None,
+               input_images: int = 1, enhanced: bool = False) -> Cost:
+    """The price of one image request, by the catalog's image prices:
+
+    - upscale: `pricing.upscale["2x" | "4x" ...]` by the effective scale (upscale_tier);
+    - edits: `pricing.inpaint`, or `resolutions[resolution]`, or `quality[resolution][quality]`,
+      plus `inputImages.additional` per input image beyond `inputImages.included`;
+    - generation and background removal: `pricing.generation`, or the resolution/quality
+      tables as for edits, per output image;
+    - `enhancePrompt` when a prompt rewrite was generated.
+    """
+    pricing = model.pricing
+    if model.operation == "upscale":
+        per_image = _usd(pricing["upscale"][upscale_tier(model, scale or 2)])
+    else:
+        per_image = _usd(pricing.get("inpaint" if model.operation == "edit" else "generation"))
+        if resolution is not None and resolution in pricing.get("resolutions", {}):
+            per_image = _usd(pricing["resolutions"][resolution])
+        tier = pricing.get("quality", {}).get(resolution or "1K", {})
+        if quality is not None and quality in tier:
+            per_image = _usd(tier[quality])
+    if per_image is None:
+        raise ValueError(f"model {model.id} has no price for this request")
+    lines = [PricedLine("image", outputs, _nanos(per_image, outputs), float(per_image))]
+    extra = pricing.get("inputImages")
+    if extra and input_images > int(extra.get("included", 0)):
+        count = input_images - int(extra.get("included", 0))
+        each = _usd(extra.get("additional")) or Decimal(0)
+        lines.append(PricedLine("input_images", count, _nanos(each, count), float(each)))
+    if enhanced:
+        each = _usd(pricing.get("enhancePrompt")) or Decimal(0)
+        lines.append(PricedLine("prompt_enhancement", 1, _nanos(each), float(each)))
+    return Cost(model, tuple(line for line in lines if line.nanos > 0))

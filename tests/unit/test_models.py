@@ -23,7 +23,21 @@ def test_models_are_listed_without_a_key_in_the_published_shape(gateway):
         assert record["object"] == "model"
         spec = record["model_spec"]
         assert {"pricing", "privacy", "traits", "name"} <= set(spec)
-        assert spec["pricing"]["input"]["usd"] > 0
+        if record["type"] in ("text", "embedding"):
+            assert spec["pricing"]["input"]["usd"] > 0
+        else:  # images: per image, per tier
+            assert spec["pricing"]
+
+
+def test_image_models_are_listed_per_type_with_their_prices(gateway):
+    images = gateway.client.get("/api/v1/models?type=image").json()["data"]
+    assert {m["id"] for m in images} == {"stable-diffusion-test", "background-remover"}
+    upscale = gateway.client.get("/api/v1/models?type=upscale").json()["data"]
+    assert upscale[0]["model_spec"]["pricing"]["upscale"]["4x"]["usd"] == 0.08
+    edit = gateway.client.get("/api/v1/models?type=inpaint").json()["data"][0]
+    assert edit["model_spec"]["capabilities"]["maxInputImages"] == 3
+    assert "TEST WEIGHTS" in edit["model_spec"]["description"]
+    assert "operation" not in edit and "operation" not in edit["model_spec"]
 
 
 def test_models_type_filter(gateway):
