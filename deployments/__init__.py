@@ -17,6 +17,7 @@ from serve_app.catalog import CatalogModel
 
 DeploymentBuilder = Callable[[list[CatalogModel], dict[str, Any]], Application]
 
+
 def _embedding(models: list[CatalogModel], settings: dict[str, Any]) -> Application:
     from deployments import embedding
 
@@ -32,7 +33,21 @@ def _text(name: str) -> DeploymentBuilder:
     return build
 
 
+def _image(name: str) -> DeploymentBuilder:
+    def build(models: list[CatalogModel], settings: dict[str, Any]) -> Application:
+        from deployments import image
+
+        return image.bind(name, models, settings)
+
+    return build
+
+
+# Image deployments, one per engine family: upscaling, background removal (matting), and
+# diffusion pipelines (edit and generation).
+IMAGE_DEPLOYMENTS = ("image-upscale", "image-matting", "image-diffusion")
+
 MODEL_DEPLOYMENTS: dict[str, DeploymentBuilder] = {
     "embedding": _embedding,
     **{name: _text(name) for name in ("text-xs", "text-s", "text-m", "text-l")},
+    **{name: _image(name) for name in IMAGE_DEPLOYMENTS},
 }

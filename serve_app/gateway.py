@@ -21,6 +21,7 @@ from serve_app.api import (
     chat,
     crypto,
     embeddings,
+    images,
     models,
     responses,
     x402,
@@ -88,6 +89,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(api_keys.router)
     app.include_router(embeddings.router)
     app.include_router(chat.router)
+    app.include_router(images.router)
     app.include_router(responses.router)
     app.include_router(billing.router)
     app.include_router(characters.router)

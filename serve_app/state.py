@@ -20,6 +20,7 @@ from serve_app.control.key_events import KeyEvents, LocalKeyEvents
 from serve_app.crypto.service import CryptoRpc
 from serve_app.db.engine import make_engine
 from serve_app.embeddings.service import Embedder
+from serve_app.images.inputs import ImageSourceReader, image_fetcher
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.service import RateLimits
@@ -57,6 +58,7 @@ class GatewayState:
     billing: Billing
     limits: RateLimits
     embedder: Embedder
+    image_sources: ImageSourceReader
     crypto_rpc: CryptoRpc
     wallets: WalletAuth
     payments: PaymentConfig
@@ -90,6 +92,7 @@ class GatewayState:
             limits=RateLimits(limiter_backend(settings), engine,
                               tiers=load_tiers(settings.rate_limit_tiers)),
             embedder=Embedder(router),
+            image_sources=ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts)),
             crypto_rpc=CryptoRpc.from_settings(settings),
             wallets=WalletAuth(billing.writer, sign_in_domains(settings)),
             payments=payments,

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deployments import IMAGE_DEPLOYMENTS
 from serve_app.auth.x402 import dev_facilitator
 from serve_app.process_tree import ray_processes, reap
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
@@ -183,8 +184,8 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     # sign-ins name whichever replica they reach.
     facilitator_url, stop_facilitator = dev_facilitator.start_in_thread()
     # Logical CPUs for placement only (the machine has 2 cores): two applications of two
-    # Gateway replicas each, plus the model replicas, need a little more than 2.
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    # Gateway replicas each, plus the text, embedding and image replicas, need about 3.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": base + replicas})
     app = build_app({
         "settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
@@ -195,7 +196,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
                      "x402_pay_to_evm": X402_PAY_TO},
         "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
         # text-m stays down: its model tests fallbacks and MODEL_OFFLINE.
-        "model_deployments": ["text-xs", "text-s", "embedding"],
+        "model_deployments": ["text-xs", "text-s", "embedding", *IMAGE_DEPLOYMENTS],
     })
     serve.run(app, name="inference", route_prefix="/", blocking=False)
     # Serve answers before the model replicas are up: wait until they are.
@@ -209,7 +210,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
                          "initial_credit_usd": 100, "model_catalog": str(CATALOG),
                          "redis_url": redis.url, "redis_prefix": f"it-{uuid.uuid4().hex[:6]}"},
             "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
-            "model_deployments": ["text-xs", "text-s", "embedding"],
+            "model_deployments": ["text-xs", "text-s", "embedding", *IMAGE_DEPLOYMENTS],
             "model_app": "inference",
         })
         serve.run(pg_app, name="inference-pg", route_prefix=PG_ROUTE, blocking=False)

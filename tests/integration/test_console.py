@@ -4,12 +4,14 @@ key, stream a chat. Screenshots are saved under test-artifacts/console/."""
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 
 from serve_app.cli import run as cli
 from serve_app.settings import Settings
@@ -122,6 +124,28 @@ def test_console_signs_in_charts_usage_manages_keys_and_streams_chat(platform, b
     page.get_by_test_id("embed-send").click()
     expect(page.get_by_test_id("embed-output")).to_contain_text("384")  # MiniLM's dimensions
     shot(page, "playground")
+
+    # Images: upscale and background removal of an uploaded file, shown in the page.
+    picture = io.BytesIO()
+    Image.new("RGB", (256, 256), (30, 90, 160)).save(picture, "PNG")
+    page.get_by_test_id("image-file").set_input_files(
+        {"name": "square.png", "mimeType": "image/png", "buffer": picture.getvalue()})
+    page.get_by_test_id("image-op").select_option("upscale")
+    page.get_by_test_id("image-scale").select_option("2")
+    page.get_by_test_id("image-send").click()
+    result = page.get_by_test_id("image-output")
+    expect(result).to_be_visible(timeout=120_000)
+    page.wait_for_function(
+        "document.querySelector('[data-testid=image-output]').naturalWidth > 0")
+    assert result.evaluate("img => img.naturalWidth") == 512
+    expect(page.get_by_test_id("response-headers")).to_contain_text("upscaler")
+    page.get_by_test_id("image-op").select_option("background-remove")
+    page.get_by_test_id("image-send").click()
+    expect(page.get_by_test_id("response-headers")).to_contain_text("background-remover",
+                                                                    timeout=120_000)
+    page.wait_for_function(
+        "document.querySelector('[data-testid=image-output]').naturalWidth === 256")
+    shot(page, "playground-images")
 
     # A phone-width screen: nothing wider than the screen.
     page.set_viewport_size({"width": 375, "height": 800})

@@ -1,5 +1,6 @@
 """A stand-in for the outside web, as a real HTTP server on loopback: a search provider
-(`POST /search`) and pages to scrape (`GET /page/<name>`). It records what it was asked."""
+(`POST /search`), pages to scrape (`GET /page/<name>`) and files a test publishes
+(`GET /files/<name>`, see `publish`). It records what it was asked."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class FakeWeb:
     def __init__(self) -> None:
         self.searches: list[dict] = []
         self.fetched: list[str] = []
+        self.files: dict[str, tuple[bytes, str]] = {}
         web = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,7 +43,9 @@ class FakeWeb:
             def do_GET(self) -> None:
                 web.fetched.append(self.path)
                 name = self.path.rsplit("/", 1)[-1]
-                if name in PAGES:
+                if self.path.startswith("/files/") and name in web.files:
+                    self._send(200, *web.files[name])
+                elif name in PAGES:
                     self._send(200, PAGES[name].encode(), "text/html; charset=utf-8")
                 else:
                     self._send(404, b"missing", "text/plain")
@@ -50,6 +54,11 @@ class FakeWeb:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def publish(self, name: str, body: bytes, content_type: str) -> str:
+        """Serve `body` at the returned URL."""
+        self.files[name] = (body, content_type)
+        return f"{self.base}/files/{name}"
 
     @property
     def base(self) -> str:

@@ -1,0 +1,108 @@
+"""The image deployments: one Serve deployment per engine family (image-upscale: Real-ESRGAN,
+image-matting: background removal, image-diffusion: diffusers edit and generation), each
+with its own autoscaling bounds and a bounded queue.
+
+The gateway checks every input from its header and sends the bytes; decoding, the engine and
+encoding all run here, in a worker thread, so neither the gateway's event loop nor this
+replica's stops answering while a picture is computed. A full queue refuses (Serve's
+`max_queued_requests`), which the gateway answers as 503 `MODEL_AT_CAPACITY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import threading
+import time
+from typing import Any
+
+from ray import serve
+
+from deployments.engines.image import ENGINES
+from deployments.errors import engine_error
+from deployments.weights import prepare_weights
+from serve_app.images.inputs import ImageInputError, decode_image
+
+logger = logging.getLogger("deployments.image")
+
+# Pillow's encoder names and options per output format.
+_ENCODERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "png": ("PNG", {"optimize": False, "compress_level": 6}),
+    "jpeg": ("JPEG", {"quality": 92}),
+    "webp": ("WEBP", {"quality": 90}),
+}
+
+
+def encode(image: Any, fmt: str) -> bytes:
+    name, options = _ENCODERS[fmt]
+    if name == "JPEG" and image.mode not in ("RGB", "L"):
+        image = image.convert("RGB")  # JPEG has no alpha
+    out = io.BytesIO()
+    image.save(out, name, **options)
+    return out.getvalue()
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.25},
+    max_ongoing_requests=2,
+    max_queued_requests=16,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
+    graceful_shutdown_timeout_s=30,
+)
+class ImageDeployment:
+    def __init__(self, models: list[dict[str, Any]]) -> None:
+        self.engines: dict[str, Any] = {}
+        for model in models:
+            options = {k: v for k, v in model["engine_options"].items() if k != "build"}
+            path = (str(prepare_weights(model["weights"], model["engine_options"]))
+                    if model["weights"] else None)
+            self.engines[model["id"]] = ENGINES[model["engine"]](path, options)
+            logger.info("image model %s (%s) loaded from %s", model["id"], model["engine"],
+                        path or "its package")
+        # One picture at a time per replica: the engines use every thread they are given.
+        self._busy = threading.Lock()
+
+    def _work(self, engine: Any, images: list[bytes], params: dict[str, Any],
+              fmt: str) -> dict[str, Any]:
+        fields = params.pop("_fields", None) or ["image"] * len(images)
+        decoded = [decode_image(data, field) for data, field in zip(images, fields, strict=True)]
+        with self._busy:
+            outputs = engine.run(decoded, params)
+        return {
+            "images": [encode(image, fmt) for image in outputs],
+            "width": outputs[0].width,
+            "height": outputs[0].height,
+            "blurred": any(image.info.get("blurred") for image in outputs),
+        }
+
+    async def run(self, model_id: str, images: list[bytes], params: dict[str, Any],
+                  fmt: str) -> dict[str, Any]:
+        """Decode `images`, run the model's engine with `params`, encode each output as
+        `fmt` (png, jpeg, webp). A bad input is reported as data (a 400 for the client)."""
+        engine = self.engines.get(model_id)
+        if engine is None:
+            return engine_error(404, f"Model {model_id!r} is not served here",
+                                code="MODEL_NOT_FOUND")
+        started = time.perf_counter()
+        try:
+            out = await asyncio.to_thread(self._work, engine, images, dict(params), fmt)
+        except ImageInputError as exc:
+            return engine_error(exc.status, str(exc), code=exc.code, field=exc.field)
+        except ValueError as exc:  # a parameter the engine cannot honour
+            return engine_error(400, str(exc))
+        except MemoryError:
+            logger.exception("image model %s ran out of memory", model_id)
+            return engine_error(503, f"Model {model_id} is at capacity; try again later",
+                                code="MODEL_AT_CAPACITY")
+        out["replica_ms"] = (time.perf_counter() - started) * 1000
+        return out
+
+
+def bind(name: str, models: list, settings: dict[str, Any]):
+    from pathlib import Path
+
+    data_dir = Path(settings["data_dir"])
+    specs = [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
+              "engine_options": dict(m.engine_options)} for m in models]
+    return ImageDeployment.options(name=name).bind(specs)
