@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from serve_app.cli import run as cli
 from serve_app.settings import Settings
@@ -126,8 +126,9 @@ def test_console_signs_in_charts_usage_manages_keys_and_streams_chat(platform, b
     shot(page, "playground")
 
     # Images: upscale and background removal of an uploaded file, shown in the page.
-    picture = io.BytesIO()
-    Image.new("RGB", (256, 256), (30, 90, 160)).save(picture, "PNG")
+    picture, square = io.BytesIO(), Image.new("RGB", (256, 256), (30, 90, 160))
+    ImageDraw.Draw(square).ellipse((64, 48, 192, 208), fill=(240, 190, 40))
+    square.save(picture, "PNG")
     page.get_by_test_id("image-file").set_input_files(
         {"name": "square.png", "mimeType": "image/png", "buffer": picture.getvalue()})
     page.get_by_test_id("image-op").select_option("upscale")

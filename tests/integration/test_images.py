@@ -322,3 +322,34 @@ def test_images_without_credentials_answer_the_wallet_discovery_402(platform):
                       json={"image": _b64(_png((256, 256)))})
     assert resp.status_code == 402
     assert resp.json()["x402Version"] and "PAYMENT-REQUIRED" in resp.headers
+
+
+def test_a_wallet_pays_for_an_upscale_with_its_credit(platform):
+    import asyncio
+
+    from tests.integration.test_wallets import sign_in, top_up_with_the_x402_client
+    from tests.wallets import Wallet
+
+    first, second = platform.replica_urls
+    wallet = Wallet()
+    paid = asyncio.run(top_up_with_the_x402_client(wallet, f"{first}/x402/top-up"))
+    assert paid.status_code == 200, paid.text
+    body = {"image": _b64(_png((256, 256))), "scale": 2}
+    asked = httpx.post(f"{second}/image/upscale", json=body)
+    assert asked.status_code == 402
+    resp = httpx.post(f"{second}/image/upscale", json=body, headers=sign_in(wallet, asked),
+                      timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert _open(resp).size == (512, 512)
+    assert resp.headers["X-Balance-Remaining"] == "4.980000"  # 5 USD less the 2x price
+
+
+def test_image_requests_are_rate_limited_per_key_at_the_image_class(account):
+    tiny = _b64(_png((64, 64)))
+    answers = [account.post("/image/background-remove", json={"image": tiny})
+               for _ in range(21)]
+    assert [r.status_code for r in answers[:20]] == [200] * 20
+    refused = answers[20]
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["x-ratelimit-limit-requests"] == "20"
+    assert account.spent() == 20 * _nanos("0.005")  # the refused one charged nothing
