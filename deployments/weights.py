@@ -17,6 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from deployments.engines.audio import join_whisper_parts
 from deployments.image_weights import (
     build_tiny_instruct_pix2pix,
     build_tiny_matting_onnx,
@@ -135,7 +136,9 @@ def _build_tiny(target: Path, seed: int) -> dict:
 BUILDERS = {"smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model,
             # image test weights (deployments/image_weights.py)
             "tiny-sd": build_tiny_sd, "tiny-instruct-pix2pix": build_tiny_instruct_pix2pix,
-            "tiny-matting-onnx": build_tiny_matting_onnx}
+            "tiny-matting-onnx": build_tiny_matting_onnx,
+            # Whisper base joined from the two packages that ship it in parts
+            "whisper-base": join_whisper_parts}
 
 
 def prepare_weights(spec: str, engine_options: dict) -> Path:
