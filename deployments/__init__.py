@@ -42,6 +42,19 @@ def _image(name: str) -> DeploymentBuilder:
     return build
 
 
+def _audio(kind: str) -> Callable[[str], DeploymentBuilder]:
+    def named(name: str) -> DeploymentBuilder:
+        def build(models: list[CatalogModel], settings: dict[str, Any]) -> Application:
+            from deployments import audio
+
+            binder = audio.bind_speech if kind == "speech" else audio.bind_transcription
+            return binder(name, models, settings)
+
+        return build
+
+    return named
+
+
 # Image deployments, one per engine family: upscaling, background removal (matting), and
 # diffusion pipelines (edit and generation).
 IMAGE_DEPLOYMENTS = ("image-upscale", "image-matting", "image-diffusion")
@@ -50,4 +63,7 @@ MODEL_DEPLOYMENTS: dict[str, DeploymentBuilder] = {
     "embedding": _embedding,
     **{name: _text(name) for name in ("text-xs", "text-s", "text-m", "text-l")},
     **{name: _image(name) for name in IMAGE_DEPLOYMENTS},
+    "speech": _audio("speech")("speech"),
+    "transcription": _audio("transcription")("transcription"),
 }
+AUDIO_DEPLOYMENTS = ("speech", "transcription")

@@ -85,6 +85,10 @@ class CatalogModel(BaseModel):
     # Image models: the endpoint family that serves them (by default from `type`: image ->
     # generate, inpaint -> edit, upscale -> upscale). Not part of the public record.
     operation: ImageOperation | None = None
+    # Speech models: the voices they offer, the audio formats they answer in, the default.
+    voices: list[str] = Field(default_factory=list)
+    supported_formats: list[str] = Field(default_factory=list)
+    default_format: str | None = None
 
     @model_validator(mode="after")
     def _text_needs_size(self) -> CatalogModel:
@@ -143,6 +147,11 @@ class CatalogModel(BaseModel):
             spec["capabilities"] = dict(self.capabilities)
         if self.constraints:
             spec["constraints"] = self.constraints
+        if self.voices:
+            spec["voices"] = list(self.voices)
+        if self.supported_formats:
+            spec["supported_formats"] = list(self.supported_formats)
+            spec["default_format"] = self.default_format or self.supported_formats[0]
         if self.context_length:
             spec["availableContextTokens"] = self.context_length
         if self.max_completion_tokens:

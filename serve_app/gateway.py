@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.api import (
     api_keys,
+    audio,
     billing,
     characters,
     chat,
@@ -90,6 +91,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(embeddings.router)
     app.include_router(chat.router)
     app.include_router(images.router)
+    app.include_router(audio.router)
     app.include_router(responses.router)
     app.include_router(billing.router)
     app.include_router(characters.router)

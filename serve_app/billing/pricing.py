@@ -26,6 +26,10 @@ LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
     "credits": ("credits", 1, "credits", "Credits"),  # crypto RPC calls
     "input_images": ("inputImages", 1, "images", "Input Images"),  # edits: extra inputs
     "prompt_enhancement": ("enhancePrompt", 1, "requests", "Prompt Enhancement"),
+    # Speech: characters read aloud, priced per million as published (`input`); audio
+    # transcribed, per second (`per_audio_second`).
+    "speech_characters": ("input", 1_000_000, "chars", "Characters"),
+    "audio_seconds": ("per_audio_second", 1, "seconds", "Audio Seconds"),
 }
 
 # `modelType` of the analytics answer, per catalog model type.

@@ -1,0 +1,160 @@
+"""The audio deployments: `speech` (text to speech, streamed sentence by sentence) and
+`transcription` (speech to text), each with its own autoscaling bounds and a bounded queue.
+
+Engines are synchronous and CPU-bound: they run in a worker thread of the replica, so its
+event loop keeps answering (health checks, other calls) while audio is computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from ray import serve
+
+from deployments.engines.audio import ENGINES, encode_audio
+from deployments.errors import engine_error
+from deployments.weights import prepare_weights
+
+logger = logging.getLogger("deployments.audio")
+
+_DONE = object()
+
+
+async def in_thread(produce: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+    """The items of a blocking iterator, computed in a worker thread as they come."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=8)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in produce():
+                if stop.is_set():
+                    return
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+        except BaseException as exc:  # handed to the consumer
+            asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+            return
+        asyncio.run_coroutine_threadsafe(queue.put(_DONE), loop).result()
+
+    worker = loop.run_in_executor(None, run)
+    try:
+        while True:
+            item = await queue.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while not queue.empty():  # let a blocked producer finish
+            queue.get_nowait()
+        await asyncio.shield(worker)
+
+
+def _load(models: list[dict[str, Any]]) -> dict[str, Any]:
+    engines = {}
+    for model in models:
+        options = {k: v for k, v in model["engine_options"].items() if k != "build"}
+        path = (str(prepare_weights(model["weights"], model["engine_options"]))
+                if model["weights"] else None)
+        engines[model["id"]] = ENGINES[model["engine"]](path, options)
+        logger.info("audio model %s (%s) loaded from %s", model["id"], model["engine"],
+                    path or "its package")
+    return engines
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.25},
+    max_ongoing_requests=4,
+    max_queued_requests=32,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
+    graceful_shutdown_timeout_s=30,
+)
+class SpeechDeployment:
+    def __init__(self, models: list[dict[str, Any]]) -> None:
+        self.engines = _load(models)
+        self._busy = threading.Lock()  # one synthesis at a time: the engine uses its threads
+
+    def voices(self, model_id: str) -> list[str]:
+        return list(self.engines[model_id].voices())
+
+    async def speak(self, model_id: str, text: str, voice: str, speed: float,
+                    fmt: str) -> AsyncIterator[Any]:
+        """Encoded audio of `text`, piece by piece as sentences are synthesized; the first
+        item is `{"sample_rate"}` (or an error), the rest are bytes."""
+        engine = self.engines.get(model_id)
+        if engine is None:
+            yield engine_error(404, f"Model {model_id!r} is not served here",
+                               code="MODEL_NOT_FOUND")
+            return
+        if voice not in engine.voices():
+            yield engine_error(400, f"voice {voice!r} is not offered by {model_id}; use one "
+                                    f"of {', '.join(engine.voices())}", field="voice")
+            return
+        yield {"sample_rate": engine.sample_rate}
+
+        def produce() -> Iterator[bytes]:
+            with self._busy:
+                yield from encode_audio(engine.synthesize(text, voice, speed),
+                                        engine.sample_rate, fmt)
+
+        async for piece in in_thread(produce):
+            yield piece
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.25},
+    max_ongoing_requests=2,
+    max_queued_requests=16,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
+    graceful_shutdown_timeout_s=30,
+)
+class TranscriptionDeployment:
+    def __init__(self, models: list[dict[str, Any]]) -> None:
+        self.engines = _load(models)
+        self._busy = threading.Lock()
+
+    async def transcribe(self, model_id: str, audio: bytes, language: str | None,
+                         timestamps: bool) -> dict[str, Any]:
+        engine = self.engines.get(model_id)
+        if engine is None:
+            return engine_error(404, f"Model {model_id!r} is not served here",
+                                code="MODEL_NOT_FOUND")
+        started = time.perf_counter()
+
+        def work() -> dict[str, Any]:
+            with self._busy:
+                return engine.transcribe(audio, language, timestamps)
+
+        try:
+            out = await asyncio.to_thread(work)
+        except ValueError as exc:  # audio that cannot be decoded or is too long; a language
+            message = str(exc)       # the model does not know
+            if message.startswith("language"):
+                return engine_error(400, message, field="language")
+            return engine_error(400, message, code="INVALID_AUDIO_FORMAT", field="file")
+        out["replica_ms"] = (time.perf_counter() - started) * 1000
+        return out
+
+
+def _specs(models: list, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    from pathlib import Path
+
+    data_dir = Path(settings["data_dir"])
+    return [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
+             "engine_options": dict(m.engine_options)} for m in models]
+
+
+def bind_speech(name: str, models: list, settings: dict[str, Any]):
+    return SpeechDeployment.options(name=name).bind(_specs(models, settings))
+
+
+def bind_transcription(name: str, models: list, settings: dict[str, Any]):
+    return TranscriptionDeployment.options(name=name).bind(_specs(models, settings))

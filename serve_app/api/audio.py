@@ -1,0 +1,93 @@
+"""Audio endpoints of the chat-completion convention, as published: speech
+(`POST /audio/speech`, streamed or whole), transcription (`POST /audio/transcriptions`,
+multipart with a `file`), and the voices of the speech models (`GET /audio/voices`). The
+`openai` SDK's `audio.speech.create` and `audio.transcriptions.create` work unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from starlette.datastructures import UploadFile
+
+from serve_app.api.deps import InferenceCaller, JsonBody, State
+from serve_app.audio import service
+from serve_app.errors import ApiError, invalid_request
+from serve_app.images.inputs import payload_too_large
+from serve_app.responses import json_response
+from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
+
+router = APIRouter(tags=["Audio"])
+
+MAX_AUDIO_BYTES = 25 * 1024 * 1024  # files must be smaller
+
+
+@router.post("/audio/speech", dependencies=[JsonBody], summary="Text to speech",
+             response_class=Response,
+             responses={200: {"content": {t: {"schema": {"type": "string", "format": "binary"}}
+                                          for t in service.CONTENT_TYPES.values()},
+                              "description": "The audio"}})
+async def create_speech(body: SpeechRequest, request: Request, key: InferenceCaller,
+                        state: State) -> Response:
+    speech = await service.speak(request, state, key, body)
+    if body.streaming:
+        return StreamingResponse(speech.pieces, media_type=speech.media_type)
+    audio = b"".join([piece async for piece in speech.pieces])
+    return Response(audio, media_type=speech.media_type)
+
+
+async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
+    """The form's plain fields and the bytes of its `file` (under 25 MB)."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise ApiError(415, f"Invalid content type {content_type or '(none)'!r}: send "
+                            "multipart/form-data with the audio as `file`",
+                       code="INVALID_CONTENT_TYPE")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_AUDIO_BYTES + 1024 * 1024:
+        raise payload_too_large(f"Request body exceeds {MAX_AUDIO_BYTES} bytes")
+    try:
+        form = await request.form(max_files=1, max_fields=16)
+    except Exception as exc:  # a broken multipart body, or too many parts
+        raise invalid_request(f"Invalid multipart body: {exc}") from exc
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise invalid_request("file is required: the audio as a file upload", "file")
+        if upload.size is not None and upload.size >= MAX_AUDIO_BYTES:
+            raise payload_too_large(f"the audio file is {upload.size} bytes; files must be "
+                                    f"smaller than 25 MB ({MAX_AUDIO_BYTES} bytes)")
+        data = await upload.read()
+        if not data:
+            raise invalid_request("file is empty", "file")
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        return fields, data
+    finally:
+        await form.close()
+
+
+@router.post("/audio/transcriptions", summary="Speech to text",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "multipart/form-data": {"schema": {
+                     **TranscriptionRequest.model_json_schema(),
+                     "properties": {"file": {"type": "string", "format": "binary"},
+                                    **TranscriptionRequest.model_json_schema()["properties"]},
+                     "required": ["file"]}}}}})
+async def create_transcription(request: Request, key: InferenceCaller,
+                               state: State) -> Response:
+    fields, audio = await _upload(request)
+    body = TranscriptionRequest.model_validate(fields)
+    out = await service.transcribe(request, state, key, body, audio)
+    if body.response_format == "text":
+        return PlainTextResponse(out["text"])
+    return json_response(request, service.transcription_payload(body, out))
+
+
+@router.get("/audio/voices", summary="Voices of the speech models")
+async def list_voices(state: State, model: str | None = Query(None)) -> dict:
+    models = [state.router.resolve(model, "tts").model] if model else \
+        state.catalog.of_type("tts")
+    return {"object": "list",
+            "data": [{"id": voice, "name": voice, "model": m.id} for m in models
+                     for voice in m.voices]}

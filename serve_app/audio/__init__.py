@@ -1,0 +1,1 @@
+"""Audio requests between the router and the speech and transcription deployments."""

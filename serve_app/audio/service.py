@@ -1,0 +1,142 @@
+"""Speech and transcription between the router and the audio deployments: the model, the
+limits (the SPEECH class), the hold, one call, the settlement. Speech is charged per character
+read aloud, once the whole audio is made; transcription per second of audio heard (started
+seconds), after holding the most the model accepts. A failure anywhere releases the hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.billing.admission import admit_and_hold
+from serve_app.billing.pricing import price
+from serve_app.billing.service import Hold
+from serve_app.catalog import CatalogModel
+from serve_app.errors import ApiError, invalid_request
+from serve_app.model_calls import call_model, stream_model
+from serve_app.responses import add_model_headers
+from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
+from serve_app.state import GatewayState
+from serve_app.timing import step_times, timed
+
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac",
+                 "flac": "audio/flac", "wav": "audio/wav", "pcm": "audio/pcm"}
+# The chat-completion convention's voice names: clients send them by default, so they speak
+# with the model's default voice rather than fail.
+CONVENTION_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx",
+                               "nova", "sage", "shimmer", "verse", "marin", "cedar"})
+DEFAULT_MAX_AUDIO_SECONDS = 1800
+
+
+@dataclass
+class Speech:
+    """A speech answer on its way: the audio pieces, and the hold settled when they end."""
+
+    model: CatalogModel
+    media_type: str
+    pieces: AsyncIterator[bytes]
+
+
+def _voice(model: CatalogModel, requested: str | None) -> str:
+    if not model.voices:
+        raise ApiError(500, f"Model {model.id} lists no voices", code="INFERENCE_FAILED")
+    if requested is None or requested.lower() in CONVENTION_VOICES:
+        return model.voices[0]
+    by_name = {v.lower(): v for v in model.voices}
+    if requested.lower() not in by_name:
+        raise invalid_request(f"voice {requested!r} is not offered by {model.id}; use one of "
+                              f"{', '.join(model.voices)}", "voice")
+    return by_name[requested.lower()]
+
+
+def _format(model: CatalogModel, requested: str | None) -> str:
+    offered = model.supported_formats or list(CONTENT_TYPES)
+    fmt = requested or model.default_format or offered[0]
+    if fmt not in offered:
+        raise invalid_request(f"response_format {fmt!r} is not offered by {model.id}; use one "
+                              f"of {', '.join(offered)}", "response_format")
+    return fmt
+
+
+async def speak(request: Request, state: GatewayState, key: KeyRecord,
+                body: SpeechRequest) -> Speech:
+    """Start the speech of `body.input`; the first piece is ready when this returns, so a
+    failure to start is an error answer, not a broken stream."""
+    routed = state.router.resolve(body.model, "tts")
+    model = routed.model
+    voice, fmt = _voice(model, body.voice), _format(model, body.response_format)
+    cost = price(model, {"speech_characters": len(body.input)})
+    _, hold = await admit_and_hold(request, state, key, model, 0, cost)
+    try:
+        handle = state.router.handle(model)
+        add_model_headers(request, model, routed.router)
+        with timed(request, "model"):
+            stream = stream_model(handle.speak, model.id, model.id, body.input, voice,
+                                  body.speed, fmt)
+            await anext(stream)  # {"sample_rate"}: the voice is loaded and known
+            first = await anext(stream, b"")
+    except BaseException:
+        await hold.finish(None)
+        raise
+    return Speech(model, CONTENT_TYPES[fmt], _settled(hold, cost, first, stream))
+
+
+async def _settled(hold: Hold, cost: Any, first: bytes,
+                   rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """The audio pieces; the charge is settled when the last one is out, and released if the
+    stream breaks or the client leaves before it ends."""
+    done = False
+    try:
+        if first:
+            yield first
+        async for piece in rest:
+            yield piece
+        done = True
+    finally:
+        await hold.finish(cost if done else None)
+
+
+async def transcribe(request: Request, state: GatewayState, key: KeyRecord,
+                     body: TranscriptionRequest, audio: bytes) -> dict[str, Any]:
+    routed = state.router.resolve(body.model, "asr")
+    model = routed.model
+    most = int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
+    _, hold = await admit_and_hold(request, state, key, model, 0,
+                                   price(model, {"audio_seconds": most}))
+    try:
+        handle = state.router.handle(model)
+        add_model_headers(request, model, routed.router)
+        with timed(request, "model"):
+            out = await call_model(handle.transcribe, model.id, model.id, audio,
+                                   body.language, body.timestamps)
+        step_times(request).record("replica", out["replica_ms"])
+    except BaseException:
+        await hold.finish(None)
+        raise
+    seconds = max(1, math.ceil(out["duration"]))
+    with timed(request, "settle"):
+        await hold.finish(price(model, {"audio_seconds": seconds}))
+    return out
+
+
+def transcription_payload(body: TranscriptionRequest, out: dict[str, Any]) -> dict[str, Any]:
+    """`json` as published (text, duration, timestamps when asked); `verbose_json` as the
+    chat-completion convention has it."""
+    if body.response_format == "verbose_json":
+        payload = {"task": "transcribe", "language": out.get("language"),
+                   "duration": out["duration"], "text": out["text"],
+                   "segments": [{"id": i, **segment}
+                                for i, segment in enumerate(out["segments"])]}
+        if body.timestamps:
+            payload["words"] = out.get("words", [])
+        return payload
+    payload = {"text": out["text"], "duration": out["duration"]}
+    if body.timestamps:
+        payload["timestamps"] = {"word": out.get("words", []), "segment": out["segments"]}
+    return payload

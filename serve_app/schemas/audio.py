@@ -1,0 +1,40 @@
+"""Audio request bodies: speech (`POST /audio/speech`), transcription
+(`POST /audio/transcriptions`, multipart), in the published shapes; the chat-completion
+convention's fields are accepted too."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: str = Field(min_length=1, max_length=4096)
+    model: str = Field(default="default", min_length=1)
+    voice: str | None = Field(default=None, max_length=512)
+    response_format: AudioFormat | None = None
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    streaming: bool = False
+    language: str | None = Field(default=None, min_length=2, max_length=32)
+    prompt: str | None = Field(default=None, max_length=500)  # style prompts: not supported
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    instructions: str | None = None  # the `openai` SDK's field; ignored like `prompt`
+
+
+class TranscriptionRequest(BaseModel):
+    """The form fields beside the uploaded `file`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(default="default", min_length=1)
+    response_format: Literal["json", "text", "verbose_json"] = "json"
+    timestamps: bool = False
+    language: str | None = Field(default=None, min_length=2, max_length=16)
+    prompt: str | None = None  # the `openai` SDK's field; not used by the engine
+    temperature: float | None = Field(default=None, ge=0, le=1)
