@@ -32,6 +32,8 @@ async def in_thread(produce: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
     stop = threading.Event()
 
     def run() -> None:
+        if stop.is_set():  # the consumer left before the work began
+            return
         try:
             for item in produce():
                 if stop.is_set():
@@ -105,8 +107,11 @@ class SpeechDeployment:
                 yield from encode_audio(engine.synthesize(text, voice, speed),
                                         engine.sample_rate, fmt)
 
-        async for piece in in_thread(produce):
-            yield piece
+        try:
+            async for piece in in_thread(produce):
+                yield piece
+        except ValueError as exc:  # text the voice cannot read
+            yield engine_error(400, str(exc), field="input")
 
 
 @serve.deployment(

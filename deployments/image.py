@@ -22,7 +22,7 @@ from ray import serve
 from deployments.engines.image import ENGINES
 from deployments.errors import engine_error
 from deployments.weights import prepare_weights
-from serve_app.images.inputs import ImageInputError, decode_image
+from serve_app.images.rules import ImageInputError, decode_image
 
 logger = logging.getLogger("deployments.image")
 

@@ -63,6 +63,12 @@ def admin_key_required() -> ApiError:
     return ApiError(401, "Admin API key required", code="AUTHENTICATION_FAILED")
 
 
+def payload_too_large(message: str) -> ApiError:
+    """413 with the spec's payload-too-large body (`{code, error}`)."""
+    return ApiError(413, message, code="PAYLOAD_TOO_LARGE",
+                    raw_body={"code": "PAYLOAD_TOO_LARGE", "error": message})
+
+
 def invalid_request(message: str, field: str | None = None) -> ApiError:
     """A 400 detailed error about one field (or the whole request when `field` is None)."""
     path = (field,) if field else ()

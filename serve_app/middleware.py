@@ -26,12 +26,14 @@ from serve_app.version import service_version
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
-# Largest request body accepted by any route but the image routes.
+# Largest request body accepted by any route but those that take images.
 MAX_BODY_BYTES = 32 * 1024 * 1024
-# Image routes carry up to four images of just under 25 MB each, base64 in JSON (4/3 the
-# size); each image is then checked against the spec's 25 MB on its own.
-MAX_IMAGE_BODY_BYTES = 4 * (25 * 1024 * 1024 * 4 // 3 + 4) + 1024 * 1024
-IMAGE_PATHS = ("/api/v1/image/", "/api/v1/images/")
+# One image of just under 25 MB, base64 in JSON (4/3 the size), and the other fields; each
+# image is then checked against the spec's 25 MB on its own.
+ONE_IMAGE_BODY_BYTES = 25 * 1024 * 1024 * 4 // 3 + 1024 * 1024
+# Routes that take images: how many each may carry (multi-edit: up to four layers).
+IMAGE_ROUTES = {"/image/upscale": 1, "/image/background-remove": 1, "/image/edit": 1,
+                "/image/multi-edit": 4}
 
 
 class RequestIdLogFilter(logging.Filter):
@@ -60,19 +62,17 @@ def _json_error(status: int, body: dict) -> tuple[Message, Message]:
 
 
 class ServiceHeadersMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES,
-                 image_body_bytes: int = MAX_IMAGE_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.image_body_bytes = image_body_bytes
         self.version = service_version().encode()
 
     def _body_cap(self, scope: Scope) -> int:
-        path = scope.get("path", "")
-        if path.startswith(IMAGE_PATHS):
-            return max(self.image_body_bytes, self.max_body_bytes)
+        path = scope.get("path", "").rstrip("/")
+        for route, images in IMAGE_ROUTES.items():
+            if path.endswith(route):
+                return max(images * ONE_IMAGE_BODY_BYTES, self.max_body_bytes)
         return self.max_body_bytes
-        self.version = service_version().encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope.setdefault("state", {})

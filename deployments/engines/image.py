@@ -351,7 +351,8 @@ class _DiffusersEngine:
     The pipeline loads from a local folder (`from_pretrained(path, local_files_only=True)`), the
     layout real Stable Diffusion / InstructPix2Pix folders have, in float32 on the CPU unless
     options say otherwise. options: `device` (cpu), `dtype` (float32; float16 on a GPU),
-    `threads` (torch's intra-op threads, default 1: a replica gets a fraction of a CPU).
+    `threads` (torch's intra-op threads, default 1: a replica gets a fraction of a CPU),
+    `max_pixels` (the largest output, default 2048x2048: larger is refused, not attempted).
 
     Safe mode: when the folder has a `safety_checker` component, it runs on the outputs of a
     request with `safe_mode` true (not through the pipeline, which would black them out); a
@@ -383,15 +384,18 @@ class _DiffusersEngine:
         pipeline.set_progress_bar_config(disable=True)
         self.pipeline = pipeline.to(self.device)
         self.path = weights
+        self.max_pixels = int(options.get("max_pixels", 2048 * 2048))
         # A pipeline call changes its scheduler's state: one call at a time.
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _size(params: dict[str, Any]) -> tuple[int, int]:
+    def _size(self, params: dict[str, Any]) -> tuple[int, int]:
         width, height = int(params["width"]), int(params["height"])
         if width <= 0 or height <= 0 or width % 8 or height % 8:
             raise ValueError(f"width and height must be positive multiples of 8, "
                              f"not {width}x{height}")
+        if width * height > self.max_pixels:
+            raise ValueError(f"{width}x{height} is more than this model makes "
+                             f"({self.max_pixels} pixels)")
         return width, height
 
     @staticmethod

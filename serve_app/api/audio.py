@@ -10,11 +10,13 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
+from starlette.types import Receive, Scope, Send
 
 from serve_app.api.deps import InferenceCaller, JsonBody, State
 from serve_app.audio import service
-from serve_app.errors import ApiError, invalid_request
-from serve_app.images.inputs import payload_too_large
+from serve_app.errors import ApiError, invalid_request, payload_too_large
 from serve_app.responses import json_response
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
 
@@ -32,9 +34,27 @@ async def create_speech(body: SpeechRequest, request: Request, key: InferenceCal
                         state: State) -> Response:
     speech = await service.speak(request, state, key, body)
     if body.streaming:
-        return StreamingResponse(speech.pieces, media_type=speech.media_type)
-    audio = b"".join([piece async for piece in speech.pieces])
+        return _SpeechStream(speech)
+    try:
+        audio = b"".join([piece async for piece in speech.pieces])
+    finally:
+        await speech.close()
     return Response(audio, media_type=speech.media_type)
+
+
+class _SpeechStream(StreamingResponse):
+    """Streams the speech and closes it however the answer ends (Starlette does not close a
+    body iterator whose client left)."""
+
+    def __init__(self, speech: service.Speech) -> None:
+        super().__init__(speech.pieces, media_type=speech.media_type)
+        self.speech = speech
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.speech.close()
 
 
 async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
@@ -49,8 +69,8 @@ async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
         raise payload_too_large(f"Request body exceeds {MAX_AUDIO_BYTES} bytes")
     try:
         form = await request.form(max_files=1, max_fields=16)
-    except Exception as exc:  # a broken multipart body, or too many parts
-        raise invalid_request(f"Invalid multipart body: {exc}") from exc
+    except (MultiPartException, StarletteHTTPException) as exc:  # broken, or too many parts
+        raise invalid_request(f"Invalid multipart body: {getattr(exc, 'detail', exc)}") from exc
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
@@ -86,8 +106,4 @@ async def create_transcription(request: Request, key: InferenceCaller,
 
 @router.get("/audio/voices", summary="Voices of the speech models")
 async def list_voices(state: State, model: str | None = Query(None)) -> dict:
-    models = [state.router.resolve(model, "tts").model] if model else \
-        state.catalog.of_type("tts")
-    return {"object": "list",
-            "data": [{"id": voice, "name": voice, "model": m.id} for m in models
-                     for voice in m.voices]}
+    return {"object": "list", "data": service.voices(state, model)}

@@ -20,7 +20,7 @@ from serve_app.api.deps import InferenceCaller, JsonBody, State
 from serve_app.errors import invalid_request
 from serve_app.images import service
 from serve_app.images.inputs import read_image_body
-from serve_app.middleware import MAX_IMAGE_BODY_BYTES
+from serve_app.middleware import IMAGE_ROUTES, ONE_IMAGE_BODY_BYTES
 from serve_app.responses import json_response
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
@@ -35,7 +35,6 @@ from serve_app.state import GatewayState
 router = APIRouter(tags=["Image"])
 
 Source = Callable[[], Awaitable[bytes]]
-MAX_UPLOADS = 4
 
 
 def _body_doc(schema: type[BaseModel], *, multipart: bool = True) -> dict[str, Any]:
@@ -82,17 +81,18 @@ def _one_image(state: GatewayState, fields: dict[str, Any], files: dict[str, lis
     raise invalid_request("image is required", "image")
 
 
-async def _read(request: Request, file_fields: set[str], *, multipart: bool = True
+async def _read(request: Request, route: str, file_fields: set[str]
                 ) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    images = IMAGE_ROUTES[route]
     return await read_image_body(request, file_fields=frozenset(file_fields),
-                                 multipart=multipart, max_body_bytes=MAX_IMAGE_BODY_BYTES,
-                                 max_files=MAX_UPLOADS)
+                                 max_body_bytes=images * ONE_IMAGE_BODY_BYTES,
+                                 max_files=images)
 
 
 @router.post("/image/upscale", summary="Upscale an image", response_class=Response,
              openapi_extra=_body_doc(UpscaleRequest), responses=_image_answer("image/png"))
 async def upscale_image(request: Request, key: InferenceCaller, state: State) -> Response:
-    fields, files = await _read(request, {"image"})
+    fields, files = await _read(request, "/image/upscale", {"image"})
     body = UpscaleRequest.model_validate(fields)
     source = _one_image(state, fields, files, body.image, allow_urls=False)
     produced = await service.upscale(request, state, key, body, source)
@@ -103,7 +103,7 @@ async def upscale_image(request: Request, key: InferenceCaller, state: State) ->
              response_class=Response, openapi_extra=_body_doc(BackgroundRemoveRequest),
              responses=_image_answer("image/png"))
 async def remove_background(request: Request, key: InferenceCaller, state: State) -> Response:
-    fields, files = await _read(request, {"image"})
+    fields, files = await _read(request, "/image/background-remove", {"image"})
     body = BackgroundRemoveRequest.model_validate(fields)
     source = _one_image(state, fields, files, body.image, allow_urls=True, url=body.image_url)
     produced = await service.remove_background(request, state, key, body, source)
@@ -113,7 +113,10 @@ async def remove_background(request: Request, key: InferenceCaller, state: State
 def _edit_sources(state: GatewayState, body: MultiEditRequest, files: dict[str, list[bytes]],
                   *, multipart: bool) -> tuple[list[Source], list[str]]:
     if multipart:
-        uploads = files.get("images", []) + files.get("image", [])
+        if files.get("images") and files.get("image"):
+            raise invalid_request("upload every image as `images` (the first is the base)",
+                                  "images")
+        uploads = files.get("images") or files.get("image") or []
         return ([_uploaded(data) for data in uploads],
                 [f"images[{i}]" for i in range(len(uploads))])
     values = list(body.images)
@@ -137,7 +140,7 @@ def _edited(produced: service.Produced) -> Response:
              response_class=Response, openapi_extra=_body_doc(MultiEditRequest),
              responses=_image_answer("image/png"))
 async def multi_edit(request: Request, key: InferenceCaller, state: State) -> Response:
-    fields, files = await _read(request, {"images", "image"})
+    fields, files = await _read(request, "/image/multi-edit", {"images", "image"})
     multipart = request.headers.get("content-type", "").lower().startswith("multipart/")
     if multipart and ("images" in fields or "image" in fields):
         raise invalid_request("multipart requests take image files only: upload each image "
@@ -151,7 +154,7 @@ async def multi_edit(request: Request, key: InferenceCaller, state: State) -> Re
 @router.post("/image/edit", summary="Edit an image", response_class=Response,
              openapi_extra=_body_doc(EditRequest), responses=_image_answer("image/png"))
 async def edit_image(request: Request, key: InferenceCaller, state: State) -> Response:
-    fields, files = await _read(request, {"image"})
+    fields, files = await _read(request, "/image/edit", {"image"})
     body = EditRequest.model_validate(fields)
     if files.get("image"):
         sources, names = [_uploaded(files["image"][0])], ["image"]
@@ -174,28 +177,12 @@ async def generate_image(body: GenerateRequest, request: Request, key: Inference
                          compress=True)
 
 
-def _openai_size(body: OpenAIImageRequest) -> tuple[int, int]:
-    if body.size in (None, "auto"):
-        return 1024, 1024
-    width, height = (int(part) for part in body.size.split("x"))
-    return width, height
-
-
 @router.post("/images/generations", dependencies=[JsonBody],
              summary="Generate an image (chat-completion convention)")
 async def openai_generations(body: OpenAIImageRequest, request: Request, key: InferenceCaller,
                              state: State) -> Response:
-    width, height = _openai_size(body)
-    if max(width, height) > 1280:  # the native endpoint's bound
-        width, height = (round(width * 1280 / max(width, height)),
-                         round(height * 1280 / max(width, height)))
-    model = body.model or "default"
-    if model != "default" and state.catalog.find(model) is None:
-        model = "default"  # another API's model name: the default image model, as published
-    native = GenerateRequest(model=model, prompt=body.prompt, width=width, height=height,
-                             format=body.output_format or "png",
-                             safe_mode=body.moderation != "low")
-    produced = await service.generate(request, state, key, native)
+    produced = await service.generate(request, state, key,
+                                      service.native_generation(state, body))
     encoded = base64.b64encode(produced.images[0]).decode("ascii")
     item = ({"url": f"data:{produced.media_type};base64,{encoded}"}
             if body.response_format == "url" else {"b64_json": encoded})

@@ -36,11 +36,22 @@ DEFAULT_MAX_AUDIO_SECONDS = 1800
 
 @dataclass
 class Speech:
-    """A speech answer on its way: the audio pieces, and the hold settled when they end."""
+    """A speech answer on its way: the audio pieces, and the hold settled when they end.
+    `close()` must run however the answer ends (the router's response does it): a client
+    that left before the last piece releases the hold and stops the synthesis."""
 
     model: CatalogModel
     media_type: str
     pieces: AsyncIterator[bytes]
+    stream: AsyncIterator[Any]
+    hold: Hold
+
+    async def close(self) -> None:
+        try:
+            await self.pieces.aclose()  # type: ignore[attr-defined]
+            await self.stream.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.hold.finish(None)  # nothing left to do once settled
 
 
 def _voice(model: CatalogModel, requested: str | None) -> str:
@@ -84,7 +95,7 @@ async def speak(request: Request, state: GatewayState, key: KeyRecord,
     except BaseException:
         await hold.finish(None)
         raise
-    return Speech(model, CONTENT_TYPES[fmt], _settled(hold, cost, first, stream))
+    return Speech(model, CONTENT_TYPES[fmt], _settled(hold, cost, first, stream), stream, hold)
 
 
 async def _settled(hold: Hold, cost: Any, first: bytes,
@@ -140,3 +151,10 @@ def transcription_payload(body: TranscriptionRequest, out: dict[str, Any]) -> di
     if body.timestamps:
         payload["timestamps"] = {"word": out.get("words", []), "segment": out["segments"]}
     return payload
+
+
+def voices(state: GatewayState, model_name: str | None) -> list[dict[str, str]]:
+    """The voices of one speech model, or of all of them."""
+    models = [state.router.resolve(model_name, "tts").model] if model_name else \
+        state.catalog.of_type("tts")
+    return [{"id": voice, "name": voice, "model": m.id} for m in models for voice in m.voices]

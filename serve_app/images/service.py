@@ -30,6 +30,7 @@ from serve_app.schemas.images import (
     BackgroundRemoveRequest,
     GenerateRequest,
     MultiEditRequest,
+    OpenAIImageRequest,
     UpscaleRequest,
 )
 from serve_app.state import GatewayState
@@ -288,7 +289,8 @@ async def generate(request: Request, state: GatewayState, key: KeyRecord,
                   "width": sizing.fit_divisor(body.width, model),
                   "height": sizing.fit_divisor(body.height, model),
                   "steps": _steps(model, body.steps), "cfg_scale": body.cfg_scale or 7.5,
-                  "seed": body.seed, "variants": body.variants, "safe_mode": body.safe_mode}
+                  # 0, the published default, means "not given": a random seed
+                  "seed": body.seed or None, "variants": body.variants, "safe_mode": body.safe_mode}
         produced = await _run(request, state, model, [], params, body.format)
         _content_headers(request, produced, body.safe_mode)
         return produced, image_cost(model, outputs=len(produced.images),
@@ -296,6 +298,23 @@ async def generate(request: Request, state: GatewayState, key: KeyRecord,
                                     enhanced=enhanced is not None)
 
     return await _charged(request, state, key, routed, max_cost, work)
+
+
+def native_generation(state: GatewayState, body: OpenAIImageRequest) -> GenerateRequest:
+    """`/images/generations` as the native generation request: its size within the native
+    bound (1280 px a side), its moderation as safe mode; another API's model name is the
+    default image model, as published."""
+    width, height = (1024, 1024) if body.size in (None, "auto") else (
+        int(part) for part in body.size.split("x"))
+    if max(width, height) > 1280:
+        width, height = (round(width * 1280 / max(width, height)),
+                         round(height * 1280 / max(width, height)))
+    model = body.model or "default"
+    if model != "default" and state.catalog.find(model) is None:
+        model = "default"
+    return GenerateRequest(model=model, prompt=body.prompt, width=width, height=height,
+                           format=body.output_format or "png",
+                           safe_mode=body.moderation != "low")
 
 
 def generate_payload(request: Request, body: GenerateRequest, produced: Produced,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 
@@ -25,6 +25,13 @@ class SpeechRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     instructions: str | None = None  # the `openai` SDK's field; ignored like `prompt`
+
+    @field_validator("input")
+    @classmethod
+    def _words(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("input must contain text to read, not only spaces")
+        return value
 
 
 class TranscriptionRequest(BaseModel):

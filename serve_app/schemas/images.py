@@ -64,10 +64,12 @@ class MultiEditRequest(_ImageBody):
 
 
 class EditRequest(MultiEditRequest):
-    """`POST /image/edit`: one image (`image`) instead of `images`."""
+    """`POST /image/edit`: one image (`image`) instead of `images`; safe mode on unless
+    turned off, as published for this endpoint."""
 
     image: str | None = None
     images: list[str] = Field(default_factory=list)
+    safe_mode: bool = True
 
 
 class GenerateRequest(_ImageBody):

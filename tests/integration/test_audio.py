@@ -84,6 +84,24 @@ def test_streamed_speech_arrives_in_pieces_and_is_charged_once(account):
     assert account.spent() == len(text) * TTS_NANOS_PER_CHAR
 
 
+def test_a_client_leaving_a_streamed_speech_early_is_not_charged(account):
+    import time
+
+    text = " ".join(f"Sentence number {i} is here." for i in range(40))
+    with httpx.stream("POST", f"{account.url}/audio/speech", headers=account.auth,
+                      timeout=300, json={"input": text, "streaming": True,
+                                         "response_format": "pcm"}) as resp:
+        assert resp.status_code == 200
+        next(resp.iter_raw())  # the first sentence, then hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and account.spent() != 0:
+        time.sleep(0.5)
+    assert account.spent() == 0
+    # the hold came back: the whole balance is there to spend
+    again = account.post("/audio/speech", json={"input": "Still here."})
+    assert again.status_code == 200
+
+
 def test_transcription_json_timestamps_and_text(account):
     speech = account.post("/audio/speech", json={"input": SENTENCE, "response_format": "mp3",
                                                  "voice": "joe", "speed": 1.2})
@@ -103,6 +121,7 @@ def test_transcription_json_timestamps_and_text(account):
 def test_audio_refusals_are_clear_and_charge_nothing(account):
     cases = [
         (lambda: account.post("/audio/speech", json={"input": ""}), 400, "input"),
+        (lambda: account.post("/audio/speech", json={"input": "   "}), 400, "input"),
         (lambda: account.post("/audio/speech", json={"input": "x" * 4097}), 400, "input"),
         (lambda: account.post("/audio/speech", json={"input": "hi", "voice": "nobody"}),
          400, "voice"),

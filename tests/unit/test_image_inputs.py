@@ -19,17 +19,15 @@ from fastapi.testclient import TestClient
 from PIL import Image, ImageFile
 
 from serve_app.errors import ApiError, install_error_handlers
-from serve_app.images import inputs
+from serve_app.images import inputs, rules
 from serve_app.images.inputs import (
-    MAX_IMAGE_BYTES,
-    ImageInputError,
     ImageSourceReader,
     check_anon_user_id,
-    decode_image,
     image_fetcher,
     inspect_image,
     read_image_body,
 )
+from serve_app.images.rules import MAX_IMAGE_BYTES, ImageInputError, decode_image
 
 # ------------------------------------------------------------------------------------------
 # Test images, built in memory
@@ -186,7 +184,7 @@ def test_decompression_bomb_is_refused_from_its_header(no_decoding: None) -> Non
     bomb = png_declaring(60000, 60000, bytes(10_000_000))  # 3.6 gigapixels in ~10 kB
     assert len(bomb) < 50_000
     started = time.perf_counter()
-    message = f"image has too many pixels; at most {inputs.ABSOLUTE_MAX_PIXELS} are allowed"
+    message = f"image has too many pixels; at most {rules.ABSOLUTE_MAX_PIXELS} are allowed"
     assert_refused(bomb, message)
     assert time.perf_counter() - started < 0.5
 
@@ -196,10 +194,10 @@ def test_image_over_the_absolute_bound_is_refused_with_its_numbers(no_decoding: 
     # Above Pillow's warning threshold but below its error: our own check refuses it.
     data = png_declaring(9000, 9000, bytes(1000))
     assert_refused(data, "image is 9000x9000 = 81000000 pixels; at most "
-                         f"{inputs.ABSOLUTE_MAX_PIXELS} are allowed")
+                         f"{rules.ABSOLUTE_MAX_PIXELS} are allowed")
     # The caller's bound cannot lift the absolute one.
     assert_refused(data, "image is 9000x9000 = 81000000 pixels; at most "
-                         f"{inputs.ABSOLUTE_MAX_PIXELS} are allowed", max_pixels=10**9)
+                         f"{rules.ABSOLUTE_MAX_PIXELS} are allowed", max_pixels=10**9)
 
 
 def test_zero_sized_image_is_refused() -> None:
@@ -207,7 +205,7 @@ def test_zero_sized_image_is_refused() -> None:
         inspect_image(png_declaring(0, 10, b""), "image")
     status, body = api_error(excinfo)
     assert status == 400  # Pillow may not even open it
-    assert body["error"] in (inputs.UNREADABLE, "image has no pixels (0x10)")
+    assert body["error"] in (rules.UNREADABLE, "image has no pixels (0x10)")
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
