@@ -31,6 +31,7 @@ from serve_app.auth import payment_required
 from serve_app.billing.ledger import InsufficientBalance
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.errors import error_response, install_error_handlers
+from serve_app.metrics import RequestMetricsMiddleware
 from serve_app.middleware import (
     RequestIdLogFilter,
     RequestOutcomeMiddleware,
@@ -98,6 +99,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(x402.router)
     app.include_router(crypto.router)
     app.add_middleware(RequestOutcomeMiddleware, on_finished=state.limits.request_finished)
+    app.add_middleware(RequestMetricsMiddleware)
     return app  # the site (create_prefixed_app) adds the service headers around it
 
 

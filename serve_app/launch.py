@@ -142,6 +142,8 @@ def main() -> int:
     _prune_ray_sessions(temp_dir)
     env = ray_environment(settings)
     num_cpus = os.environ.get("RAY_NUM_CPUS", str(os.cpu_count() or 2))
+    # Ray's metrics agent serves every replica's metrics here, for Prometheus.
+    metrics_port = int(os.environ.get("METRICS_PORT", "9464"))
 
     serve_proc: subprocess.Popen | None = None
     stopping = False
@@ -160,7 +162,7 @@ def main() -> int:
         ray_start = subprocess.Popen(
             [_bin("ray"), "start", "--head", f"--port={ray_port}", "--node-ip-address=127.0.0.1",
              f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats",
-             f"--temp-dir={temp_dir}"],
+             f"--temp-dir={temp_dir}", f"--metrics-export-port={metrics_port}"],
             env=env, stdout=subprocess.DEVNULL,
         )
         result = bootstrap(settings)
@@ -187,6 +189,7 @@ def main() -> int:
         _wait_models_loaded(ray_port, serve_proc)
         print(f"\n  Platform ready in {time.monotonic() - started:.1f}s\n"
               f"  Base URL: {base_url}\n  Docs:     {base_url}/docs\n"
+              f"  Metrics:  http://127.0.0.1:{metrics_port}/metrics (Prometheus)\n"
               "  Ctrl-C stops everything.\n", flush=True)
         serve_proc.wait()
         return serve_proc.returncode or 0

@@ -8,6 +8,7 @@ bad input arrives as data (deployments/errors.py) and becomes that status.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from serve_app.errors import ApiError, nest_errors
+from serve_app.metrics import metrics
 
 logger = logging.getLogger("serve_app.model_calls")
 
@@ -45,10 +47,31 @@ def _translate(exc: BaseException, model_id: str) -> ApiError:
     return ModelFailed(500, "Inference failed", code="INFERENCE_FAILED")
 
 
+class _Timed:
+    """A call's time on its deployment (queue and engine, as this replica waits for it) and
+    the calls in flight, for the metrics."""
+
+    def __init__(self, method: Any, model_id: str) -> None:
+        self.deployment = str(getattr(method, "deployment_name", "") or "unknown")
+        self.model_id = model_id
+
+    def __enter__(self) -> _Timed:
+        self.started = time.perf_counter()
+        metrics().call_started(self.deployment)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        m = metrics()
+        m.call_ended(self.deployment)
+        m.engine_seconds.observe(time.perf_counter() - self.started,
+                                 tags={"deployment": self.deployment, "model": self.model_id})
+
+
 async def call_model(method: Any, model_id: str, *args: Any) -> dict[str, Any]:
     """`await handle.<method>.remote(*args)`, raising ApiError for any failure."""
     try:
-        result = await method.remote(*args)
+        with _Timed(method, model_id):
+            result = await method.remote(*args)
     except ApiError:
         raise
     except Exception as exc:
@@ -62,11 +85,12 @@ async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[
     """Chunks of a streaming deployment method, which yields chunks or lists of them (see
     deployments/streaming.py); an error chunk or failure raises ApiError."""
     try:
-        async for piece in method.options(stream=True).remote(*args):
-            for chunk in piece if isinstance(piece, list) else (piece,):
-                if isinstance(chunk, dict) and "error" in chunk:
-                    raise engine_error_to_api(chunk["error"])
-                yield chunk
+        with _Timed(method, model_id):
+            async for piece in method.options(stream=True).remote(*args):
+                for chunk in piece if isinstance(piece, list) else (piece,):
+                    if isinstance(chunk, dict) and "error" in chunk:
+                        raise engine_error_to_api(chunk["error"])
+                    yield chunk
     except ApiError:
         raise
     except Exception as exc:

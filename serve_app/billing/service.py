@@ -23,7 +23,8 @@ from serve_app.catalog import CatalogModel
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
-from serve_app.money import from_nanos
+from serve_app.metrics import metrics
+from serve_app.money import NANOS_PER_UNIT, from_nanos
 
 logger = logging.getLogger("serve_app.billing")
 
@@ -105,6 +106,23 @@ class Hold:
                 await self.release()
 
 
+TOKEN_LINES = frozenset({"input", "output", "cache_read", "cache_write"})
+
+
+def _observe(operation: str, started: float) -> None:
+    metrics().billing_seconds.observe(time.perf_counter() - started,
+                                      tags={"operation": operation})
+
+
+def _count_charge(cost: Cost) -> None:
+    m, model = metrics(), cost.model.id
+    if cost.nanos > 0:
+        m.charged_usd.inc(cost.nanos / NANOS_PER_UNIT, tags={"model": model})
+    for line in cost.lines:
+        if line.line_type in TOKEN_LINES and line.units > 0:
+            m.tokens.inc(line.units, tags={"model": model, "direction": line.line_type})
+
+
 class Billing:
     def __init__(self, database_url: str, *, clock: Clock = utcnow) -> None:
         self._engine = make_engine(database_url, write_transactions=True)
@@ -117,6 +135,7 @@ class Billing:
 
     async def hold(self, request_id: str, payer: Payer, amount_nanos: int) -> Hold:
         now = self.clock()
+        started = time.perf_counter()
         try:
             result = await self.writer.run(
                 lambda s: ledger.hold(s, request_id, payer, amount_nanos, now))
@@ -125,6 +144,7 @@ class Billing:
             # same (the writer is shielded), so queue its release right behind it.
             self.writer.submit(lambda s: ledger.release(s, request_id))
             raise
+        _observe("hold", started)
         self._balances[payer.account_id] = Balances(
             result.before.usd_nanos - result.usd_nanos,
             result.before.diem_nanos - result.diem_nanos)
@@ -133,15 +153,20 @@ class Billing:
     async def settle(self, hold: Hold, cost: Cost) -> ledger.Settled:
         now = self.clock()
         elapsed_ms = int((time.monotonic() - hold.started) * 1000)
+        started = time.perf_counter()
         settled = await self.writer.run(lambda s: ledger.settle(
             s, hold.request_id, hold.payer, cost, started_at=hold.started_at, now=now,
             execution_ms=elapsed_ms))
+        _observe("settle", started)
+        _count_charge(cost)
         self._remember(hold.payer.account_id, settled.balance)
         return settled
 
     async def release(self, hold: Hold) -> None:
         now = self.clock()
+        started = time.perf_counter()
         released = await self.writer.run(lambda s: ledger.release(s, hold.request_id, now))
+        _observe("release", started)
         self._remember(hold.payer.account_id, released.balance if released else None)
 
     def _remember(self, account_id: str, balance: Balances | None) -> None:

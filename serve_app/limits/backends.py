@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from serve_app.limits.core import LimiterCore, Outcome
 from serve_app.limits.leases import LeaseBook
 from serve_app.limits.policy import BUDGET_WINDOW_MS, WINDOW_MS
+from serve_app.metrics import metrics
 
 logger = logging.getLogger("serve_app.limits")
 
@@ -223,6 +224,7 @@ class RayLimiter:
         except Exception as exc:  # the actor is down, restarting or out of reach
             logger.warning("rate-limit actor unreachable (%s): counting in this replica for "
                            "now", exc)
+            metrics().limiter_fallbacks.inc(tags={"backend": "ray"})
             self._actor = None
             # The actor's own rules on this replica's count; no leases while counting here.
             return [None if call[0] in (LEASE, GIVE_BACK)

@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from serve_app.limits.backends import Call, DecisionBatcher, LocalLimiter
 from serve_app.limits.core import Outcome
 from serve_app.limits.policy import BUDGET_WINDOW_MS, WINDOW_MS
+from serve_app.metrics import metrics
 
 logger = logging.getLogger("serve_app.limits")
 
@@ -105,6 +106,7 @@ class RedisLimiter:
         return time.monotonic() >= self._down_until
 
     def _went_down(self, exc: Exception) -> None:
+        metrics().limiter_fallbacks.inc(tags={"backend": "redis"})
         if self._available():
             logger.warning("Redis unreachable (%s): counting in this replica for now", exc)
         self._down_until = time.monotonic() + RETRY_AFTER_S

@@ -33,6 +33,7 @@ from serve_app.limits.policy import (
     RateLimitTiers,
     limits_for,
 )
+from serve_app.metrics import metrics
 
 logger = logging.getLogger("serve_app.limits")
 
@@ -131,18 +132,21 @@ class RateLimits:
         if outcome.budget:
             kind = "FAILED_REQUESTS" if outcome.budget <= 2 else "UNSUPPORTED_FEATURE_REQUESTS"
             self._log(key, model.id, limits.tier, kind)
+            metrics().limiter.inc(tags={"outcome": "refused_budget"})
             raise self._budget_error(kind, outcome, model.id)
         if limits.requests_per_minute:
             self._set_headers(headers, limits, outcome, now, key)
         if outcome.code != OK:
             kind = "RPM" if outcome.code == OVER_REQUESTS else "TPM"
             self._log(key, model.id, limits.tier, kind)
+            metrics().limiter.inc(tags={"outcome": f"refused_{kind.lower()}"})
             what = ("requests" if kind == "RPM" else "tokens")
             amount = (limits.requests_per_minute if kind == "RPM"
                       else limits.tokens_per_minute)
             raise ApiError(429, f"Rate limit exceeded: {amount} {what} per minute for model "
                                 f"{model.id} with this {_caller(key)}; retry after the reset in "
                                 "x-ratelimit-reset-requests", code="RATE_LIMIT_EXCEEDED")
+        metrics().limiter.inc(tags={"outcome": "admitted"})
         if not limits.requests_per_minute:
             return None
         return Ticket(self, bucket, outcome.window_ms, tokens)

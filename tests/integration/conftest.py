@@ -98,6 +98,7 @@ class Platform:
     redis: RedisServer | None = None
     admin_key: str = ADMIN_KEY
     clients: list[httpx.Client] = field(default_factory=list)
+    metrics_url: str = ""  # Ray's metrics agent: every replica's metrics, for Prometheus
 
     @property
     def sqlite_url(self) -> str:
@@ -161,7 +162,9 @@ def _replicas_by_app(ports: range) -> tuple[list[str], list[str]]:
 def platform(tmp_path_factory) -> Iterator[Platform]:
     pg_url, pg_reason = _postgres_schema()
     replicas = GATEWAY_REPLICAS * (1 if pg_reason else 2)
-    base = _free_port_run(replicas + 1)
+    # Gateway replicas' direct-ingress ports, Serve's proxy, then Ray's metrics agent.
+    base = _free_port_run(replicas + 2)
+    metrics_port = base + replicas + 1
     os.environ.update({
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(base),
@@ -185,7 +188,8 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     facilitator_url, stop_facilitator = dev_facilitator.start_in_thread()
     # Logical CPUs for placement only (the machine has 2 cores): two applications of two
     # Gateway replicas each, plus the text, embedding and image replicas, need about 3.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _metrics_export_port=metrics_port)
     serve.start(http_options={"host": "127.0.0.1", "port": base + replicas})
     app = build_app({
         "settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
@@ -222,7 +226,8 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     assert len(pg_urls) == (GATEWAY_REPLICAS if pg_url else 0), pg_urls
     try:
         yield Platform(replica_urls=urls, web=web, data_dir=data_dir, pg_urls=pg_urls,
-                       pg_database_url=pg_url, pg_skip_reason=pg_reason, redis=redis)
+                       pg_database_url=pg_url, pg_skip_reason=pg_reason, redis=redis,
+                       metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         web.close()
         stop_facilitator()
