@@ -49,17 +49,21 @@ def test_requests_are_counted_across_replicas_with_their_labels(platform, infere
     assert refused.status_code == 401
 
     goal = before + 3 * len(platform.replica_urls)
-    samples = _wait_for(platform, lambda s: _total(
-        s, "ray_inference_requests_total", **embeddings) >= goal)
-    assert _total(samples, "ray_inference_requests_total", **embeddings) >= goal
-    assert _total(samples, "ray_inference_requests_total", route="/api_keys", status="401",
-                  auth="none") >= 1
-    assert _total(samples, "ray_inference_request_seconds_count", route="/embeddings",
-                  model=EMBEDDING) >= goal
-    assert _total(samples, "ray_inference_engine_seconds_count", deployment="embedding",
-                  model=EMBEDDING) >= 1
-    assert _total(samples, "ray_inference_billing_seconds_count", operation="settle") >= 1
-    assert _total(samples, "ray_inference_limiter_decisions_total", outcome="admitted") >= 1
+    expected = [  # each replica's worker reports on its own schedule: wait for all of them
+        ("ray_inference_requests_total", embeddings, goal),
+        ("ray_inference_requests_total", {"route": "/api_keys", "status": "401",
+                                          "auth": "none"}, 1),
+        ("ray_inference_request_seconds_count", {"route": "/embeddings", "model": EMBEDDING},
+         goal),
+        ("ray_inference_engine_seconds_count", {"deployment": "embedding",
+                                                "model": EMBEDDING}, 1),
+        ("ray_inference_billing_seconds_count", {"operation": "settle"}, 1),
+        ("ray_inference_limiter_decisions_total", {"outcome": "admitted"}, 1),
+    ]
+    samples = _wait_for(platform, lambda s: all(
+        _total(s, name, **labels) >= least for name, labels, least in expected))
+    for name, labels, least in expected:
+        assert _total(samples, name, **labels) >= least, (name, labels)
 
 
 def test_tokens_and_charges_are_counted_per_model(platform, inference_key):
