@@ -148,10 +148,7 @@ async def remove_background(request: Request, state: GatewayState, key: KeyRecor
 # ---- edits -------------------------------------------------------------------------------
 
 def _edit_limits(model: CatalogModel, body: MultiEditRequest, count: int) -> None:
-    limit = model.constraints.get("promptCharacterLimit")
-    if limit and len(body.prompt) > int(limit):
-        raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} accepts "
-                              f"at most {int(limit)}", "prompt")
+    _check_prompt_length(model, body.prompt)
     most = int(model.capabilities.get("maxInputImages", 1))
     if count < 1:
         raise invalid_request("at least one image is required", "images")
@@ -166,6 +163,28 @@ def _quality(model: CatalogModel, requested: str | None) -> str | None:
     if not qualities:
         return None
     return requested or model.constraints.get("defaultQuality") or qualities[-1]
+
+
+def _check_prompt_length(model: CatalogModel, prompt: str) -> None:
+    limit = model.constraints.get("promptCharacterLimit")
+    if limit and len(prompt) > int(limit):
+        raise invalid_request(f"prompt is {len(prompt)} characters; {model.id} accepts "
+                              f"at most {int(limit)}", "prompt")
+
+
+def _wants_enhancement(model: CatalogModel, asked: bool) -> bool:
+    """Only models that price the rewrite (`enhancePrompt`) offer it."""
+    return bool(asked and model.pricing.get("enhancePrompt") is not None)
+
+
+async def _enhanced(request: Request, state: GatewayState, prompt: str) -> str | None:
+    """The rewritten prompt, also sent URL-encoded in `x-service-enhanced-prompt`; None when
+    no rewrite came back (then it is not charged)."""
+    with timed(request, "enhance"):
+        enhanced = await enhance_prompt(state, request.state.request_id, prompt)
+    if enhanced:
+        request.state.response_headers["x-service-enhanced-prompt"] = quote(enhanced, safe="")
+    return enhanced
 
 
 async def enhance_prompt(state: GatewayState, request_id: str, prompt: str) -> str | None:
@@ -203,7 +222,7 @@ async def edit(request: Request, state: GatewayState, key: KeyRecord, body: Mult
     _edit_limits(model, body, len(sources))
     quality = _quality(model, body.quality)
     resolution = sizing.resolution_of(model, body.resolution)
-    enhance = bool(body.enhance_prompt and model.pricing.get("enhancePrompt") is not None)
+    enhance = _wants_enhancement(model, body.enhance_prompt)
     max_cost = image_cost(model, resolution=resolution, quality=quality,
                           input_images=len(sources), enhanced=enhance)
 
@@ -215,15 +234,8 @@ async def edit(request: Request, state: GatewayState, key: KeyRecord, body: Mult
                                   inputs[0].height)
         fmt = {"jpg": "jpeg"}.get(body.output_format or "", body.output_format) or \
             sizing.default_output_format(size.resolution)
-        prompt, enhanced = body.prompt, None
-        if enhance:
-            with timed(request, "enhance"):
-                enhanced = await enhance_prompt(state, request.state.request_id, prompt)
-            if enhanced:
-                prompt = enhanced
-                request.state.response_headers["x-service-enhanced-prompt"] = quote(enhanced,
-                                                                                   safe="")
-        params = {"prompt": prompt, "width": size.width, "height": size.height,
+        enhanced = await _enhanced(request, state, body.prompt) if enhance else None
+        params = {"prompt": enhanced or body.prompt, "width": size.width, "height": size.height,
                   "safe_mode": body.safe_mode, "seed": None, "steps": _steps(model, None),
                   "optimize_prompt": not body.disable_prompt_optimization_thinking
                   if model.capabilities.get("supportsOptimizePromptThinking") else None}
@@ -263,29 +275,18 @@ async def generate(request: Request, state: GatewayState, key: KeyRecord,
                    body: GenerateRequest) -> Produced:
     routed = model_for(state, "generate", body.model)
     model = routed.model
-    limit = model.constraints.get("promptCharacterLimit")
-    if limit and len(body.prompt) > int(limit):
-        raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} accepts "
-                              f"at most {int(limit)}", "prompt")
+    _check_prompt_length(model, body.prompt)
     prompt = styled_prompt(state, body.prompt, body.style_preset)
     resolution = body.resolution if body.resolution in model.pricing.get(
         "resolutions", {}) else None
     quality = _quality(model, body.quality)
-    enhance = bool(body.enhance_prompt and model.pricing.get("enhancePrompt") is not None)
+    enhance = _wants_enhancement(model, body.enhance_prompt)
     max_cost = image_cost(model, outputs=body.variants, resolution=resolution,
                           quality=quality, enhanced=enhance)
 
     async def work() -> tuple[Produced, Cost]:
-        nonlocal prompt
-        enhanced = None
-        if enhance:
-            with timed(request, "enhance"):
-                enhanced = await enhance_prompt(state, request.state.request_id, prompt)
-            if enhanced:
-                prompt = enhanced
-                request.state.response_headers["x-service-enhanced-prompt"] = quote(enhanced,
-                                                                                   safe="")
-        params = {"prompt": prompt, "negative_prompt": body.negative_prompt,
+        enhanced = await _enhanced(request, state, prompt) if enhance else None
+        params = {"prompt": enhanced or prompt, "negative_prompt": body.negative_prompt,
                   "width": sizing.fit_divisor(body.width, model),
                   "height": sizing.fit_divisor(body.height, model),
                   "steps": _steps(model, body.steps), "cfg_scale": body.cfg_scale or 7.5,
