@@ -8,7 +8,6 @@ event loop keeps answering (health checks, other calls) while audio is computed.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -18,9 +17,7 @@ from ray import serve
 
 from deployments.engines.audio import ENGINES, encode_audio
 from deployments.errors import engine_error
-from deployments.weights import prepare_weights
-
-logger = logging.getLogger("deployments.audio")
+from deployments.weights import load_engines, model_specs
 
 _DONE = object()
 
@@ -60,18 +57,6 @@ async def in_thread(produce: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
         await asyncio.shield(worker)
 
 
-def _load(models: list[dict[str, Any]]) -> dict[str, Any]:
-    engines = {}
-    for model in models:
-        options = {k: v for k, v in model["engine_options"].items() if k != "build"}
-        path = (str(prepare_weights(model["weights"], model["engine_options"]))
-                if model["weights"] else None)
-        engines[model["id"]] = ENGINES[model["engine"]](path, options)
-        logger.info("audio model %s (%s) loaded from %s", model["id"], model["engine"],
-                    path or "its package")
-    return engines
-
-
 @serve.deployment(
     ray_actor_options={"num_cpus": 0.25},
     max_ongoing_requests=4,
@@ -81,7 +66,7 @@ def _load(models: list[dict[str, Any]]) -> dict[str, Any]:
 )
 class SpeechDeployment:
     def __init__(self, models: list[dict[str, Any]]) -> None:
-        self.engines = _load(models)
+        self.engines = load_engines(models, ENGINES)
         self._busy = threading.Lock()  # one synthesis at a time: the engine uses its threads
 
     def voices(self, model_id: str) -> list[str]:
@@ -123,7 +108,7 @@ class SpeechDeployment:
 )
 class TranscriptionDeployment:
     def __init__(self, models: list[dict[str, Any]]) -> None:
-        self.engines = _load(models)
+        self.engines = load_engines(models, ENGINES)
         self._busy = threading.Lock()
 
     async def transcribe(self, model_id: str, audio: bytes, language: str | None,
@@ -149,17 +134,9 @@ class TranscriptionDeployment:
         return out
 
 
-def _specs(models: list, settings: dict[str, Any]) -> list[dict[str, Any]]:
-    from pathlib import Path
-
-    data_dir = Path(settings["data_dir"])
-    return [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
-             "engine_options": dict(m.engine_options)} for m in models]
-
-
 def bind_speech(name: str, models: list, settings: dict[str, Any]):
-    return SpeechDeployment.options(name=name).bind(_specs(models, settings))
+    return SpeechDeployment.options(name=name).bind(model_specs(models, settings))
 
 
 def bind_transcription(name: str, models: list, settings: dict[str, Any]):
-    return TranscriptionDeployment.options(name=name).bind(_specs(models, settings))
+    return TranscriptionDeployment.options(name=name).bind(model_specs(models, settings))

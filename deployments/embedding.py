@@ -17,7 +17,7 @@ from ray import serve
 
 from deployments.engines.embedding import ENGINES, EmbeddingEngine
 from deployments.errors import engine_error
-from deployments.weights import resolve_weights
+from deployments.weights import model_specs, resolve_weights
 
 logger = logging.getLogger("deployments.embedding")
 
@@ -74,9 +74,4 @@ class EmbeddingDeployment:
 
 
 def bind(models: list, settings: dict[str, Any]):
-    from pathlib import Path
-
-    data_dir = Path(settings["data_dir"])
-    specs = [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
-              "engine_options": dict(m.engine_options)} for m in models]
-    return EmbeddingDeployment.bind(specs, settings)
+    return EmbeddingDeployment.bind(model_specs(models, settings), settings)

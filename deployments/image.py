@@ -21,7 +21,7 @@ from ray import serve
 
 from deployments.engines.image import ENGINES
 from deployments.errors import engine_error
-from deployments.weights import prepare_weights
+from deployments.weights import load_engines, model_specs
 from serve_app.images.rules import ImageInputError, decode_image
 
 logger = logging.getLogger("deployments.image")
@@ -52,14 +52,7 @@ def encode(image: Any, fmt: str) -> bytes:
 )
 class ImageDeployment:
     def __init__(self, models: list[dict[str, Any]]) -> None:
-        self.engines: dict[str, Any] = {}
-        for model in models:
-            options = {k: v for k, v in model["engine_options"].items() if k != "build"}
-            path = (str(prepare_weights(model["weights"], model["engine_options"]))
-                    if model["weights"] else None)
-            self.engines[model["id"]] = ENGINES[model["engine"]](path, options)
-            logger.info("image model %s (%s) loaded from %s", model["id"], model["engine"],
-                        path or "its package")
+        self.engines = load_engines(models, ENGINES)
         # One picture at a time per replica: the engines use every thread they are given.
         self._busy = threading.Lock()
 
@@ -100,9 +93,4 @@ class ImageDeployment:
 
 
 def bind(name: str, models: list, settings: dict[str, Any]):
-    from pathlib import Path
-
-    data_dir = Path(settings["data_dir"])
-    specs = [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
-              "engine_options": dict(m.engine_options)} for m in models]
-    return ImageDeployment.options(name=name).bind(specs)
+    return ImageDeployment.options(name=name).bind(model_specs(models, settings))

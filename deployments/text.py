@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -14,7 +13,7 @@ from ray import serve
 from deployments.engines.text import ENGINES, TextEngine
 from deployments.errors import engine_error
 from deployments.streaming import coalesce
-from deployments.weights import prepare_weights
+from deployments.weights import model_specs, prepare_weights
 
 logger = logging.getLogger("deployments.text")
 
@@ -72,7 +71,4 @@ class TextDeployment:
 
 
 def bind(name: str, models: list, settings: dict[str, Any]):
-    data_dir = Path(settings["data_dir"])
-    specs = [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
-              "engine_options": dict(m.engine_options)} for m in models]
-    return TextDeployment.options(name=name).bind(specs)
+    return TextDeployment.options(name=name).bind(model_specs(models, settings))

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -139,6 +140,29 @@ BUILDERS = {"smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model
             "tiny-matting-onnx": build_tiny_matting_onnx,
             # Whisper base joined from the two packages that ship it in parts
             "whisper-base": join_whisper_parts}
+
+
+def model_specs(models: list, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a deployment's replicas need of each of its catalog models, as plain data (it
+    crosses Ray): id, engine, weights (with DATA_DIR filled in) and engine options."""
+    data_dir = Path(settings["data_dir"])
+    return [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
+             "engine_options": dict(m.engine_options)} for m in models]
+
+
+def load_engines(specs: list[dict[str, Any]], engines: dict[str, Any]) -> dict[str, Any]:
+    """One engine per model spec, `engines[name](weights path or None, options)`, with the
+    weights built first when the catalog says how (`build`); None: the engine's own default
+    (weights shipped in a package)."""
+    loaded = {}
+    for spec in specs:
+        options = {k: v for k, v in spec["engine_options"].items() if k != "build"}
+        path = (str(prepare_weights(spec["weights"], spec["engine_options"]))
+                if spec["weights"] else None)
+        loaded[spec["id"]] = engines[spec["engine"]](path, options)
+        logger.info("model %s (%s) loaded from %s", spec["id"], spec["engine"],
+                    path or "its package")
+    return loaded
 
 
 def prepare_weights(spec: str, engine_options: dict) -> Path:
