@@ -31,7 +31,7 @@ from serve_app.auth import payment_required
 from serve_app.billing.ledger import InsufficientBalance
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.errors import error_response, install_error_handlers
-from serve_app.metrics import RequestMetricsMiddleware
+from serve_app.metrics import record_request
 from serve_app.middleware import (
     RequestIdLogFilter,
     RequestOutcomeMiddleware,
@@ -98,8 +98,12 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(characters.router)
     app.include_router(x402.router)
     app.include_router(crypto.router)
-    app.add_middleware(RequestOutcomeMiddleware, on_finished=state.limits.request_finished)
-    app.add_middleware(RequestMetricsMiddleware)
+
+    def finished(scope: Scope, status: int, seconds: float) -> None:
+        record_request(scope, status, seconds)
+        state.limits.request_finished(scope.get("state", {}), status)
+
+    app.add_middleware(RequestOutcomeMiddleware, on_finished=finished)
     return app  # the site (create_prefixed_app) adds the service headers around it
 
 

@@ -9,12 +9,11 @@ Outside Ray (unit tests, plain uvicorn) the same calls record nothing.
 
 from __future__ import annotations
 
-import time
 from functools import cache
 from typing import Any
 
 from ray.util.metrics import Counter, Gauge, Histogram
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 # Seconds: from a cheap authenticated route to a long image edit or transcription.
 LATENCY_BOUNDARIES = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -82,33 +81,9 @@ def route_of(scope: dict[str, Any]) -> str:
     return path if isinstance(path, str) else "unmatched"
 
 
-class RequestMetricsMiddleware:
-    """Counts and times every HTTP request of the API: route template, status, model, kind of
-    credentials. The time runs to the end of the answer, streams included."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def send_watching(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_watching)
-        finally:
-            _record(scope, status, time.perf_counter() - started)
-
-
-def _record(scope: Scope, status: int, seconds: float) -> None:
+def record_request(scope: Scope, status: int, seconds: float) -> None:
+    """Count and time one HTTP request of the API: route template, status, model, kind of
+    credentials; the time runs to the end of the answer, streams included."""
     state = scope.get("state", {})
     route = route_of(scope)
     model = state.get("limit_model") or state.get("response_headers", {}).get(

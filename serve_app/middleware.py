@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -150,10 +151,12 @@ class ServiceHeadersMiddleware:
 
 
 class RequestOutcomeMiddleware:
-    """Tells `on_finished(request state, status)` how each HTTP request ended (the error
-    budgets count failed requests of any endpoint)."""
+    """Tells `on_finished(scope, status, seconds)` how each HTTP request ended and how long its
+    answer took, streams included (the error budgets count failed requests of any endpoint;
+    the metrics count and time every request)."""
 
-    def __init__(self, app: ASGIApp, on_finished: Callable[[dict, int], None]) -> None:
+    def __init__(self, app: ASGIApp,
+                 on_finished: Callable[[Scope, int, float], None]) -> None:
         self.app = app
         self.on_finished = on_finished
 
@@ -161,6 +164,7 @@ class RequestOutcomeMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
         status = 500
 
         async def send_watching(message: Message) -> None:
@@ -173,6 +177,6 @@ class RequestOutcomeMiddleware:
             await self.app(scope, receive, send_watching)
         finally:
             try:
-                self.on_finished(scope.get("state", {}), status)
+                self.on_finished(scope, status, time.perf_counter() - started)
             except Exception:  # the answer is out; counting must not break it
                 logging.getLogger("serve_app.middleware").exception("outcome hook failed")
