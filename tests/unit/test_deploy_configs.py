@@ -1,0 +1,133 @@
+"""The deployment files, checked the way their tools read them: the Serve configs against
+Serve's own config schema (what `serve deploy`/`serve run` load), the cluster launcher config
+against Ray's autoscaler schema (`ray up`), the KubeRay RayService against the fields KubeRay
+needs, with its Serve config identical to configs/production.yaml's."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+import yaml
+from ray.autoscaler._private.util import fillout_defaults, validate_config
+from ray.serve.schema import ServeDeploySchema
+
+from deployments import MODEL_DEPLOYMENTS
+from serve_app.app import AppArgs
+from serve_app.settings import PROJECT_ROOT
+
+CONFIGS = PROJECT_ROOT / "configs"
+GPU_CLASSES = {"text-xs", "text-s", "text-m", "text-l", "image-diffusion", "video-generation"}
+
+
+def _load(path) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _check_serve_config(raw: dict) -> dict[str, dict]:
+    """Serve's schema, our app's arguments, and one options entry per model deployment;
+    returns the deployments' options by name."""
+    config = ServeDeploySchema.model_validate(raw)
+    assert config.logging_config.encoding == "JSON"
+    (app,) = config.applications
+    assert app.import_path == "serve_app.app:build_app" and app.route_prefix == "/"
+    args = AppArgs.model_validate(app.args)
+    options = {d.name: d.model_dump(exclude_unset=True) for d in app.deployments}
+    assert set(options) == {"Gateway", "KeyEventHub", *args.model_deployments}
+    assert set(args.model_deployments) <= set(MODEL_DEPLOYMENTS)
+    for name, option in options.items():
+        if name in MODEL_DEPLOYMENTS:  # every engine has a bounded queue
+            assert option.get("max_queued_requests", 0) > 0, name
+    return options
+
+
+def test_local_config_runs_on_cpus_only_and_fits_two_cores():
+    options = _check_serve_config(_load(CONFIGS / "local.yaml"))
+    for name, option in options.items():
+        assert not option.get("ray_actor_options", {}).get("num_gpus"), name
+    assert {"video-generation", "video-enhance", "speech", "embedding"} <= set(options)
+    # `make run` offers Ray the machine's cores: on a 2-core laptop every replica must be
+    # placed, or the Gateway waits forever for a slot
+    reserved = sum(option.get("ray_actor_options", {}).get("num_cpus", 1)
+                   * option.get("autoscaling_config", {}).get(
+                       "min_replicas", option.get("num_replicas", 1))
+                   for option in options.values())
+    assert reserved <= 2, reserved
+
+
+def test_production_config_puts_the_heavy_engines_on_gpus_and_autoscales():
+    options = _check_serve_config(_load(CONFIGS / "production.yaml"))
+    assert {"text-xs", "text-s", "text-m", "text-l"} <= set(options)
+    for name in GPU_CLASSES:
+        assert options[name]["ray_actor_options"]["num_gpus"] >= 1, name
+    for name, option in options.items():
+        if name != "KeyEventHub":
+            scaling = option["autoscaling_config"]
+            assert 1 <= scaling["min_replicas"] <= scaling["max_replicas"], name
+    assert options["Gateway"]["autoscaling_config"]["min_replicas"] >= 2
+
+
+def test_cluster_launcher_config_passes_the_autoscaler_schema():
+    raw = _load(PROJECT_ROOT / "cluster.yaml")
+    validate_config(fillout_defaults(raw))
+    types = raw["available_node_types"]
+    assert raw["head_node_type"] in types and {"cpu_worker", "gpu_worker"} <= set(types)
+    started = " ".join(raw["head_start_ray_commands"] + raw["worker_start_ray_commands"])
+    assert "--port=6380" in started and ":6380" in started  # 6379 is Redis's
+
+
+_CONTAINER = {"type": "object", "required": ["name", "image"],
+              "properties": {"name": {"type": "string"}, "image": {"type": "string"},
+                             "env": {"type": "array"}, "envFrom": {"type": "array"},
+                             "resources": {"type": "object"}}}
+_POD = {"type": "object", "required": ["spec"], "properties": {"spec": {
+    "type": "object", "required": ["containers"],
+    "properties": {"containers": {"type": "array", "minItems": 1, "items": _CONTAINER}}}}}
+# The RayService fields KubeRay (ray.io/v1) reads to start the cluster and deploy Serve.
+RAY_SERVICE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"},
+        "kind": {"const": "RayService"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {"type": "object", "required": ["serveConfigV2", "rayClusterConfig"],
+                 "properties": {
+                     "serveConfigV2": {"type": "string"},
+                     "rayClusterConfig": {
+                         "type": "object", "required": ["rayVersion", "headGroupSpec"],
+                         "properties": {
+                             "rayVersion": {"type": "string", "pattern": r"^2\.60\."},
+                             "headGroupSpec": {"type": "object", "required": [
+                                 "rayStartParams", "template"],
+                                 "properties": {"template": _POD}},
+                             "workerGroupSpecs": {"type": "array", "minItems": 1, "items": {
+                                 "type": "object",
+                                 "required": ["groupName", "replicas", "minReplicas",
+                                              "maxReplicas", "rayStartParams", "template"],
+                                 "properties": {"template": _POD,
+                                                "minReplicas": {"type": "integer"},
+                                                "maxReplicas": {"type": "integer"}}}}}}}},
+    },
+}
+
+
+def test_kuberay_rayservice_deploys_the_production_applications():
+    manifest = _load(CONFIGS / "kuberay" / "rayservice.yaml")
+    jsonschema.validate(manifest, RAY_SERVICE_SCHEMA)
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    _check_serve_config(serve_config)
+    assert serve_config["applications"] == _load(CONFIGS / "production.yaml")["applications"]
+    groups = {g["groupName"]: g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    gpu = groups["gpu"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert int(gpu["nvidia.com/gpu"]) >= 2  # text-l's two GPUs fit one worker
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "production.yaml"])
+def test_every_model_deployment_of_a_config_has_catalog_models_or_is_skipped(name):
+    from serve_app.catalog import load_catalog
+
+    catalog = load_catalog(CONFIGS / "models.yaml")
+    args = AppArgs.model_validate(_load(CONFIGS / name)["applications"][0]["args"])
+    served = {d for d in args.model_deployments if any(m.deployment == d
+                                                       for m in catalog.models)}
+    assert {"text-xs", "embedding", "speech", "video-generation"} <= served
