@@ -1,0 +1,95 @@
+"""After a load run: does the ledger agree, to the nano-unit, with what clients were told and
+with the money that moved?
+
+- every request a client saw succeed has exactly one ledger entry, and no entry exists for a
+  request the client saw fail;
+- for token routes, the entry's units are the usage the client was shown;
+- the account's balance moved by exactly the ledger's total, the ledger's lines and daily
+  rollups add up to its entries;
+- no hold is left open (after the grace time in-flight work needs);
+- no key spent past its consumption limit.
+
+    python loadtest/reconcile.py ACCOUNT_ID RECORD.jsonl START_BALANCE_NANOS
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlmodel import Session
+
+from serve_app.db.engine import make_engine
+from serve_app.db.tables import (
+    Account,
+    ApiKey,
+    KeySpendWindow,
+    LedgerEntry,
+    LedgerLine,
+    Reservation,
+    UsageDaily,
+)
+from serve_app.settings import Settings
+
+TOKEN_ROUTES = {"chat", "embeddings"}
+
+
+def reconcile(account_id: str, record_path: str, start_nanos: int) -> dict[str, Any]:
+    with open(record_path, encoding="utf-8") as lines:
+        seen = [json.loads(line) for line in lines if line.strip()]
+    ok = {r["cf_ray"]: r for r in seen if r["status"] == 200 and r["cf_ray"]}
+    failed = {r["cf_ray"] for r in seen if r["status"] != 200 and r["cf_ray"]}
+    engine = make_engine(Settings().resolved_database_url)
+    with Session(engine) as s:
+        entries = {e.request_id: e for e in s.exec(
+            select(LedgerEntry).where(LedgerEntry.account_id == account_id)).scalars()}
+        total = sum(e.usd_nanos + e.diem_nanos for e in entries.values())
+        lines = s.exec(select(func.coalesce(func.sum(LedgerLine.amount_nanos), 0))
+                       .where(LedgerLine.account_id == account_id)).one()[0]
+        rollups = s.exec(select(func.coalesce(func.sum(UsageDaily.usd_nanos
+                                                       + UsageDaily.diem_nanos), 0))
+                         .where(UsageDaily.account_id == account_id)).one()[0]
+        account = s.get(Account, account_id)
+        holds = s.exec(select(func.count()).select_from(Reservation)
+                       .where(Reservation.account_id == account_id)).one()[0]
+        over_limit = []
+        for key, window in s.exec(select(ApiKey, KeySpendWindow).join(
+                KeySpendWindow, KeySpendWindow.api_key_id == ApiKey.id).where(
+                ApiKey.account_id == account_id)).all():
+            if key.limit_usd_nanos is not None and window.usd_nanos > key.limit_usd_nanos:
+                over_limit.append(key.id)
+    engine.dispose()
+    missing = sorted(set(ok) - set(entries))
+    unexpected = sorted(set(entries) - set(ok))
+    charged_after_failure = sorted(set(entries) & failed)
+    wrong_units = []
+    for request_id, answer in ok.items():
+        entry = entries.get(request_id)
+        if entry is None or answer["route"] not in TOKEN_ROUTES or not answer["usage"]:
+            continue
+        units = entry.units if isinstance(entry.units, dict) else json.loads(entry.units)
+        if units.get("input", 0) != answer["usage"].get("prompt_tokens", 0) or \
+                units.get("output", 0) != answer["usage"].get("completion_tokens", 0):
+            wrong_units.append(request_id)
+    moved = start_nanos - (account.usd_balance_nanos + account.diem_balance_nanos)
+    result = {
+        "requests_seen": len(seen), "succeeded": len(ok), "ledger_entries": len(entries),
+        "statuses": dict(Counter(r["status"] for r in seen)),
+        "ledger_usd": total / 1e9, "balance_moved_usd": moved / 1e9,
+        "missing_entries": len(missing), "entries_without_success": len(unexpected),
+        "charged_after_failure": len(charged_after_failure), "wrong_units": len(wrong_units),
+        "lines_match": lines == total, "rollups_match": rollups == total,
+        "balance_matches": moved == total, "open_holds": holds,
+        "keys_over_limit": len(over_limit),
+    }
+    result["reconciled"] = (not missing and not unexpected and not wrong_units
+                            and lines == total and rollups == total and moved == total
+                            and holds == 0 and not over_limit)
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(reconcile(sys.argv[1], sys.argv[2], int(sys.argv[3])), indent=2))

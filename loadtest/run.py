@@ -1,0 +1,150 @@
+"""One command for a load run against a running platform (`make run` in another shell):
+
+    make loadtest                                  # 200 users for 10 minutes
+    .venv/bin/python loadtest/run.py --steps 25,50,100,200 --step-seconds 120
+
+Prepares an account on the `benchmark` rate-limit tier (so the run measures the platform, not
+the default 500 requests a minute) with ten inference keys, one of them with a small USD
+consumption limit; runs Locust headless for each step of users (CSV and HTML reports under
+`loadtest/results/<time>/`); waits for queued jobs to finish; reconciles the ledger
+(reconcile.py); prints a summary per step (throughput, p50/p95/p99 per route, errors by
+status) and writes it to `summary.json` and `summary.md` beside the reports.
+
+It reads DATA_DIR / DATABASE_URL like the platform, to reach the same database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from loadtest.reconcile import reconcile  # noqa: E402
+from serve_app.cli import run as cli  # noqa: E402
+
+KEYS = 10
+LIMITED_KEY_USD = 0.02
+
+
+def prepare(host: str, out: Path) -> dict:
+    made = cli(["create-account", "--usd", "10000"])
+    cli(["set-tier", "benchmark", "--account", made["accountId"]])
+    admin = {"Authorization": f"Bearer {made['apiKey']}"}
+    keys = []
+    for i in range(KEYS):
+        body = {"apiKeyType": "INFERENCE", "description": f"load {i}"}
+        if i == 0:
+            body["consumptionLimit"] = {"usd": LIMITED_KEY_USD}
+        resp = httpx.post(f"{host}/api/v1/api_keys", headers=admin, json=body, timeout=30)
+        resp.raise_for_status()
+        keys.append(resp.json()["data"]["apiKey"])
+    balance = httpx.get(f"{host}/api/v1/billing/balance", headers=admin, timeout=30).json()
+    start = round((float(balance["balances"]["usd"]) + float(balance["balances"]["diem"] or 0))
+                  * 1e9)
+    prepared = {"account": made["accountId"], "admin": made["apiKey"], "inference": keys,
+                "start_nanos": start}
+    (out / "keys.json").write_text(json.dumps(prepared))
+    return prepared
+
+
+def run_step(host: str, users: int, seconds: int, out: Path, env: dict) -> Path:
+    prefix = out / f"u{users}"
+    subprocess.run([sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"),
+                    "--headless", "--host", host, "-u", str(users),
+                    "-r", str(max(1, users // 10)), "-t", f"{seconds}s", "--stop-timeout", "30",
+                    "--csv", str(prefix), "--html", f"{prefix}.html", "--only-summary",
+                    "--loglevel", "WARNING"], env=env, check=False)
+    return prefix
+
+
+def step_summary(prefix: Path, record: Path, since: float) -> dict:
+    with open(f"{prefix}_stats.csv", encoding="utf-8") as stats:
+        rows = list(csv.DictReader(stats))
+    routes = {r["Name"]: {"requests": int(r["Request Count"]),
+                          "failures": int(r["Failure Count"]),
+                          "rps": round(float(r["Requests/s"]), 2),
+                          "p50_ms": r["50%"], "p95_ms": r["95%"], "p99_ms": r["99%"]}
+              for r in rows if r["Type"] != "METRIC" and r["Name"] != "Aggregated"}
+    metrics = {r["Name"]: {"p50": r["50%"], "p95": r["95%"]} for r in rows
+               if r["Type"] == "METRIC"}
+    total = next(r for r in rows if r["Name"] == "Aggregated")
+    statuses: dict[str, Counter] = defaultdict(Counter)
+    with open(record, encoding="utf-8") as lines:
+        for line in lines:
+            answer = json.loads(line)
+            if answer.get("t", since) >= since:
+                statuses[answer["route"]][answer["status"]] += 1
+    return {"rps": round(float(total["Requests/s"]), 2),
+            "requests": int(total["Request Count"]), "failures": int(total["Failure Count"]),
+            "routes": routes, "metrics": metrics,
+            "statuses": {route: dict(c) for route, c in statuses.items()}}
+
+
+def markdown(summary: dict) -> str:
+    out = []
+    for step in summary["steps"]:
+        out.append(f"### {step['users']} users, {step['seconds']} s: {step['rps']} requests/s, "
+                   f"{step['failures']} of {step['requests']} failed\n")
+        out.append("| route | requests | req/s | p50 ms | p95 ms | p99 ms | failures |")
+        out.append("|---|---|---|---|---|---|---|")
+        for name, r in sorted(step["routes"].items()):
+            out.append(f"| {name} | {r['requests']} | {r['rps']} | {r['p50_ms']} | "
+                       f"{r['p95_ms']} | {r['p99_ms']} | {r['failures']} |")
+        for name, m in sorted(step["metrics"].items()):
+            out.append(f"| {name} (metric) | | | {m['p50']} | {m['p95']} | | |")
+        out.append("")
+    out.append("Answers by status, per route (the whole run): " + json.dumps(
+        summary["reconciliation"]["statuses"]))
+    out.append("")
+    out.append("Reconciliation: " + json.dumps(summary["reconciliation"]))
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default=os.environ.get("LOADTEST_HOST",
+                                                         "http://127.0.0.1:8000"))
+    parser.add_argument("--steps", default="200", help="users per step, comma-separated")
+    parser.add_argument("--step-seconds", type=int, default=600)
+    args = parser.parse_args()
+    out = HERE / "results" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True)
+    prepared = prepare(args.host, out)
+    record = out / "record.jsonl"
+    env = {**os.environ, "LOADTEST_KEYS": str(out / "keys.json"),
+           "LOADTEST_RECORD": str(record)}
+    summary: dict = {"host": args.host, "steps": []}
+    for users in (int(u) for u in args.steps.split(",")):
+        print(f"[loadtest] {users} users for {args.step_seconds} s ...", flush=True)
+        started = time.time()
+        prefix = run_step(args.host, users, args.step_seconds, out, env)
+        step = step_summary(prefix, record, started)
+        step.update(users=users, seconds=args.step_seconds)
+        summary["steps"].append(step)
+        print(f"[loadtest] {users} users: {step['rps']} requests/s, "
+              f"{step['failures']} failures of {step['requests']}", flush=True)
+    print("[loadtest] waiting 60 s for queued jobs and in-flight holds ...", flush=True)
+    time.sleep(60)
+    summary["reconciliation"] = reconcile(prepared["account"], str(record),
+                                          prepared["start_nanos"])
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.md").write_text(markdown(summary))
+    print(markdown(summary))
+    print(f"[loadtest] reports in {out}")
+    return 0 if summary["reconciliation"]["reconciled"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
