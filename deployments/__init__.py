@@ -55,6 +55,15 @@ def _audio(kind: str) -> Callable[[str], DeploymentBuilder]:
     return named
 
 
+def _video(name: str) -> DeploymentBuilder:
+    def build(models: list[CatalogModel], settings: dict[str, Any]) -> Application:
+        from deployments import video
+
+        return video.bind(name, models, settings)
+
+    return build
+
+
 # Image deployments, one per engine family: upscaling, background removal (matting), and
 # diffusion pipelines (edit and generation).
 IMAGE_DEPLOYMENTS = ("image-upscale", "image-matting", "image-diffusion")
@@ -65,5 +74,8 @@ MODEL_DEPLOYMENTS: dict[str, DeploymentBuilder] = {
     **{name: _image(name) for name in IMAGE_DEPLOYMENTS},
     "speech": _audio("speech")("speech"),
     "transcription": _audio("transcription")("transcription"),
+    # Video, one per engine family: generation (Wan) and enhancement of a source clip.
+    **{name: _video(name) for name in ("video-generation", "video-enhance")},
 }
 AUDIO_DEPLOYMENTS = ("speech", "transcription")
+VIDEO_DEPLOYMENTS = ("video-generation", "video-enhance")

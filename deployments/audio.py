@@ -15,7 +15,7 @@ from typing import Any
 
 from ray import serve
 
-from deployments.engines.audio import ENGINES, encode_audio
+from deployments.engines.audio import CONTENT_TYPES, ENGINES, encode_audio
 from deployments.errors import engine_error
 from deployments.weights import load_engines, model_specs
 
@@ -97,6 +97,31 @@ class SpeechDeployment:
                 yield piece
         except ValueError as exc:  # text the voice cannot read
             yield engine_error(400, str(exc), field="input")
+
+    async def synthesize(self, model_id: str, params: dict[str, Any],
+                         inputs: dict[str, bytes]) -> dict[str, Any]:
+        """A queued speech job (`/audio/queue`): all of `params["prompt"]` read aloud, as one
+        file in `params["format"]`."""
+        engine = self.engines.get(model_id)
+        if engine is None:
+            return engine_error(404, f"Model {model_id!r} is not served here",
+                                code="MODEL_NOT_FOUND")
+        fmt = str(params.get("format", "mp3"))
+        started = time.perf_counter()
+
+        def work() -> bytes:
+            with self._busy:
+                return b"".join(encode_audio(
+                    engine.synthesize(params["prompt"], params["voice"],
+                                      float(params.get("speed") or 1.0)),
+                    engine.sample_rate, fmt))
+
+        try:
+            media = await asyncio.to_thread(work)
+        except ValueError as exc:
+            return engine_error(400, str(exc), field="prompt")
+        return {"media": media, "media_type": CONTENT_TYPES[fmt],
+                "replica_ms": (time.perf_counter() - started) * 1000}
 
 
 @serve.deployment(

@@ -24,6 +24,7 @@ from deployments.image_weights import (
     build_tiny_matting_onnx,
     build_tiny_sd,
 )
+from deployments.video_weights import build_tiny_wan
 
 logger = logging.getLogger("deployments.weights")
 
@@ -138,6 +139,8 @@ BUILDERS = {"smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model
             # image test weights (deployments/image_weights.py)
             "tiny-sd": build_tiny_sd, "tiny-instruct-pix2pix": build_tiny_instruct_pix2pix,
             "tiny-matting-onnx": build_tiny_matting_onnx,
+            # video test weights (deployments/video_weights.py)
+            "tiny-wan": build_tiny_wan,
             # Whisper base joined from the two packages that ship it in parts
             "whisper-base": join_whisper_parts}
 

@@ -91,6 +91,10 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     unknown = [d for d in wanted if d not in MODEL_DEPLOYMENTS]
     if unknown:
         raise ValueError(f"no model deployment named {unknown}; known: {sorted(MODEL_DEPLOYMENTS)}")
+    idle = [d for d in wanted if not any(m.deployment == d for m in catalog.models)]
+    if idle:  # e.g. production.yaml's text-m and text-l before the catalog has such models
+        logger.warning("deployments %s serve no model of the catalog: not started", idle)
+        wanted = [d for d in wanted if d not in idle]
     if app_args.model_app:
         handles = {name: OtherAppDeployment(app_args.model_app, name) for name in wanted}
     else:

@@ -21,6 +21,10 @@ MODEL_TYPES: tuple[str, ...] = ModelType.__args__  # type: ignore[attr-defined]
 SizeClass = Literal["XS", "S", "M", "L"]
 # What an image model does; each image endpoint serves the models of one operation.
 ImageOperation = Literal["generate", "edit", "upscale", "background-remove"]
+# What a queued video or audio model does (`/video/queue`, `/audio/queue`): it decides which
+# inputs the model takes and which pricing rules apply to it.
+MediaOperation = Literal["text-to-video", "image-to-video", "reference-to-video",
+                         "video-upscale", "video-interpolate", "speech", "voice-change"]
 _DEFAULT_OPERATION: dict[str, ImageOperation] = {"image": "generate", "inpaint": "edit",
                                                  "upscale": "upscale"}
 
@@ -83,8 +87,9 @@ class CatalogModel(BaseModel):
     # Per-model rate-limit overrides: {requests_per_minute, tokens_per_minute}.
     rate_limits: dict[str, int] = Field(default_factory=dict)
     # Image models: the endpoint family that serves them (by default from `type`: image ->
-    # generate, inpaint -> edit, upscale -> upscale). Not part of the public record.
-    operation: ImageOperation | None = None
+    # generate, inpaint -> edit, upscale -> upscale); video and queued audio models: what
+    # they do. Not part of the public record.
+    operation: ImageOperation | MediaOperation | None = None
     # Speech models: the voices they offer, the audio formats they answer in, the default.
     voices: list[str] = Field(default_factory=list)
     supported_formats: list[str] = Field(default_factory=list)

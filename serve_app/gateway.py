@@ -25,6 +25,7 @@ from serve_app.api import (
     images,
     models,
     responses,
+    video,
     x402,
 )
 from serve_app.auth import payment_required
@@ -93,6 +94,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(images.router)
     app.include_router(audio.router)
+    app.include_router(video.router)
     app.include_router(responses.router)
     app.include_router(billing.router)
     app.include_router(characters.router)

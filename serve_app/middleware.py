@@ -27,21 +27,24 @@ from serve_app.version import service_version
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
-# Largest request body accepted by any route but those that take images.
+# Largest request body accepted by any route but those that take media files.
 MAX_BODY_BYTES = 32 * 1024 * 1024
-# One image of just under 25 MB, base64 in JSON (4/3 the size), and the other fields; each
-# image is then checked against the spec's 25 MB on its own.
+# One file of just under 25 MB, base64 in JSON (4/3 the size), and the other fields; each
+# file is then checked against the spec's 25 MB on its own.
 ONE_IMAGE_BODY_BYTES = 25 * 1024 * 1024 * 4 // 3 + 1024 * 1024
-# Routes that take images: how many each may carry (multi-edit: up to four layers).
-IMAGE_ROUTES = {"/image/upscale": 1, "/image/background-remove": 1, "/image/edit": 1,
-                "/image/multi-edit": 4}
+# Routes that take media files in the body: how many each may carry whole (multi-edit: up to
+# four layers; a video job: a source clip and an image; more come as URLs).
+MEDIA_ROUTES = {"/image/upscale": 1, "/image/background-remove": 1, "/image/edit": 1,
+                "/image/multi-edit": 4, "/video/quote": 1, "/video/queue": 2}
 
 
 class RequestIdLogFilter(logging.Filter):
-    """Adds `request_id` to every log record so logs can be matched to `CF-RAY`."""
+    """Adds the request id (the answer's `CF-RAY`) to every log record, as `request_id` for the
+    text format and as `cf_ray`, which Serve's JSON log encoding (`logging_config.encoding:
+    JSON` in the configs) writes as its own field beside Serve's own `request_id`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id_var.get()
+        record.request_id = record.cf_ray = request_id_var.get()
         return True
 
 
@@ -70,7 +73,7 @@ class ServiceHeadersMiddleware:
 
     def _body_cap(self, scope: Scope) -> int:
         path = scope.get("path", "").rstrip("/")
-        for route, images in IMAGE_ROUTES.items():
+        for route, images in MEDIA_ROUTES.items():
             if path.endswith(route):
                 return max(images * ONE_IMAGE_BODY_BYTES, self.max_body_bytes)
         return self.max_body_bytes

@@ -58,6 +58,14 @@ class Settings(BaseSettings):
     x402_min_top_up_usd: Decimal = Field(default=Decimal("5"), ge=0)
     # The web console's built files (console/dist, `npm run build`), served under /console.
     console_dir: Path = PROJECT_ROOT / "console" / "dist"
+    # Where queued jobs keep their inputs and results: unset, DATA_DIR/results; a directory;
+    # or s3://bucket/prefix?endpoint=http://host:9000 (serve_app/control/result_store.py).
+    result_store_url: str | None = None
+    # Jobs each Gateway replica has its runner send to one video or audio deployment at once.
+    job_slots_per_deployment: int = Field(default=2, ge=1, le=64)
+    # How long a job runner's claim on a job lasts unless renewed (it renews every third of
+    # it): a runner that died gives its jobs up after this long.
+    job_lease_s: float = Field(default=30.0, gt=0)
     # JSON-RPC nodes of `/crypto/rpc/{network}` (configs/crypto_rpc.yaml documents the format).
     crypto_rpc_nodes: Path = PROJECT_ROOT / "configs" / "crypto_rpc.yaml"
 

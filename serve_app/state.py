@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -16,11 +17,14 @@ from serve_app.billing.service import Billing
 from serve_app.billing.topups import TopUps, listening_hosts
 from serve_app.catalog import Catalog, load_catalog
 from serve_app.chat.web import WebTools
+from serve_app.control.jobs import JobQueue
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
+from serve_app.control.result_store import ResultStore, open_result_store
 from serve_app.crypto.service import CryptoRpc
 from serve_app.db.engine import make_engine
 from serve_app.embeddings.service import Embedder
 from serve_app.images.inputs import ImageSourceReader, image_fetcher
+from serve_app.jobs.runner import JobRunner
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.service import RateLimits
@@ -63,6 +67,9 @@ class GatewayState:
     wallets: WalletAuth
     payments: PaymentConfig
     top_ups: TopUps
+    jobs: JobQueue
+    results: ResultStore
+    job_runner: JobRunner
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -79,6 +86,8 @@ class GatewayState:
         router = ModelRouter(catalog, handles or {})
         billing = Billing(settings.resolved_database_url)
         payments = PaymentConfig.from_settings(settings)
+        jobs = JobQueue(engine, lease=timedelta(seconds=settings.job_lease_s))
+        results = open_result_store(settings.result_store_url, settings.data_dir)
         return cls(
             settings=settings,
             catalog=catalog,
@@ -98,6 +107,10 @@ class GatewayState:
             payments=payments,
             top_ups=TopUps(billing, payments, settings.x402_facilitator_url,
                            listen_hosts=listening_hosts(settings)),
+            jobs=jobs,
+            results=results,
+            job_runner=JobRunner(jobs, results, billing, catalog, router,
+                                 slots_per_deployment=settings.job_slots_per_deployment),
         )
 
     async def start(self) -> None:
@@ -107,6 +120,7 @@ class GatewayState:
             asyncio.create_task(self.keys.run_sync_loop(self.settings.key_sync_interval_s)),
             asyncio.create_task(self.billing.run_sweeper()),
             asyncio.create_task(self.wallets.run_nonce_sweeper()),
+            asyncio.create_task(self.job_runner.run()),
         ]
 
     async def stop(self) -> None:

@@ -15,10 +15,19 @@ from starlette.formparsers import MultiPartException
 from starlette.types import Receive, Scope, Send
 
 from serve_app.api.deps import InferenceCaller, JsonBody, State
+from serve_app.audio import jobs as queued
 from serve_app.audio import service
 from serve_app.errors import ApiError, invalid_request, payload_too_large
+from serve_app.jobs import service as jobs
 from serve_app.responses import json_response
-from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
+from serve_app.schemas.audio import (
+    QueueAudioRequest,
+    QuoteAudioRequest,
+    SpeechRequest,
+    TranscriptionRequest,
+    VoiceChangerQuoteRequest,
+)
+from serve_app.schemas.video import JobRequest, RetrieveRequest
 
 router = APIRouter(tags=["Audio"])
 
@@ -107,3 +116,39 @@ async def create_transcription(request: Request, key: InferenceCaller,
 @router.get("/audio/voices", summary="Voices of the speech models")
 async def list_voices(state: State, model: str | None = Query(None)) -> dict:
     return {"object": "list", "data": service.voices(state, model)}
+
+
+# ---- queued audio ------------------------------------------------------------------------
+
+@router.post("/audio/quote", dependencies=[JsonBody], summary="Price of an audio job")
+async def quote_audio(body: QuoteAudioRequest, request: Request, key: InferenceCaller,
+                      state: State) -> Response:
+    return json_response(request, queued.quote(state, body))
+
+
+@router.post("/audio/voice-changer/quote", dependencies=[JsonBody],
+             summary="Price of a voice change")
+async def quote_voice_change(body: VoiceChangerQuoteRequest, request: Request,
+                             key: InferenceCaller, state: State) -> Response:
+    return json_response(request, queued.voice_changer_quote(state, body))
+
+
+@router.post("/audio/queue", dependencies=[JsonBody], summary="Queue an audio job")
+async def queue_audio(body: QueueAudioRequest, request: Request, key: InferenceCaller,
+                      state: State) -> Response:
+    return json_response(request, await queued.queue(request, state, key, body))
+
+
+@router.post("/audio/retrieve", dependencies=[JsonBody], summary="Status or audio of a job",
+             response_class=Response, responses={200: {"content": {
+                 t: {"schema": {"type": "string", "format": "binary"}}
+                 for t in ("audio/mpeg", "audio/wav", "audio/flac")}}})
+async def retrieve_audio(body: RetrieveRequest, request: Request, key: InferenceCaller,
+                         state: State) -> Response:
+    return await jobs.retrieve(request, state, key, body, "audio")
+
+
+@router.post("/audio/complete", dependencies=[JsonBody], summary="Delete a job's audio")
+async def complete_audio(body: JobRequest, request: Request, key: InferenceCaller,
+                         state: State) -> Response:
+    return json_response(request, await jobs.complete(state, key, body, "audio"))

@@ -11,6 +11,7 @@ from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.admission import hold_for
 from serve_app.chat.prompt import UnsupportedFeature
 from serve_app.chat.service import ChatPlan, open_stream, plan_chat, run_unary
+from serve_app.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, unless_client_leaves
 from serve_app.responses import add_model_headers, json_response
 from serve_app.routing import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest
@@ -58,7 +59,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, key: I
         headers["x-service-is-content-violation"] = "false"
         if body.stream:
             with timed(request, "first-token"):
-                routed, events = await open_stream(plan, state)
+                # a model queue can hold a stream for minutes: a client that leaves while it
+                # waits is not charged for tokens it will never receive
+                routed, events = await unless_client_leaves(request, open_stream(plan, state))
             add_model_headers(request, routed.model, plan.router_label)
             # The stream settles before its last event; should it never run (the client
             # left first), the background task settles or releases the hold instead.
@@ -70,6 +73,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, key: I
             response = await run_unary(plan, state)
         with timed(request, "settle"):
             await plan.finish_charge()
+    except ClientGone:
+        await plan.release()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except BaseException:
         await plan.release()
         raise

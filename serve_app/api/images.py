@@ -20,7 +20,7 @@ from serve_app.api.deps import InferenceCaller, JsonBody, State
 from serve_app.errors import invalid_request
 from serve_app.images import service
 from serve_app.images.inputs import read_image_body
-from serve_app.middleware import IMAGE_ROUTES, ONE_IMAGE_BODY_BYTES
+from serve_app.middleware import MEDIA_ROUTES, ONE_IMAGE_BODY_BYTES
 from serve_app.responses import json_response
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
@@ -83,7 +83,7 @@ def _one_image(state: GatewayState, fields: dict[str, Any], files: dict[str, lis
 
 async def _read(request: Request, route: str, file_fields: set[str]
                 ) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
-    images = IMAGE_ROUTES[route]
+    images = MEDIA_ROUTES[route]
     return await read_image_body(request, file_fields=frozenset(file_fields),
                                  max_body_bytes=images * ONE_IMAGE_BODY_BYTES,
                                  max_files=images)

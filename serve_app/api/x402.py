@@ -54,7 +54,7 @@ async def wallet_reader(request: Request, state: State,
     caller = await state.wallets.authenticate(header, request.headers.get("host", ""))
     if caller.wallet_address != address:
         raise ApiError(403, "The signed-in wallet does not match the requested wallet",
-                       code="UNAUTHORIZED")
+                       code="X402_WALLET_MISMATCH")
     await remaining_credit_header(request, state, caller)
     return address
 

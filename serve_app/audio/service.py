@@ -54,7 +54,9 @@ class Speech:
             await self.hold.finish(None)  # nothing left to do once settled
 
 
-def _voice(model: CatalogModel, requested: str | None) -> str:
+def pick_voice(model: CatalogModel, requested: str | None) -> str:
+    """The model's voice named by `requested` (any case); its first voice for none or a
+    convention name (`alloy`, ...)."""
     if not model.voices:
         raise ApiError(500, f"Model {model.id} lists no voices", code="INFERENCE_FAILED")
     if requested is None or requested.lower() in CONVENTION_VOICES:
@@ -81,7 +83,7 @@ async def speak(request: Request, state: GatewayState, key: KeyRecord,
     failure to start is an error answer, not a broken stream."""
     routed = state.router.resolve(body.model, "tts")
     model = routed.model
-    voice, fmt = _voice(model, body.voice), _format(model, body.response_format)
+    voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
     cost = price(model, {"speech_characters": len(body.input)})
     _, hold = await admit_and_hold(request, state, key, model, 0, cost)
     try:

@@ -18,6 +18,7 @@ from sqlmodel import Session
 
 from serve_app.billing.pricing import Cost, sku, unit_type
 from serve_app.billing.windows import epoch_day, window_start
+from serve_app.control.jobs import open_job_request_ids
 from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, KeySpendWindow, Reservation, UsageDaily
 from serve_app.errors import ApiError
@@ -361,9 +362,12 @@ def drop_windows(session: Session, key_id: str) -> None:
 
 
 def stale_holds(session: Session, now: datetime, max_age: timedelta) -> list[str]:
-    """Holds older than any request may run: left by a replica that died mid-request."""
+    """Holds older than any request may run: left by a replica that died mid-request. The
+    holds of queued media jobs are not among them: their job settles or releases them."""
     return list(session.execute(select(_holds.c.request_id)
-                                .where(_holds.c.created_at < now - max_age)).scalars())
+                                .where(_holds.c.created_at < now - max_age,
+                                       _holds.c.request_id.not_in(open_job_request_ids())))
+                .scalars())
 
 
 def balances(session: Session, account_id: str, now: datetime) -> tuple[Balances, int]:

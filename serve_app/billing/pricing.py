@@ -30,6 +30,16 @@ LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
     # transcribed, per second (`per_audio_second`).
     "speech_characters": ("input", 1_000_000, "chars", "Characters"),
     "audio_seconds": ("per_audio_second", 1, "seconds", "Audio Seconds"),
+    # Queued video jobs (serve_app/video/quotes.py prices them): seconds of video made (the
+    # rate depends on the model's table), a job priced per generation, its audio track.
+    "video_seconds": ("per_second", 1, "seconds", "Video Seconds"),
+    "video_generations": ("per_generation", 1, "generations", "Generation"),
+    "video_audio_seconds": ("audio_per_second", 1, "seconds", "Audio"),
+    # Queued audio jobs (serve_app/audio/quotes.py): per thousand characters, per second, or
+    # per generation (flat, or by duration tier).
+    "queued_characters": ("per_thousand_characters", 1_000, "chars", "Characters"),
+    "audio_output_seconds": ("per_second", 1, "seconds", "Seconds"),
+    "audio_generations": ("generation", 1, "generations", "Generation"),
 }
 
 # `modelType` of the analytics answer, per catalog model type.

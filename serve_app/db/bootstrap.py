@@ -22,6 +22,7 @@ MIN_ADMIN_KEY_LENGTH = 20
 
 
 CURSOR_SECRET = "usage_cursor"
+DOWNLOAD_SECRET = "media_download"  # signs the delivery URLs of finished media
 
 
 def ensure_secret(session: Session, name: str) -> str:
@@ -49,6 +50,7 @@ def bootstrap(settings: Settings) -> BootstrapResult:
     try:
         with Session(engine) as session:
             ensure_secret(session, CURSOR_SECRET)
+            ensure_secret(session, DOWNLOAD_SECRET)
             existing = session.exec(select(Account).order_by(Account.created_at)).first()
             if existing is not None:
                 return BootstrapResult(False, existing.id, None)

@@ -310,3 +310,53 @@ class RpcIdempotency(SQLModel, table=True):
     cost_usd: str = Field(default="", max_length=32)
     created_at: datetime = Field(default_factory=utcnow,
                                  sa_column=_utc_column(nullable=False, index=True))
+
+
+class JobStatus(StrEnum):
+    """A queued media job's states: QUEUED -> PROCESSING -> COMPLETED | FAILED. A job whose
+    runner died goes from PROCESSING back to PROCESSING under a new lease (or to FAILED once
+    it has used its attempts)."""
+
+    QUEUED = "QUEUED"
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class MediaJob(SQLModel, table=True):
+    """One queued video or audio generation (`/video/queue`, `/audio/queue`).
+
+    The money for it is held under `request_id` when it is queued, and settled with the
+    quoted cost (`cost_lines`) when it completes or released when it fails. A runner owns a
+    job while its lease lasts; a lease that runs out means its runner died.
+    """
+
+    __tablename__ = "media_jobs"
+    __table_args__ = (Index("ix_media_jobs_status_created", "status", "created_at"),
+                      Index("ix_media_jobs_model_finished", "model_id", "finished_at"))
+
+    queue_id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    kind: str = Field(max_length=16)  # video | audio
+    model_id: str = Field(max_length=128)
+    status: str = Field(default=JobStatus.QUEUED, max_length=16)
+    request_id: str = Field(max_length=64, unique=True)  # the hold's reservation
+    account_id: str = Field(max_length=36, index=True)
+    api_key_id: str | None = Field(default=None, max_length=36)
+    wallet_address: str | None = Field(default=None, max_length=128)
+    # What the engine is asked to do, and the input files' keys in the result store.
+    params: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    inputs: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    # The quoted price, line by line: [line_type, units, nanos, price_per_unit_usd].
+    cost_lines: list = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    attempts: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+    lease_owner: str | None = Field(default=None, max_length=64)
+    lease_expires_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+    result_key: str | None = Field(default=None, max_length=255)
+    media_type: str | None = Field(default=None, max_length=64)
+    error_status: int | None = Field(default=None)
+    error_code: str | None = Field(default=None, max_length=64)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    media_deleted: bool = Field(default=False)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+    started_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+    finished_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))

@@ -120,19 +120,25 @@ def _decode_base64(text: str, field: str) -> bytes:
         raise invalid_request("is not valid base64", field) from exc
 
 
-def _data_url_payload(value: str, field: str) -> str:
+_EXAMPLE_DATA_URL = {"image": "data:image/png;base64,...", "video": "data:video/mp4;base64,...",
+                     "audio": "data:audio/mpeg;base64,..."}
+
+
+def _data_url_payload(value: str, field: str, media: str = "image") -> str:
+    example = _EXAMPLE_DATA_URL[media]
     header, comma, payload = value.partition(",")
     if not comma:
-        raise invalid_request("is not a valid data URL (data:image/png;base64,...)", field)
+        raise invalid_request(f"is not a valid data URL ({example})", field)
     params = [part.strip().lower() for part in header[len("data:"):].split(";")]
     if len(params) < 2 or params[-1] != "base64":
-        raise invalid_request("data URLs must be base64-encoded (data:image/png;base64,...)",
-                              field)
+        raise invalid_request(f"data URLs must be base64-encoded ({example})", field)
     media_type = params[0]
     # No type, or one that says nothing of the content, is left to the header check.
     if media_type and media_type != "application/octet-stream" \
-            and not media_type.startswith("image/"):
-        raise invalid_request(f"data URL media type {media_type!r} is not an image type", field)
+            and not media_type.startswith(f"{media}/"):
+        raise invalid_request(f"data URL media type {media_type!r} is not an {media} type"
+                              if media == "image" else
+                              f"data URL media type {media_type!r} is not a {media} type", field)
     return payload
 
 
@@ -147,7 +153,8 @@ def _blocked_reason(exc: BlockedAddress) -> str:
 
 
 class ImageSourceReader:
-    """Turns a JSON string (raw base64, a data URL, or an http(s) URL) into image bytes."""
+    """Turns a JSON string (raw base64, a data URL, or an http(s) URL) into the bytes of an
+    image (or, with `media`, of a video or an audio file)."""
 
     def __init__(self, fetcher: GuardedFetcher, *, total_timeout_s: float | None = None) -> None:
         self.fetcher = fetcher
@@ -155,26 +162,27 @@ class ImageSourceReader:
         # a server sending a byte at a time would never hit.
         self.total_timeout_s = total_timeout_s or 2 * fetcher.timeout_s
 
-    async def read(self, value: str, field: str, *, allow_urls: bool) -> bytes:
+    async def read(self, value: str, field: str, *, allow_urls: bool,
+                   media: str = "image") -> bytes:
         """Raises ApiError: 400 naming `field`, 413 for 25 MB or more."""
         text = value.strip() if isinstance(value, str) else ""
         if not text:
-            raise invalid_request("must be a non-empty base64 string or image URL" if allow_urls
-                                  else "must be a non-empty base64 string", field)
+            raise invalid_request(f"must be a non-empty base64 string or {media} URL"
+                                  if allow_urls else "must be a non-empty base64 string", field)
         head = text[:16].lower()
         if head.startswith("data:"):
-            return _decode_base64(_data_url_payload(text, field), field)
+            return _decode_base64(_data_url_payload(text, field, media), field)
         if head.startswith(("http://", "https://")):
             if not allow_urls:
                 raise invalid_request(
-                    "image URLs are not accepted here; send the image as base64 or a data URL",
-                    field)
-            return await self._fetch(text, field)
+                    f"{media} URLs are not accepted here; send the {media} as base64 or a "
+                    "data URL", field)
+            return await self._fetch(text, field, media)
         if _URL_SCHEME.match(head):
-            raise invalid_request("only http and https image URLs are supported", field)
+            raise invalid_request(f"only http and https {media} URLs are supported", field)
         return _decode_base64(text, field)
 
-    async def _fetch(self, url: str, field: str) -> bytes:
+    async def _fetch(self, url: str, field: str, media: str = "image") -> bytes:
         try:
             host = urlsplit(url).hostname
             _ = urlsplit(url).port  # raises ValueError for a bad port
@@ -190,17 +198,18 @@ class ImageSourceReader:
             if reason == "too large":
                 raise payload_too_large(too_large_message(field, None)) from exc
             if reason == "redirects":
-                raise invalid_request("could not fetch image URL: too many redirects",
+                raise invalid_request(f"could not fetch {media} URL: too many redirects",
                                       field) from exc
-            raise invalid_request(f"image URL host {host} is not reachable from here",
+            raise invalid_request(f"{media} URL host {host} is not reachable from here",
                                   field) from exc
         except (TimeoutError, httpx.TimeoutException) as exc:
-            raise invalid_request("could not fetch image URL: timed out", field) from exc
+            raise invalid_request(f"could not fetch {media} URL: timed out", field) from exc
         except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
-            raise invalid_request("could not fetch image URL", field) from exc
+            raise invalid_request(f"could not fetch {media} URL", field) from exc
         if not 200 <= fetched.status < 300:
             raise invalid_request(
-                f"could not fetch image URL: the server answered HTTP {fetched.status}", field)
+                f"could not fetch {media} URL: the server answered HTTP {fetched.status}",
+                field)
         if len(fetched.body) >= MAX_IMAGE_BYTES:  # a fetcher built with a larger cap
             raise payload_too_large(too_large_message(field, len(fetched.body)))
         return fetched.body

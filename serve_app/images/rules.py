@@ -61,7 +61,7 @@ class ImageInputError(ValueError):
 
 def too_large_message(field: str, size: int | None) -> str:
     what = f"is {size} bytes" if size is not None else "is 25 MB or more"
-    return (f"the image in {field!r} {what}; images must be smaller than 25 MB "
+    return (f"the file in {field!r} {what}; files must be smaller than 25 MB "
             f"({MAX_IMAGE_BYTES} bytes)")
 
 

@@ -19,6 +19,7 @@ from sqlmodel import Session
 
 from serve_app.auth.key_store import KeyRecord
 from serve_app.catalog import CatalogModel
+from serve_app.client_gone import CLIENT_CLOSED_REQUEST
 from serve_app.db.tables import RateLimitEvent
 from serve_app.errors import ApiError
 from serve_app.limits.backends import LimiterBackend
@@ -193,8 +194,9 @@ class RateLimits:
     def request_finished(self, state: dict[str, Any], status: int) -> None:
         """Count a failed request (any endpoint) toward its key's error budget."""
         key = state.get("api_key")
-        if key is None or status < 400 or status == 429 or state.get("unsupported_feature"):
-            return
+        if key is None or status < 400 or status in (429, CLIENT_CLOSED_REQUEST) \
+                or state.get("unsupported_feature"):
+            return  # refused by a limit already, or the client left: not the key's failure
         model_id = state.get("limit_model") or ""
         self._spawn(self._count_failure(key, model_id, state.get("request_id", "")))
 

@@ -45,3 +45,44 @@ class TranscriptionRequest(BaseModel):
     language: str | None = Field(default=None, min_length=2, max_length=16)
     prompt: str | None = None  # the `openai` SDK's field; not used by the engine
     temperature: float | None = Field(default=None, ge=0, le=1)
+
+
+class QuoteAudioRequest(BaseModel):
+    """`POST /audio/quote`: a duration as a number or a numeric string."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    duration_seconds: float | str | None = None
+    character_count: int | None = Field(default=None, gt=0)
+
+
+class VoiceChangerQuoteRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    duration_seconds: float | str | None = None
+
+
+class QueueAudioRequest(BaseModel):
+    """`POST /audio/queue`, in the published shape."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    prompt: str = Field(min_length=1, max_length=20000)
+    duration_seconds: float | str | None = None
+    voice: str | None = Field(default=None, max_length=128)
+    speed: float | None = Field(default=None, ge=0.25, le=4.0)
+    language_code: str | None = Field(default=None, min_length=2, max_length=8)
+    lyrics_prompt: str | None = None
+    force_instrumental: bool | None = None
+    loop: bool | None = None
+    lyrics_optimizer: bool | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _words(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("prompt must contain text, not only spaces")
+        return value

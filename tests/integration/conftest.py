@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployments import AUDIO_DEPLOYMENTS, IMAGE_DEPLOYMENTS
+from deployments import AUDIO_DEPLOYMENTS, IMAGE_DEPLOYMENTS, VIDEO_DEPLOYMENTS
 from serve_app.auth.x402 import dev_facilitator
 from serve_app.process_tree import ray_processes, reap
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
@@ -201,7 +201,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
         "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
         # text-m stays down: its model tests fallbacks and MODEL_OFFLINE.
         "model_deployments": ["text-xs", "text-s", "embedding", *IMAGE_DEPLOYMENTS,
-                              *AUDIO_DEPLOYMENTS],
+                              *AUDIO_DEPLOYMENTS, *VIDEO_DEPLOYMENTS],
     })
     serve.run(app, name="inference", route_prefix="/", blocking=False)
     # Serve answers before the model replicas are up: wait until they are.
@@ -216,7 +216,7 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
                          "redis_url": redis.url, "redis_prefix": f"it-{uuid.uuid4().hex[:6]}"},
             "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
             "model_deployments": ["text-xs", "text-s", "embedding", *IMAGE_DEPLOYMENTS,
-                              *AUDIO_DEPLOYMENTS],
+                              *AUDIO_DEPLOYMENTS, *VIDEO_DEPLOYMENTS],
             "model_app": "inference",
         })
         serve.run(pg_app, name="inference-pg", route_prefix=PG_ROUTE, blocking=False)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import io
-from decimal import Decimal
 from urllib.parse import unquote
 
 import httpx
@@ -15,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from serve_app.cli import run as cli
-from serve_app.settings import Settings
+from tests.integration.accounts import Account
+from tests.integration.accounts import nanos as _nanos
 
 pytestmark = pytest.mark.integration
 
@@ -51,46 +50,6 @@ def _scene() -> tuple[bytes, np.ndarray]:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "PNG")
     return out.getvalue(), mask
-
-
-def _nanos(value) -> int:
-    return int((Decimal(str(value)) * 10**9).to_integral_value())
-
-
-class Account:
-    """A fresh account with its own admin key and inference key (IMAGE limits: 20/min)."""
-
-    def __init__(self, platform, tmp_path, usd: str = "5") -> None:
-        settings = Settings(data_dir=tmp_path, database_url=platform.sqlite_url)
-        self.admin = cli(["create-account", "--usd", usd], settings=settings)["apiKey"]
-        self.url = platform.base_url
-        self.key = httpx.post(f"{self.url}/api_keys", headers=self._auth(self.admin),
-                              json={"apiKeyType": "INFERENCE", "description": "images"}
-                              ).json()["data"]["apiKey"]
-        self.start = self.balance()
-
-    @staticmethod
-    def _auth(key: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key}"}
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return self._auth(self.key)
-
-    def balance(self) -> int:
-        body = httpx.get(f"{self.url}/billing/balance", headers=self._auth(self.admin)).json()
-        return _nanos(body["balances"]["usd"])
-
-    def spent(self) -> int:
-        return self.start - self.balance()
-
-    def post(self, path: str, **kwargs) -> httpx.Response:
-        return httpx.post(f"{self.url}{path}", headers=self.auth, timeout=300, **kwargs)
-
-    def skus(self) -> list[str]:
-        rows = httpx.get(f"{self.url}/billing/usage-history", params={"pageSize": 50},
-                         headers=self._auth(self.admin)).json()["data"]
-        return sorted(row["sku"] for row in rows)
 
 
 @pytest.fixture

@@ -105,3 +105,30 @@ def test_openapi_document_carries_the_service_version(gateway):
     assert VERSION.match(doc["info"]["version"])
     assert "/api_keys" in doc["paths"] and "/models" in doc["paths"]
     assert gateway.client.get("/api/v1/docs").status_code == 200
+
+
+
+def test_json_log_lines_carry_the_request_id():
+    """Serve's JSON log encoding (configs: `logging_config.encoding: JSON`) writes a record's
+    extra fields: ours carry the request id as `cf_ray`, the `CF-RAY` the client got."""
+    import json
+    import logging
+
+    from ray._common.formatters import JSONFormatter
+
+    from serve_app.middleware import RequestIdLogFilter, request_id_var
+
+    def line(message: str) -> dict:
+        record = logging.LogRecord("serve_app.probe", logging.WARNING, __file__, 1, message,
+                                   None, None)
+        RequestIdLogFilter().filter(record)
+        return json.loads(JSONFormatter().format(record))
+
+    token = request_id_var.set("8f2a4c1d9e7b3a60")
+    try:
+        inside = line("inside a request")
+    finally:
+        request_id_var.reset(token)
+    assert inside["cf_ray"] == "8f2a4c1d9e7b3a60" and inside["message"] == "inside a request"
+    assert inside["levelname"] == "WARNING"
+    assert line("between requests")["cf_ray"] == "-"

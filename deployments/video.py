@@ -1,0 +1,67 @@
+"""The video deployments: one per engine family, `video-generation` (Wan: text, image and
+reference to video) and `video-enhance` (upscaling and frame interpolation of a source clip),
+each with its own autoscaling bounds and a bounded queue. Their work comes from the job runner
+(serve_app/jobs/runner.py), never straight from a client: a job waits in the job table, not in
+a replica's queue.
+
+The engine and the MP4 encoding run in a worker thread, so the replica keeps answering its
+health checks while a clip is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+from ray import serve
+
+from deployments.engines.video import ENGINES, encode_mp4
+from deployments.errors import engine_error
+from deployments.weights import load_engines, model_specs
+
+logger = logging.getLogger("deployments.video")
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.25},
+    max_ongoing_requests=1,
+    max_queued_requests=4,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
+    graceful_shutdown_timeout_s=60,
+)
+class VideoDeployment:
+    def __init__(self, models: list[dict[str, Any]]) -> None:
+        self.engines = load_engines(models, ENGINES)
+        self._busy = threading.Lock()  # one clip at a time: the engines use every thread
+
+    def _work(self, engine: Any, params: dict[str, Any], inputs: dict[str, bytes]) -> bytes:
+        with self._busy:
+            frames, fps = engine.run(params, inputs)
+        return encode_mp4(frames, fps)
+
+    async def generate(self, model_id: str, params: dict[str, Any],
+                       inputs: dict[str, bytes]) -> dict[str, Any]:
+        """One video job: `params` (from the quote's plan and the body) and the input files
+        by name; the MP4, or an error as data."""
+        engine = self.engines.get(model_id)
+        if engine is None:
+            return engine_error(404, f"Model {model_id!r} is not served here",
+                                code="MODEL_NOT_FOUND")
+        started = time.perf_counter()
+        try:
+            media = await asyncio.to_thread(self._work, engine, params, inputs)
+        except ValueError as exc:  # an input the engine cannot use
+            return engine_error(400, str(exc), code="INVALID_VIDEO_FORMAT")
+        except MemoryError:
+            logger.exception("video model %s ran out of memory", model_id)
+            return engine_error(500, f"Model {model_id} ran out of memory making this clip",
+                                code="INFERENCE_FAILED")
+        return {"media": media, "media_type": "video/mp4",
+                "replica_ms": (time.perf_counter() - started) * 1000}
+
+
+def bind(name: str, models: list, settings: dict[str, Any]):
+    return VideoDeployment.options(name=name).bind(model_specs(models, settings))

@@ -1,0 +1,78 @@
+"""The video endpoints: the spec's quote and queue, and the published retrieve and complete.
+
+A job is queued at once (its quoted price held) and made by the video deployments through the
+job runner; clients poll `/video/retrieve` until it answers with the MP4, then call
+`/video/complete` (or retrieve with `delete_media_on_completion`) to delete it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from serve_app.api.deps import InferenceCaller, JsonBody, State
+from serve_app.jobs import service as jobs
+from serve_app.responses import json_response
+from serve_app.schemas.video import (
+    JobRequest,
+    QueueVideoRequest,
+    QuoteVideoRequest,
+    RetrieveRequest,
+)
+from serve_app.video import service
+
+router = APIRouter(tags=["Video"])
+
+_PROCESSING = {"application/json": {"schema": {"type": "object", "properties": {
+    "status": {"type": "string", "enum": ["PROCESSING"]},
+    "average_execution_time": {"type": "number"},
+    "execution_duration": {"type": "number"}}}}}
+
+
+@router.post("/video/quote", dependencies=[JsonBody], summary="Price of a video job")
+async def quote_video(body: QuoteVideoRequest, request: Request, key: InferenceCaller,
+                      state: State) -> Response:
+    return json_response(request, await service.quote(state, body))
+
+
+@router.post("/video/queue", dependencies=[JsonBody], summary="Queue a video job")
+async def queue_video(body: QueueVideoRequest, request: Request, key: InferenceCaller,
+                      state: State) -> Response:
+    return json_response(request, await service.queue(request, state, key, body))
+
+
+@router.post("/video/retrieve", dependencies=[JsonBody], summary="Status or video of a job",
+             response_class=Response, responses={200: {"content": {
+                 **_PROCESSING, "video/mp4": {"schema": {"type": "string",
+                                                         "format": "binary"}}}}})
+async def retrieve_video(body: RetrieveRequest, request: Request, key: InferenceCaller,
+                         state: State) -> Response:
+    return await jobs.retrieve(request, state, key, body, "video")
+
+
+@router.get("/video/retrieve", summary="Status or video of a job (query form)",
+            response_class=Response, responses={200: {"content": {
+                **_PROCESSING, "video/mp4": {"schema": {"type": "string",
+                                                        "format": "binary"}}}}})
+async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], request: Request,
+                                  key: InferenceCaller, state: State) -> Response:
+    """The spec names `GET /video/retrieve`; the published interface has the POST. Both
+    answer alike; the GET only reads (deleting is the POST's `delete_media_on_completion`)."""
+    return await jobs.retrieve(request, state, key, RetrieveRequest(**query.model_dump()),
+                               "video")
+
+
+@router.get("/video/download/{queue_id}", summary="A finished video by its delivery URL",
+            response_class=Response, responses={200: {"content": {
+                "video/mp4": {"schema": {"type": "string", "format": "binary"}}}}})
+async def download_video(queue_id: str, expires: int, signature: str,
+                         state: State) -> Response:
+    """The queue result's `download_url`: no API key, valid for 24 hours."""
+    return await jobs.download(state, queue_id, expires, signature)
+
+
+@router.post("/video/complete", dependencies=[JsonBody], summary="Delete a job's video")
+async def complete_video(body: JobRequest, request: Request, key: InferenceCaller,
+                         state: State) -> Response:
+    return json_response(request, await jobs.complete(state, key, body, "video"))

@@ -1,0 +1,74 @@
+"""Queued audio (`/audio/quote`, `/audio/voice-changer/quote`, `/audio/queue`): the price from
+the model's catalog table (quotes.py), and a job that holds it and is made by the model's
+deployment (a Piper voice reads the prompt for speech models)."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from serve_app.audio.quotes import audio_cost, parse_seconds, quote_usd, voice_change_cost
+from serve_app.audio.service import pick_voice
+from serve_app.auth.key_store import KeyRecord
+from serve_app.catalog import CatalogModel
+from serve_app.errors import invalid_request
+from serve_app.jobs.service import queue_job
+from serve_app.schemas.audio import (
+    QueueAudioRequest,
+    QuoteAudioRequest,
+    VoiceChangerQuoteRequest,
+)
+from serve_app.state import GatewayState
+
+DEFAULT_PROMPT_LIMIT = 5000
+
+
+def quote(state: GatewayState, body: QuoteAudioRequest) -> dict[str, float]:
+    model = state.router.resolve(body.model, "music").model
+    cost = audio_cost(model, duration_seconds=parse_seconds(body.duration_seconds),
+                      character_count=body.character_count)
+    return {"quote": quote_usd(cost)}
+
+
+def voice_changer_quote(state: GatewayState, body: VoiceChangerQuoteRequest
+                        ) -> dict[str, float]:
+    model = state.router.resolve(body.model, "music").model
+    return {"quote": quote_usd(voice_change_cost(model, parse_seconds(body.duration_seconds)))}
+
+
+def _voice(model: CatalogModel, requested: str | None) -> str:
+    if not model.voices:  # a queued model without voices is asked for none (a 400, not 500)
+        raise invalid_request(f"{model.id} offers no voices", "voice")
+    return pick_voice(model, requested)
+
+
+def _unsupported(model: CatalogModel, body: QueueAudioRequest) -> None:
+    """Options a model does not support are refused, as the model listing says."""
+    flags = {"lyrics_prompt": "supports_lyrics", "force_instrumental":
+             "supports_force_instrumental", "loop": "supports_loop",
+             "lyrics_optimizer": "supports_lyrics_optimizer",
+             "language_code": "supports_language_code", "speed": "supports_speed"}
+    for field, flag in flags.items():
+        if getattr(body, field) is not None and not model.constraints.get(flag):
+            raise invalid_request(f"{model.id} does not support {field}", field)
+
+
+async def queue(request: Request, state: GatewayState, key: KeyRecord,
+                body: QueueAudioRequest) -> dict[str, str]:
+    routed = state.router.resolve(body.model, "music")
+    model = routed.model
+    if model.operation == "voice-change":
+        raise invalid_request(f"{model.id} is a voice-changer model; it is not queued here",
+                              "model")
+    state.router.handle(model)
+    limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
+    if len(body.prompt) > limit:
+        raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} takes at "
+                              f"most {limit}", "prompt")
+    _unsupported(model, body)
+    seconds = parse_seconds(body.duration_seconds)
+    cost = audio_cost(model, duration_seconds=seconds, character_count=len(body.prompt))
+    params = {"prompt": body.prompt, "voice": _voice(model, body.voice),
+              "speed": body.speed or 1.0, "format": model.default_format or "mp3",
+              "duration_seconds": seconds}
+    job = await queue_job(request, state, key, routed, "audio", cost, params, {})
+    return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}

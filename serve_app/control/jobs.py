@@ -1,0 +1,261 @@
+"""The job table of queued media generations (`media_jobs`): its state machine and its leases.
+
+    QUEUED --claim--> PROCESSING --complete--> COMPLETED
+                          |  \\--fail-------> FAILED
+                          \\--lease ran out--> PROCESSING again (a new runner, a new attempt),
+                                              or FAILED once the attempts are used up
+
+Every move is one conditional UPDATE (compare-and-set on the status and the lease owner), so
+any number of runners on any number of replicas can share the table: a job is run by one
+runner at a time, and a runner that lost its lease cannot write over the new owner's work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, and_, or_, true, update
+from sqlmodel import Session, col, select
+
+from serve_app.db.tables import JobStatus, MediaJob, Reservation, as_utc, utcnow
+
+T = TypeVar("T")
+
+OPEN_STATUSES = (JobStatus.QUEUED.value, JobStatus.PROCESSING.value)
+# A runner renews its lease every third of this; a lease that ran out means the runner died.
+LEASE = timedelta(seconds=30)
+# A job is tried this many times (a runner that died counts as a try) before it fails.
+MAX_ATTEMPTS = 2
+# The P80 of execution times is taken over this many recent jobs of the model.
+TIMING_WINDOW = 50
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as the routes and the runner read it (detached from any session)."""
+
+    queue_id: str
+    kind: str
+    model_id: str
+    status: str
+    request_id: str
+    account_id: str
+    api_key_id: str | None
+    wallet_address: str | None
+    params: dict[str, Any]
+    inputs: dict[str, str]
+    cost_lines: list[list[Any]]
+    attempts: int
+    result_key: str | None
+    media_type: str | None
+    error_status: int | None
+    error_code: str | None
+    error: str | None
+    media_deleted: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, row: MediaJob) -> JobView:
+        return cls(row.queue_id, row.kind, row.model_id, row.status, row.request_id,
+                   row.account_id, row.api_key_id, row.wallet_address, dict(row.params),
+                   dict(row.inputs), list(row.cost_lines), row.attempts, row.result_key,
+                   row.media_type, row.error_status, row.error_code, row.error,
+                   row.media_deleted, as_utc(row.created_at),  # type: ignore[arg-type]
+                   as_utc(row.started_at), as_utc(row.finished_at))
+
+
+class JobQueue:
+    """The job table's operations; blocking ones run in a worker thread."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow,
+                 lease: timedelta = LEASE, max_attempts: int = MAX_ATTEMPTS) -> None:
+        self.engine, self.clock = engine, clock
+        self.lease, self.max_attempts = lease, max_attempts
+
+    async def _run(self, work: Callable[[Session], T]) -> T:
+        def run() -> T:
+            with Session(self.engine) as session:
+                out = work(session)
+                session.commit()
+                return out
+        return await asyncio.to_thread(run)
+
+    async def add(self, job: MediaJob) -> JobView:
+        def write(session: Session) -> JobView:
+            session.add(job)
+            session.flush()
+            return JobView.of(job)
+        return await self._run(write)
+
+    async def get(self, queue_id: str) -> JobView | None:
+        def read(session: Session) -> JobView | None:
+            row = session.get(MediaJob, queue_id)
+            return JobView.of(row) if row is not None else None
+        return await self._run(read)
+
+    async def claim(self, owner: str, model_ids: list[str]) -> JobView | None:
+        """Take the oldest job of `model_ids` that is queued, or whose runner's lease ran out
+        (another attempt), for `owner`; None when there is none."""
+        now = self.clock()
+        claimable = and_(col(MediaJob.model_id).in_(model_ids), or_(
+            col(MediaJob.status) == JobStatus.QUEUED,
+            and_(col(MediaJob.status) == JobStatus.PROCESSING,
+                 col(MediaJob.lease_expires_at) < now,
+                 col(MediaJob.attempts) < self.max_attempts)))
+
+        def take(session: Session) -> JobView | None:
+            candidates = session.exec(select(MediaJob.queue_id).where(claimable)
+                                      .order_by(col(MediaJob.created_at)).limit(4)).all()
+            for queue_id in candidates:
+                taken = session.execute(
+                    update(MediaJob).where(col(MediaJob.queue_id) == queue_id, claimable)
+                    .values(status=JobStatus.PROCESSING, lease_owner=owner,
+                            lease_expires_at=now + self.lease,
+                            attempts=MediaJob.attempts + 1,  # type: ignore[operator]
+                            started_at=now))
+                if taken.rowcount == 1:  # type: ignore[attr-defined]
+                    session.commit()
+                    row = session.get(MediaJob, queue_id)
+                    assert row is not None
+                    session.refresh(row)
+                    return JobView.of(row)
+            return None
+        return await self._run(take)
+
+    async def renew(self, queue_id: str, owner: str) -> bool:
+        """Extend `owner`'s lease; False when the job is no longer its own."""
+        now = self.clock()
+        return await self._owned_update(queue_id, owner, lease_expires_at=now + self.lease)
+
+    async def requeue(self, queue_id: str, owner: str, *, count_try: bool) -> bool:
+        """Give a job back to the queue: its model was full (the try does not count) or went
+        away mid-job (it does)."""
+        values: dict[str, Any] = {"status": JobStatus.QUEUED, "lease_owner": None,
+                                  "lease_expires_at": None}
+        if not count_try:
+            values["attempts"] = MediaJob.attempts - 1  # type: ignore[operator]
+        return await self._owned_update(queue_id, owner, **values)
+
+    async def complete(self, queue_id: str, owner: str, result_key: str,
+                       media_type: str) -> bool:
+        return await self._owned_update(
+            queue_id, owner, status=JobStatus.COMPLETED, result_key=result_key,
+            media_type=media_type, finished_at=self.clock(), lease_owner=None,
+            lease_expires_at=None)
+
+    def _failed(self, status: int, code: str, message: str) -> dict[str, Any]:
+        return {"status": JobStatus.FAILED, "error_status": status, "error_code": code,
+                "error": message[:2000], "finished_at": self.clock(), "lease_owner": None,
+                "lease_expires_at": None}
+
+    async def fail(self, queue_id: str, owner: str, status: int, code: str,
+                   message: str) -> bool:
+        """Fail `owner`'s job (False: it is no longer `owner`'s)."""
+        return await self._owned_update(queue_id, owner, **self._failed(status, code, message))
+
+    async def fail_if(self, queue_id: str, condition: Any, status: int, code: str,
+                      message: str) -> bool:
+        """Fail a job still open that meets `condition` (checked in the same UPDATE)."""
+        values = self._failed(status, code, message)
+
+        def write(session: Session) -> bool:
+            done = session.execute(update(MediaJob).where(
+                col(MediaJob.queue_id) == queue_id,
+                col(MediaJob.status).in_(OPEN_STATUSES), condition).values(**values))
+            return done.rowcount == 1  # type: ignore[attr-defined]
+        return await self._run(write)
+
+    def worn_out_condition(self) -> Any:
+        """Its runner died (the lease ran out) on its last try."""
+        return and_(col(MediaJob.status) == JobStatus.PROCESSING,
+                    col(MediaJob.lease_expires_at) < self.clock(),
+                    col(MediaJob.attempts) >= self.max_attempts)
+
+    async def withdraw(self, queue_id: str, message: str) -> bool:
+        """Fail an open job whoever runs it (its client left before it learned the id)."""
+        return await self.fail_if(queue_id, true(), 499, "CLIENT_CLOSED_REQUEST", message)
+
+    async def _owned_update(self, queue_id: str, owner: str, **values: Any) -> bool:
+        def write(session: Session) -> bool:
+            done = session.execute(update(MediaJob).where(
+                col(MediaJob.queue_id) == queue_id,
+                col(MediaJob.status) == JobStatus.PROCESSING,
+                col(MediaJob.lease_owner) == owner).values(**values))
+            return done.rowcount == 1  # type: ignore[attr-defined]
+        return await self._run(write)
+
+    async def worn_out(self, model_ids: list[str]) -> list[JobView]:
+        """Jobs whose runner died on their last attempt: to be failed and released."""
+
+        def read(session: Session) -> list[JobView]:
+            rows = session.exec(select(MediaJob).where(
+                col(MediaJob.model_id).in_(model_ids), self.worn_out_condition())).all()
+            return [JobView.of(row) for row in rows]
+        return await self._run(read)
+
+    async def stranded(self, known_models: list[str], queued_before: datetime
+                       ) -> list[JobView]:
+        """Open jobs no runner will take: of a model no longer in the catalog, or queued
+        before `queued_before` (their model's deployment never came back)."""
+        def read(session: Session) -> list[JobView]:
+            rows = session.exec(select(MediaJob).where(
+                col(MediaJob.status).in_(OPEN_STATUSES),
+                or_(col(MediaJob.model_id).not_in(known_models),
+                    and_(col(MediaJob.status) == JobStatus.QUEUED,
+                         col(MediaJob.created_at) < queued_before)))).all()
+            return [JobView.of(row) for row in rows]
+        return await self._run(read)
+
+    async def completed_unsettled(self) -> list[JobView]:
+        """Completed jobs whose hold is still there: their runner died between marking the
+        job complete and settling it."""
+        def read(session: Session) -> list[JobView]:
+            rows = session.exec(select(MediaJob).where(
+                col(MediaJob.status) == JobStatus.COMPLETED,
+                col(MediaJob.request_id).in_(select(Reservation.request_id)))).all()
+            return [JobView.of(row) for row in rows]
+        return await self._run(read)
+
+    async def mark_deleted(self, queue_id: str) -> bool:
+        """Note that the job's media is gone (`complete`, or retrieve with deletion)."""
+        def write(session: Session) -> bool:
+            done = session.execute(update(MediaJob).where(
+                col(MediaJob.queue_id) == queue_id,
+                col(MediaJob.media_deleted).is_(False)).values(media_deleted=True))
+            return done.rowcount == 1  # type: ignore[attr-defined]
+        return await self._run(write)
+
+    async def p80_execution_ms(self, model_id: str) -> float | None:
+        """The 80th percentile of the model's recent completed jobs' run times (ms)."""
+        def read(session: Session) -> float | None:
+            rows = session.exec(select(MediaJob.started_at, MediaJob.finished_at).where(
+                col(MediaJob.model_id) == model_id,
+                col(MediaJob.status) == JobStatus.COMPLETED)
+                .order_by(col(MediaJob.finished_at).desc()).limit(TIMING_WINDOW)).all()
+            times = sorted((as_utc(end) - as_utc(start)).total_seconds() * 1000
+                           for start, end in rows if start and end)
+            if not times:
+                return None
+            return times[min(len(times) - 1, int(0.8 * len(times)))]
+        return await self._run(read)
+
+
+def input_key(queue_id: str, name: str) -> str:
+    """Where a job's input file is kept in the result store."""
+    return f"jobs/{queue_id}/input-{name}"
+
+
+def result_key(queue_id: str) -> str:
+    """Where a job's media is kept in the result store."""
+    return f"jobs/{queue_id}/result"
+
+
+def open_job_request_ids():
+    """A subquery of the reservations that open jobs hold: the hold sweeper leaves them."""
+    return select(MediaJob.request_id).where(col(MediaJob.status).in_(OPEN_STATUSES))

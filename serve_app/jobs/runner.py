@@ -1,0 +1,208 @@
+"""The job runner: takes queued media jobs from the job table and has their deployments make
+them. Every Gateway replica runs one; they share the table, never a job (leases).
+
+One job: claim it (a lease, renewed while it runs), read its inputs from the result store,
+one call to its model's deployment, the media into the result store, the job marked COMPLETED
+(only while the lease is still this runner's), then the quoted price settled against the hold
+taken when it was queued. A failure marks it FAILED, then releases the hold. Every path
+changes the job's state first and the money second, so the money follows the state:
+
+- a runner that dies mid-job leaves a lease that runs out: the next runner tries the job
+  again, or fails it and releases the hold once it has had its tries;
+- a runner that dies between COMPLETED and the settlement leaves a completed job with a hold:
+  the sweep settles it (settling is keyed by the job's request id: once, however often);
+- a runner that lost its lease cannot mark the job COMPLETED, so it charges nothing;
+- a job no runner will take (its model left the catalog, or waited a day for a deployment
+  that never came back) is failed and released by the sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import true
+
+from serve_app.billing.ledger import Balances, Payer
+from serve_app.billing.pricing import Cost, PricedLine
+from serve_app.billing.service import Billing, Hold
+from serve_app.catalog import Catalog, CatalogModel
+from serve_app.control.jobs import JobQueue, JobView, result_key
+from serve_app.control.result_store import ResultStore
+from serve_app.db.tables import utcnow
+from serve_app.errors import ApiError
+from serve_app.model_calls import call_model
+from serve_app.routing import ModelRouter
+
+logger = logging.getLogger("serve_app.jobs")
+
+# Catalog types whose models take queued jobs, and the deployment method of each job kind.
+QUEUED_MODEL_TYPES = ("video", "music")
+METHOD_OF_KIND = {"video": "generate", "audio": "synthesize"}
+POLL_INTERVAL_S = 1.0
+SWEEP_INTERVAL_S = 10.0
+# A deployment whose queue was full gets no new job from this runner for this long.
+FULL_BACKOFF_S = 2.0
+# A job still queued after this long is failed and released: its deployment never came back.
+MAX_QUEUED = timedelta(hours=24)
+
+
+def job_cost(model: CatalogModel, job: JobView) -> Cost:
+    return Cost(model, tuple(PricedLine(str(t), int(u), int(n), float(p))
+                             for t, u, n, p in job.cost_lines))
+
+
+class JobRunner:
+    def __init__(self, queue: JobQueue, results: ResultStore, billing: Billing,
+                 catalog: Catalog, router: ModelRouter, *, slots_per_deployment: int = 2,
+                 poll_interval_s: float = POLL_INTERVAL_S) -> None:
+        self.queue, self.results, self.billing = queue, results, billing
+        self.catalog, self.router = catalog, router
+        self.slots = slots_per_deployment
+        self.poll_interval_s = poll_interval_s
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._wake = asyncio.Event()
+        self._running: dict[str, set[asyncio.Task]] = defaultdict(set)
+        self._full_until: dict[str, float] = {}  # deployment -> monotonic time
+
+    def wake(self) -> None:
+        """A job was queued (or a slot freed): look at the table now."""
+        self._wake.set()
+
+    def _served(self) -> dict[str, list[str]]:
+        """Deployment -> ids of its queued-job models that are running here."""
+        served: dict[str, list[str]] = defaultdict(list)
+        for model in self.catalog.models:
+            if model.type in QUEUED_MODEL_TYPES and self.router.is_online(model):
+                served[model.deployment].append(model.id)
+        return served
+
+    async def run(self) -> None:
+        last_sweep = 0.0
+        while True:
+            try:
+                if time.monotonic() - last_sweep > SWEEP_INTERVAL_S:
+                    last_sweep = time.monotonic()
+                    await self.sweep()
+                await self.fill()
+            except Exception:
+                logger.exception("the job runner's round failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+
+    async def fill(self) -> None:
+        """Claim jobs until every served deployment has its slots busy or nothing waits."""
+        for deployment, model_ids in self._served().items():
+            running = self._running[deployment]
+            if self._full_until.get(deployment, 0.0) > time.monotonic():
+                continue
+            while len(running) < self.slots:
+                job = await self.queue.claim(self.owner, model_ids)
+                if job is None:
+                    break
+                task = asyncio.create_task(self._execute(job, deployment),
+                                           name=f"job-{job.queue_id}")
+                running.add(task)
+                task.add_done_callback(lambda t, r=running: (r.discard(t), self.wake()))
+
+    async def sweep(self) -> None:
+        """Fail and release the jobs whose runner died on their last try, and the jobs no
+        runner will take; settle the completed jobs whose runner died before settling."""
+        served = [m for ids in self._served().values() for m in ids]
+        if served:
+            for job in await self.queue.worn_out(served):
+                await self._fail_unowned(job, self.queue.worn_out_condition(),
+                                         "The generation was interrupted and could not be "
+                                         "finished; nothing was charged")
+        known = [m.id for m in self.catalog.models if m.type in QUEUED_MODEL_TYPES]
+        for job in await self.queue.stranded(known, utcnow() - MAX_QUEUED):
+            await self._fail_unowned(job, true(), "No deployment could make this job; "
+                                                  "nothing was charged")
+        for job in await self.queue.completed_unsettled():
+            model = self.catalog.by_id.get(job.model_id)
+            if model is not None:
+                logger.warning("settling job %s, completed without its settlement",
+                               job.queue_id)
+                await self._hold(job).settle(job_cost(model, job))
+
+    async def _fail_unowned(self, job: JobView, condition: Any, message: str) -> None:
+        if await self.queue.fail_if(job.queue_id, condition, 500, "INFERENCE_FAILED",
+                                    message):
+            logger.warning("job %s failed: %s", job.queue_id, message)
+            await self._hold(job).finish(None)
+
+    def _hold(self, job: JobView) -> Hold:
+        """The hold taken when the job was queued (keyed by its request id)."""
+        age_s = (utcnow() - job.created_at).total_seconds()
+        return Hold(self.billing, job.request_id,
+                    Payer(job.account_id, job.api_key_id, wallet_address=job.wallet_address),
+                    Balances(0, 0), job.created_at, started=time.monotonic() - age_s)
+
+    async def _renew_lease(self, job: JobView, work: asyncio.Task) -> None:
+        while not work.done():
+            await asyncio.sleep(self.queue.lease.total_seconds() / 3)
+            try:
+                ours = await self.queue.renew(job.queue_id, self.owner)
+            except Exception:  # the database hiccupped: try again at the next beat
+                logger.exception("renewing the lease of job %s failed", job.queue_id)
+                continue
+            if not ours:
+                logger.warning("job %s is no longer ours: stopping it", job.queue_id)
+                work.cancel()
+                return
+
+    async def _execute(self, job: JobView, deployment: str) -> None:
+        work = asyncio.create_task(self._make(job))
+        renewing = asyncio.create_task(self._renew_lease(job, work))
+        try:
+            await work
+        except asyncio.CancelledError:
+            return  # shutting down, or the lease was lost: the job's next runner takes over
+        except ApiError as exc:
+            if exc.code == "MODEL_AT_CAPACITY":  # its queue is full: try again later
+                self._full_until[deployment] = time.monotonic() + FULL_BACKOFF_S
+                await self.queue.requeue(job.queue_id, self.owner, count_try=False)
+                return
+            if exc.code == "MODEL_OFFLINE" and job.attempts < self.queue.max_attempts:
+                await self.queue.requeue(job.queue_id, self.owner, count_try=True)
+                return
+            await self._fail(job, exc.status, exc.code or "INFERENCE_FAILED", exc.message)
+        except Exception as exc:
+            logger.exception("job %s failed", job.queue_id)
+            await self._fail(job, 500, "INFERENCE_FAILED", f"The generation failed: {exc}")
+        finally:
+            renewing.cancel()
+
+    async def _fail(self, job: JobView, status: int, code: str, message: str) -> None:
+        # The job is marked first: should this replica die before the release, the hold
+        # sweeper releases a hold that no open job keeps.
+        if await self.queue.fail(job.queue_id, self.owner, status, code, message):
+            await self._hold(job).finish(None)
+
+    async def _make(self, job: JobView) -> None:
+        model = self.catalog.by_id[job.model_id]  # claimed among the served models
+        inputs: dict[str, bytes] = {}
+        for name, stored in job.inputs.items():
+            data = await self.results.get(stored)
+            if data is None:
+                raise ApiError(500, f"The job's input {name!r} is missing from the store",
+                               code="INFERENCE_FAILED")
+            inputs[name] = data
+        method: Any = getattr(self.router.handle(model), METHOD_OF_KIND[job.kind])
+        out = await call_model(method, model.id, model.id, job.params, inputs)
+        key = result_key(job.queue_id)
+        await self.results.put(key, out["media"], out["media_type"])
+        if not await self.queue.complete(job.queue_id, self.owner, key, out["media_type"]):
+            logger.warning("job %s finished after its lease was lost: its new runner "
+                           "settles it", job.queue_id)
+            return
+        await self._hold(job).settle(job_cost(model, job))

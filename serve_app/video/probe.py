@@ -1,0 +1,55 @@
+"""What a video file is (length, size, frame rate), read from its container with PyAV (FFmpeg)
+without decoding a frame. Refuses what is not an MP4, MOV or WebM video."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+from serve_app.errors import ApiError
+from serve_app.video.quotes import SourceVideo
+
+ACCEPTED_CONTAINERS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm")
+MAX_SOURCE_PIXELS = 3840 * 2160
+
+
+def _refused(field: str, message: str) -> ApiError:
+    err = ApiError(400, f"{field}: {message}", code="INVALID_VIDEO_FORMAT")
+    err.details = {field: {"_errors": [message]}}
+    return err
+
+
+def probe_video(data: bytes, field: str) -> SourceVideo:
+    import av  # FFmpeg bindings; loaded on first use
+
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if container.format.name not in ACCEPTED_CONTAINERS:
+                raise _refused(field, f"{container.format.long_name} files are not accepted; "
+                                      "send MP4, MOV or WebM")
+            if not container.streams.video:
+                raise _refused(field, "the file has no video stream")
+            stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            fps = float(stream.average_rate or stream.base_rate or 0)
+            if stream.duration is not None and stream.time_base is not None:
+                seconds = float(stream.duration * stream.time_base)
+            elif container.duration is not None:
+                seconds = container.duration / 1_000_000
+            elif stream.frames and fps:
+                seconds = stream.frames / fps
+            else:
+                raise _refused(field, "the video's length cannot be read")
+    except ApiError:
+        raise
+    except (av.FFmpegError, ValueError, OSError) as exc:  # not a video FFmpeg can read
+        raise _refused(field, "the file is not a readable video") from exc
+    if not width or not height or seconds <= 0:
+        raise _refused(field, "the video has no frames")
+    if width * height > MAX_SOURCE_PIXELS:
+        raise _refused(field, f"the video is {width}x{height}; at most 3840x2160 is accepted")
+    return SourceVideo(seconds=round(seconds, 3), width=width, height=height, fps=fps or 24.0)
+
+
+async def probe(data: bytes, field: str) -> SourceVideo:
+    return await asyncio.to_thread(probe_video, data, field)

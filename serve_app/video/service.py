@@ -1,0 +1,201 @@
+"""Video requests between the router and the job queue: the quote, and the checks of a queued
+job (prompt, policy, consent, input media fetched through the private-address guard and probed)
+before its quoted price is held and it is queued.
+
+What a model takes follows its catalog `operation`: text-to-video a prompt; image-to-video an
+`image_url`; reference-to-video `reference_video_urls` (and optionally an `image_url`);
+video-upscale and video-interpolate a `video_url`. Media fields a model does not use are
+refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import Request
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.catalog import CatalogModel
+from serve_app.errors import ApiError, invalid_request
+from serve_app.images.inputs import inspect_image
+from serve_app.jobs.service import InputFile, delivery_url, download_secret, queue_job
+from serve_app.schemas.video import QueueVideoRequest, QuoteVideoRequest
+from serve_app.state import GatewayState
+from serve_app.video.probe import probe
+from serve_app.video.quotes import SourceVideo, VideoAsk, plan_video
+
+DEFAULT_PROMPT_LIMIT = 2500
+# Media fields each operation takes.
+MEDIA_FIELDS: dict[str, frozenset[str]] = {
+    "text-to-video": frozenset(),
+    "image-to-video": frozenset({"image_url"}),
+    "reference-to-video": frozenset({"reference_video_urls", "image_url"}),
+    "video-upscale": frozenset({"video_url"}),
+    "video-interpolate": frozenset({"video_url"}),
+}
+ALL_MEDIA_FIELDS = ("image_url", "end_image_url", "audio_url", "video_url",
+                    "reference_image_urls", "reference_video_urls", "reference_audio_urls",
+                    "reference_document_urls", "scene_image_urls", "elements", "keyframes")
+# The roles the consent body names, per media field.
+FACE_MEDIA_ROLES = {"image_url": "image", "end_image_url": "end_image",
+                    "reference_image_urls": "reference_image", "video_url": "video",
+                    "reference_video_urls": "reference_video"}
+# Reference clips: each 1 to 15 s, at most 150 s together.
+REFERENCE_CLIP_SECONDS = (1.0, 15.0)
+MAX_REFERENCE_TOTAL_SECONDS = 150.0
+MIN_IMAGE_PIXELS = 64 * 64
+
+
+def video_model(state: GatewayState, name: str) -> Any:
+    routed = state.router.resolve(name, "video")
+    if routed.model.operation not in MEDIA_FIELDS:
+        raise ApiError(500, f"the catalog gives video model {routed.model.id} no operation",
+                       code="UNKNOWN_ERROR")
+    return routed
+
+
+def _ask(body: QuoteVideoRequest | QueueVideoRequest) -> VideoAsk:
+    return VideoAsk(
+        duration=body.duration, aspect_ratio=body.aspect_ratio, resolution=body.resolution,
+        upscale_factor=body.upscale_factor, enhancement_model=body.enhancement_model,
+        target_fps=body.target_fps, slowdown_factor=body.slowdown_factor, audio=body.audio,
+        reference_video_total_duration=getattr(body, "reference_video_total_duration", None))
+
+
+async def _video(state: GatewayState, value: str, field: str) -> tuple[bytes, SourceVideo]:
+    data = await state.image_sources.read(value, field, allow_urls=True, media="video")
+    return data, await probe(data, field)
+
+
+async def quote(state: GatewayState, body: QuoteVideoRequest) -> dict[str, float]:
+    model = video_model(state, body.model).model
+    source = None
+    if body.video_url is not None:
+        if "video_url" not in MEDIA_FIELDS[model.operation]:
+            raise invalid_request(f"{model.id} takes no video_url", "video_url")
+        _, source = await _video(state, body.video_url, "video_url")
+    return {"quote": plan_video(model, _ask(body), source).quote_usd}
+
+
+def _check_prompt(model: CatalogModel, body: QueueVideoRequest) -> None:
+    limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
+    for field in ("prompt", "negative_prompt"):
+        text = getattr(body, field)
+        if text is not None and len(text) > limit:
+            raise invalid_request(f"{field} is {len(text)} characters; {model.id} takes at "
+                                  f"most {limit}", field)
+    refused = [term for term in model.constraints.get("refused_terms", [])
+               if re.search(rf"\b{re.escape(term)}\b", body.prompt, re.IGNORECASE)]
+    if refused:
+        suggestion = body.prompt
+        for term in refused:
+            suggestion = re.sub(rf"\s*\b{re.escape(term)}\b", "", suggestion,
+                                flags=re.IGNORECASE)
+        raise ApiError(422, f"The prompt was refused by {model.id}'s content policy "
+                            f"({', '.join(refused)})", code="CONTENT_POLICY_VIOLATION",
+                       extra={"suggested_prompt": " ".join(suggestion.split())})
+
+
+def _check_media_fields(model: CatalogModel, body: QueueVideoRequest) -> None:
+    taken = MEDIA_FIELDS[model.operation]
+    for field in ALL_MEDIA_FIELDS:
+        if getattr(body, field) not in (None, []) and field not in taken:
+            raise invalid_request(f"{model.id} ({model.operation}) does not use {field}"
+                                  + (f"; it takes {', '.join(sorted(taken))}" if taken else ""),
+                                  field)
+    if model.operation == "image-to-video" and not body.image_url:
+        raise invalid_request(f"image_url is required: {model.id} animates an image",
+                              "image_url")
+    if model.operation == "reference-to-video" and not body.reference_video_urls:
+        raise invalid_request(f"reference_video_urls is required: {model.id} follows "
+                              "reference clips", "reference_video_urls")
+    if model.operation in ("video-upscale", "video-interpolate") and not body.video_url:
+        raise invalid_request(f"video_url is required: {model.id} works on a source clip",
+                              "video_url")
+
+
+def _check_consent(model: CatalogModel, body: QueueVideoRequest) -> None:
+    """Models that require consent for face media refuse such media without it (409, with the
+    policy to accept)."""
+    policy = model.constraints.get("consent")
+    if not policy:
+        return
+    roles = [role for field, role in FACE_MEDIA_ROLES.items()
+             if getattr(body, field) not in (None, [])]
+    if not roles:
+        return
+    flow = str(policy["flow"])
+    given = (body.consents or {}).get(flow)
+    required = ("confirmed_terms_and_privacy", "confirmed_legal_right",
+                "confirmed_screening_acknowledged")
+    if isinstance(given, dict) and all(given.get(name) is True for name in required):
+        return
+    raise ApiError(409, "needs_consent", raw_body={
+        "error": {"code": "needs_consent",
+                  "message": f"{model.id} needs your consent before it takes media that may "
+                             f"show faces ({', '.join(roles)}): send consents.{flow} with "
+                             f"{', '.join(required)} set to true"},
+        "consent_flow": flow,
+        "face_media_roles": roles,
+        "consent": {"consent_version": str(policy["version"]),
+                    "policy_text": str(policy["policy_text"])},
+        "docs_url": str(policy.get("docs_url", "")),
+    })
+
+
+async def _inputs(state: GatewayState, model: CatalogModel, body: QueueVideoRequest
+                  ) -> tuple[dict[str, InputFile], SourceVideo | None]:
+    """The media the job needs, fetched, size-capped and checked from their headers."""
+    inputs: dict[str, InputFile] = {}
+    source = None
+    if body.image_url:
+        data = await state.image_sources.read(body.image_url, "image_url", allow_urls=True)
+        image = inspect_image(data, "image_url", min_pixels=MIN_IMAGE_PIXELS)
+        inputs["image"] = InputFile(data, f"image/{image.format.lower()}")
+    if body.video_url:
+        data, source = await _video(state, body.video_url, "video_url")
+        inputs["video"] = InputFile(data, "video/mp4")
+    if body.reference_video_urls:
+        clips = []
+        for i, url in enumerate(body.reference_video_urls):
+            field = f"reference_video_urls[{i}]"
+            data, clip = await _video(state, url, field)
+            low, high = REFERENCE_CLIP_SECONDS
+            if not low <= clip.seconds <= high:
+                raise invalid_request(f"the clip is {clip.seconds:g} s; reference clips must "
+                                      f"be {low:g} to {high:g} s", field)
+            clips.append(clip)
+            inputs[f"reference-{i}"] = InputFile(data, "video/mp4")
+        total = sum(c.seconds for c in clips)
+        if total > MAX_REFERENCE_TOTAL_SECONDS:
+            raise invalid_request(f"the reference clips last {total:g} s together; at most "
+                                  f"{MAX_REFERENCE_TOTAL_SECONDS:g} s", "reference_video_urls")
+        source = SourceVideo(total, clips[0].width, clips[0].height, clips[0].fps)
+    return inputs, source
+
+
+async def queue(request: Request, state: GatewayState, key: KeyRecord,
+                body: QueueVideoRequest) -> dict[str, str]:
+    routed = video_model(state, body.model)
+    model = routed.model
+    state.router.handle(model)  # 503 before fetching anything when the model is offline
+    _check_prompt(model, body)
+    _check_media_fields(model, body)
+    _check_consent(model, body)
+    inputs, source = await _inputs(state, model, body)
+    plan = plan_video(model, _ask(body), source)
+    params = {"prompt": body.prompt, "negative_prompt": body.negative_prompt,
+              "seconds": plan.seconds, "width": plan.width, "height": plan.height,
+              "fps": plan.fps, "audio": plan.audio, "seed": 0,
+              "upscale_factor": body.upscale_factor
+              or model.constraints.get("default_upscale_factor", 2),
+              "target_fps": body.target_fps, "slowdown_factor": body.slowdown_factor,
+              "enhancement_model": body.enhancement_model, "creativity": body.creativity}
+    # read before queueing: once the job is queued, nothing may fail the answer
+    secret = await download_secret(state) if model.is_private else None
+    job = await queue_job(request, state, key, routed, "video", plan.cost, params, inputs)
+    queued = {"model": model.id, "queue_id": job.queue_id}
+    if secret is not None:  # the spec: a short-lived delivery URL, for private models only
+        queued["download_url"] = delivery_url(request, secret, job.queue_id)
+    return queued
