@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serve_app.db.engine import is_database_outage
+
 logger = logging.getLogger("serve_app.errors")
 
 
@@ -125,6 +127,9 @@ _STATUS_MESSAGES = {
 
 
 UNKNOWN_ERROR_BODY = {"error": "An unknown error occurred", "code": "UNKNOWN_ERROR"}
+DATABASE_OUTAGE_BODY = {"error": "The service's database is unreachable; try again shortly",
+                        "code": "SERVICE_UNAVAILABLE"}
+DATABASE_OUTAGE_RETRY_AFTER_S = "5"
 
 
 def log_unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> None:
@@ -137,10 +142,25 @@ def log_unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> None:
     exc._serve_app_logged = True  # type: ignore[attr-defined]
 
 
+def unexpected_error_body(exc: BaseException, scope: Mapping[str, Any]
+                          ) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Status, body and headers for an exception no handler expected: a 503 with Retry-After
+    while the database is unreachable (the client may retry), else a 500. No stack trace or
+    message of ours reaches the client; either is logged once."""
+    if not is_database_outage(exc):
+        log_unexpected_error(exc, scope)
+        return 500, UNKNOWN_ERROR_BODY, {}
+    if not getattr(exc, "_serve_app_logged", False):
+        exc._serve_app_logged = True  # type: ignore[attr-defined]
+        logger.warning("database unreachable in %s %s [request %s]: %s", scope.get("method"),
+                       scope.get("path"), scope.get("state", {}).get("request_id", "-"),
+                       type(exc.__cause__ or exc).__name__)
+    return 503, DATABASE_OUTAGE_BODY, {"Retry-After": DATABASE_OUTAGE_RETRY_AFTER_S}
+
+
 def unexpected_error_response(exc: BaseException, scope: Mapping[str, Any]) -> JSONResponse:
-    """500 standard error: no stack trace or message of ours reaches the client."""
-    log_unexpected_error(exc, scope)
-    return JSONResponse(UNKNOWN_ERROR_BODY, status_code=500)
+    status, body, headers = unexpected_error_body(exc, scope)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

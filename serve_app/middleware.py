@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.errors import UNKNOWN_ERROR_BODY, log_unexpected_error
+from serve_app.errors import unexpected_error_body
 from serve_app.timing import StepTimes
 from serve_app.version import service_version
 
@@ -52,7 +52,8 @@ class _BodyTooLarge(Exception):
     pass
 
 
-def _json_error(status: int, body: dict) -> tuple[Message, Message]:
+def _json_error(status: int, body: dict, headers: dict[str, str] | None = None
+                ) -> tuple[Message, Message]:
     payload = json.dumps(body).encode()
     start = {
         "type": "http.response.start",
@@ -60,6 +61,7 @@ def _json_error(status: int, body: dict) -> tuple[Message, Message]:
         "headers": [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(payload)).encode()),
+            *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items()),
         ],
     }
     return start, {"type": "http.response.body", "body": payload}
@@ -135,9 +137,9 @@ class ServiceHeadersMiddleware:
         except Exception as exc:
             # Starlette has usually answered already (the app's exception handler) and
             # re-raised; otherwise answer here.
-            log_unexpected_error(exc, scope)
+            status, body, headers = unexpected_error_body(exc, scope)
             if not started:
-                for message in _json_error(500, UNKNOWN_ERROR_BODY):
+                for message in _json_error(status, body, headers):
                     await send_with_headers(message)
         finally:
             request_id_var.reset(token)

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
+from serve_app.db.engine import is_database_outage
 from serve_app.errors import ApiError
 
 logger = logging.getLogger("serve_app.billing")
@@ -28,6 +29,8 @@ Operation = Callable[[Session], Any]
 
 MAX_BATCH = 64
 RETRIES = 8
+OUTAGE_WAIT_S = 30.0  # how long an operation waits for an unreachable database
+OUTAGE_POLL_S = 0.5
 
 
 class _Job:
@@ -53,11 +56,15 @@ class BatchWriter:
 
     An operation that refuses (raises ApiError, e.g. 402) must do so before it writes: the
     batch goes on without it. A database error (lock timeout, deadlock, serialization) rolls
-    the batch back, and its operations are retried one by one.
+    the batch back, and its operations are retried one by one; while the database is
+    unreachable they wait for it, up to `outage_wait_s`.
     """
 
-    def __init__(self, engine: Engine, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, engine: Engine, max_batch: int = MAX_BATCH,
+                 outage_wait_s: float = OUTAGE_WAIT_S) -> None:
         self._engine = engine
+        self.outage_wait_s = outage_wait_s
+        self._down_since: float | None = None
         self._max_batch = max_batch
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -123,14 +130,27 @@ class BatchWriter:
             self._run_alone(job)
 
     def _run_alone(self, job: _Job) -> None:
-        for attempt in range(RETRIES):
+        attempt = 0
+        while True:
             try:
                 (result, error), = self._transaction([job])
             except DBAPIError as exc:
-                if attempt == RETRIES - 1:
+                if is_database_outage(exc):
+                    # The server is down or restarting: wait for it, so that a settle after an
+                    # answer the client already has is not lost to a restart of a few seconds.
+                    # The writer is one thread, so the operations behind wait too; once the
+                    # outage is older than outage_wait_s, each fails after one try.
+                    self._down_since = self._down_since or time.monotonic()
+                    if time.monotonic() - self._down_since < self.outage_wait_s:
+                        time.sleep(OUTAGE_POLL_S)
+                        continue
                     job.answer(error=exc)
                     return
-                time.sleep(random.uniform(0.001, 0.01) * (attempt + 1))
+                attempt += 1
+                if attempt >= RETRIES:
+                    job.answer(error=exc)
+                    return
+                time.sleep(random.uniform(0.001, 0.01) * attempt)
             except Exception as exc:
                 job.answer(error=exc)
                 return
@@ -147,6 +167,7 @@ class BatchWriter:
                 except ApiError as exc:  # a refusal: nothing of this operation was written
                     results.append((None, exc))
             session.commit()
+        self._down_since = None
         self.batches += 1
         self.operations += len(batch)
         return results

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -12,6 +13,7 @@ from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlmodel import Session, create_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -25,6 +27,26 @@ def normalise_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix):]
     return url
+
+
+def is_database_outage(exc: BaseException) -> bool:
+    """The database cannot be reached (down, restarting, connection cut, SQLite's file locked
+    or gone), as opposed to a statement that failed on a live server (a deadlock, a missing
+    table): waiting may help, retrying at once will not."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    if isinstance(exc.orig, sqlite3.Error):
+        return any(sign in str(exc.orig) for sign in _SQLITE_OUTAGE_SIGNS)
+    # psycopg gives connection failures no SQLSTATE; deadlocks and serialization failures,
+    # also OperationalErrors, carry theirs
+    return getattr(exc.orig, "sqlstate", None) is None
+
+
+_SQLITE_OUTAGE_SIGNS = ("database is locked", "unable to open database", "disk I/O error")
 
 
 def make_engine(url: str, *, write_transactions: bool = False) -> Engine:
