@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     # Where queued jobs keep their inputs and results: unset, DATA_DIR/results; a directory;
     # or s3://bucket/prefix?endpoint=http://host:9000 (serve_app/control/result_store.py).
     result_store_url: str | None = None
+    # The API's public base as clients reach it (e.g. https://api.example.com/api/v1), for links
+    # the server hands out (a video's download_url); unset: the base of the request's own URL,
+    # which behind a TLS-terminating proxy is the proxy's plain-HTTP view.
+    public_api_url: str | None = None
     # Jobs each Gateway replica has its runner send to one video or audio deployment at once.
     job_slots_per_deployment: int = Field(default=2, ge=1, le=64)
     # How long a job runner's claim on a job lasts unless renewed (it renews every third of

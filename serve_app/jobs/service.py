@@ -86,9 +86,12 @@ async def download_secret(state: GatewayState) -> str:
     return await run_in_session(state.engine, lambda s: ensure_secret(s, DOWNLOAD_SECRET))
 
 
-def delivery_url(request: Request, secret: str, queue_id: str) -> str:
-    """The job's signed `download_url`, on the API base the client used."""
-    base = str(request.url).split("?", 1)[0].rsplit("/video/", 1)[0]
+def delivery_url(request: Request, public_api_url: str | None, secret: str,
+                 queue_id: str) -> str:
+    """The job's signed `download_url`: on the configured public API base, or else on the
+    base of the URL the request came in on."""
+    base = (public_api_url.rstrip("/") if public_api_url
+            else str(request.url).split("?", 1)[0].rsplit("/video/", 1)[0])
     return downloads.download_url(base, secret, queue_id)
 
 

@@ -197,5 +197,6 @@ async def queue(request: Request, state: GatewayState, key: KeyRecord,
     job = await queue_job(request, state, key, routed, "video", plan.cost, params, inputs)
     queued = {"model": model.id, "queue_id": job.queue_id}
     if secret is not None:  # the spec: a short-lived delivery URL, for private models only
-        queued["download_url"] = delivery_url(request, secret, job.queue_id)
+        queued["download_url"] = delivery_url(request, state.settings.public_api_url, secret,
+                                              job.queue_id)
     return queued

@@ -287,6 +287,22 @@ def test_delivery_links_are_signed_per_job_and_expire():
     assert not is_valid("s3cret", "job-1", expires, signature, now=expires + 1.0)  # expired
 
 
+def test_delivery_links_use_the_public_api_url_when_one_is_set():
+    """Behind a TLS-terminating proxy the request arrives as plain HTTP on an inner host: the
+    configured public base is what the client can reach."""
+    from starlette.requests import Request
+
+    from serve_app.jobs.service import delivery_url
+
+    inner = Request({"type": "http", "method": "POST", "scheme": "http", "query_string": b"",
+                     "server": ("10.0.0.7", 8000), "path": "/api/v1/video/queue",
+                     "headers": [(b"host", b"10.0.0.7:8000")]})
+    assert delivery_url(inner, None, "s", "job-1").startswith(
+        "http://10.0.0.7:8000/api/v1/video/download/job-1?")
+    assert delivery_url(inner, "https://api.example.com/api/v1/", "s", "job-1").startswith(
+        "https://api.example.com/api/v1/video/download/job-1?")
+
+
 def test_the_sweep_settles_completed_jobs_and_releases_stranded_ones(books, database_url,
                                                                      tmp_path):
     """A runner that died between COMPLETED and its settlement, and jobs no runner will take
