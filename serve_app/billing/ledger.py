@@ -13,14 +13,20 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Date, DateTime, delete, func, select
+from sqlalchemy import JSON, Date, DateTime, and_, delete, func, or_, select
 from sqlmodel import Session
 
 from serve_app.billing.pricing import Cost, sku, unit_type
 from serve_app.billing.windows import epoch_day, window_start
 from serve_app.control.jobs import open_job_request_ids
 from serve_app.db.engine import dialect_insert
-from serve_app.db.tables import Account, KeySpendWindow, Reservation, UsageDaily
+from serve_app.db.tables import (
+    Account,
+    BillingHolder,
+    KeySpendWindow,
+    Reservation,
+    UsageDaily,
+)
 from serve_app.errors import ApiError
 from serve_app.money import NANOS_PER_UNIT
 
@@ -144,8 +150,9 @@ def _add_to_window(db: _Statements, key_id: str, start: str, usd: int, diem: int
 
 
 def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
-         now: datetime) -> HoldResult:
-    """Reserve the most the request may cost against balance and key limit, or refuse (402)."""
+         now: datetime, holder: str | None = None) -> HoldResult:
+    """Reserve the most the request may cost against balance and key limit, or refuse (402).
+    `holder`: the billing service taking it (see `stale_holds`)."""
     db = _Statements(session)
     usd_balance, diem_balance, epoch = _locked_account(db, payer.account_id, now)
     before = Balances(usd_balance, diem_balance)
@@ -175,9 +182,10 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
     if start is not None and payer.api_key_id is not None:
         _add_to_window(db, payer.api_key_id, start, usd_part, diem_part)
     db.run("INSERT INTO reservations (request_id, account_id, api_key_id, window_start, "
-           "usd_nanos, diem_nanos, diem_epoch, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+           "usd_nanos, diem_nanos, diem_epoch, holder, created_at) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
            (request_id, payer.account_id, payer.api_key_id, start, usd_part, diem_part, epoch,
-            db.datetime(now)))
+            holder, db.datetime(now)))
     return HoldResult(before, usd_part, diem_part)
 
 
@@ -335,6 +343,7 @@ def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, start
 # The cold paths (key limits changed, sweeps) stay in Core statements.
 _windows = KeySpendWindow.__table__
 _holds = Reservation.__table__
+_holders = BillingHolder.__table__
 _rollups = UsageDaily.__table__
 
 
@@ -361,13 +370,39 @@ def drop_windows(session: Session, key_id: str) -> None:
     session.execute(delete(_windows).where(_windows.c.api_key_id == key_id))
 
 
-def stale_holds(session: Session, now: datetime, max_age: timedelta) -> list[str]:
-    """Holds older than any request may run: left by a replica that died mid-request. The
-    holds of queued media jobs are not among them: their job settles or releases them."""
+def stale_holds(session: Session, now: datetime, max_age: timedelta,
+                holder_timeout: timedelta | None = None) -> list[str]:
+    """Holds no request will finish: older than any request may run, or (with
+    `holder_timeout`) taken by a billing service that stopped beating that long ago, its
+    replica dead mid-request. The holds of queued media jobs are not among them: their job
+    settles or releases them.
+
+    Releasing a hold whose request does finish after all costs nothing: its settlement takes a
+    late hold and charges as usual."""
+    stale = _holds.c.created_at < now - max_age
+    if holder_timeout is not None:
+        gone = now - holder_timeout
+        beating = select(_holders.c.id).where(_holders.c.seen_at >= gone)
+        stale = or_(stale, and_(_holds.c.holder.is_not(None), _holds.c.created_at < gone,
+                                _holds.c.holder.not_in(beating)))
     return list(session.execute(select(_holds.c.request_id)
-                                .where(_holds.c.created_at < now - max_age,
-                                       _holds.c.request_id.not_in(open_job_request_ids())))
+                                .where(stale, _holds.c.request_id.not_in(open_job_request_ids())))
                 .scalars())
+
+
+def beat(session: Session, holder: str, now: datetime) -> None:
+    """The billing service `holder` is alive (committed by the caller)."""
+    row = session.get(BillingHolder, holder)
+    if row is None:
+        session.add(BillingHolder(id=holder, seen_at=now))
+    else:
+        row.seen_at = now
+
+
+def forget_gone_holders(session: Session, now: datetime, max_age: timedelta) -> None:
+    """Rows of billing services silent for longer than any hold may live (committed by the
+    caller): their holds are released by then."""
+    session.execute(delete(_holders).where(_holders.c.seen_at < now - max_age))
 
 
 def balances(session: Session, account_id: str, now: datetime) -> tuple[Balances, int]:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -32,7 +33,11 @@ Clock = Callable[[], datetime]
 
 # A hold older than this belongs to a request that can no longer finish.
 HOLD_MAX_AGE = timedelta(hours=1)
-SWEEP_INTERVAL_S = 300.0
+# A running billing service beats every HEARTBEAT_S; the holds of one silent for
+# HOLDER_TIMEOUT (its replica died mid-request) are released at the next sweep.
+HEARTBEAT_S = 5.0
+HOLDER_TIMEOUT = timedelta(seconds=30)
+SWEEP_INTERVAL_S = 30.0
 BALANCE_CACHE_TTL_S = 2.0
 ANALYTICS_CACHE_TTL_S = 600.0  # the spec's 10 minutes
 
@@ -132,13 +137,17 @@ class Billing:
                                                             ttl=BALANCE_CACHE_TTL_S)
         self.analytics_cache: TTLCache[tuple[str, str], dict] = TTLCache(
             maxsize=10_000, ttl=ANALYTICS_CACHE_TTL_S)
+        # Named on the holds it takes once it beats (run_sweeper); a service that does not
+        # beat (a script, a test) leaves its holds to HOLD_MAX_AGE alone.
+        self.holder: str | None = None
+        self._beating_since: float | None = None
 
     async def hold(self, request_id: str, payer: Payer, amount_nanos: int) -> Hold:
         now = self.clock()
         started = time.perf_counter()
         try:
             result = await self.writer.run(
-                lambda s: ledger.hold(s, request_id, payer, amount_nanos, now))
+                lambda s: ledger.hold(s, request_id, payer, amount_nanos, now, self.holder))
         except asyncio.CancelledError:
             # The caller left while the hold was being written: the hold commits all the
             # same (the writer is shielded), so queue its release right behind it.
@@ -199,12 +208,18 @@ class Billing:
         return found
 
     async def sweep(self) -> int:
-        """Release the holds of requests that can no longer finish; returns how many."""
+        """Release the holds of requests that can no longer finish; returns how many. Holds
+        of silent services count only once this one has beaten for HOLDER_TIMEOUT itself: after
+        a database outage every service is silent until it beats again."""
         now = self.clock()
+        settled_in = (self._beating_since is not None
+                      and time.monotonic() - self._beating_since
+                      >= HOLDER_TIMEOUT.total_seconds())
 
         def stale() -> list[str]:
             with Session(self._engine) as session:
-                return ledger.stale_holds(session, now, HOLD_MAX_AGE)
+                return ledger.stale_holds(session, now, HOLD_MAX_AGE,
+                                          HOLDER_TIMEOUT if settled_in else None)
 
         released = 0
         for request_id in await asyncio.to_thread(stale):
@@ -213,13 +228,38 @@ class Billing:
                 released += 1
         return released
 
-    async def run_sweeper(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
+    async def beat(self) -> None:
+        """Tell the other replicas this billing service (and so its holds) is alive."""
+        holder = self.holder or uuid.uuid4().hex
+        now = self.clock()
+
+        def write(session: Session) -> None:
+            ledger.beat(session, holder, now)
+            ledger.forget_gone_holders(session, now, HOLD_MAX_AGE)
+
+        try:
+            await self.writer.run(write)
+        except Exception:
+            self._beating_since = None
+            raise
+        self.holder = holder
+        self._beating_since = self._beating_since or time.monotonic()
+
+    async def run_sweeper(self, interval_s: float = SWEEP_INTERVAL_S,
+                          heartbeat_s: float = HEARTBEAT_S) -> None:
+        next_sweep = time.monotonic()
         while True:
             try:
-                await self.sweep()
+                await self.beat()
             except Exception:
-                logger.exception("sweeping stale holds failed")
-            await asyncio.sleep(interval_s)
+                logger.warning("the billing heartbeat could not be written", exc_info=True)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + interval_s
+                try:
+                    await self.sweep()
+                except Exception:
+                    logger.exception("sweeping stale holds failed")
+            await asyncio.sleep(heartbeat_s)
 
     def close(self) -> None:
         self.writer.close()

@@ -139,8 +139,20 @@ class Reservation(SQLModel, table=True):
     diem_nanos: int = Field(sa_column=Column(BigInteger, nullable=False))
     # The DIEM epoch the DIEM part came from: it is refunded only into the same epoch.
     diem_epoch: str | None = Field(default=None, max_length=10)
+    # The billing service (one per Gateway replica) that took the hold: once it stops beating
+    # (BillingHolder), its holds are released without waiting for HOLD_MAX_AGE.
+    holder: str | None = Field(default=None, max_length=36)
     created_at: datetime = Field(default_factory=utcnow,
                                  sa_column=_utc_column(nullable=False, index=True))
+
+
+class BillingHolder(SQLModel, table=True):
+    """A live billing service: it writes `seen_at` every few seconds while its replica runs."""
+
+    __tablename__ = "billing_holders"
+
+    id: str = Field(primary_key=True, max_length=36)
+    seen_at: datetime = Field(sa_column=_utc_column(nullable=False))
 
 
 class LedgerEntry(SQLModel, table=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -15,7 +16,7 @@ from sqlmodel import Session, select
 
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
-from serve_app.billing.service import Billing
+from serve_app.billing.service import HOLDER_TIMEOUT, Billing
 from serve_app.catalog import load_catalog
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import (
@@ -294,3 +295,36 @@ def test_stale_holds_are_released_and_a_late_settlement_still_charges(database_u
     asyncio.run(main())
     assert books.account().usd_balance_nanos == to_nanos("0.9")
     assert books.holds() == 0 and books.ledger_nanos() == (to_nanos("0.1"), 0)
+
+
+def test_holds_of_a_replica_that_stopped_beating_are_released_within_seconds(database_url):
+    """Two Gateway replicas' billing services on one database: when one dies mid-request, the
+    other releases its holds once it has been silent for HOLDER_TIMEOUT, not after an hour;
+    the holds of a live service, and of one that never beat, stay."""
+    clock = Clock(datetime(2026, 11, 22, 8, 0, tzinfo=UTC))
+    books = _books(database_url, usd="1")
+    payer = Payer(books.account_id)
+
+    async def main():
+        alive, dying = Billing(database_url, clock=clock), Billing(database_url, clock=clock)
+        quiet = Billing(database_url, clock=clock)  # a script: it never beats
+        try:
+            await alive.beat()
+            await dying.beat()
+            await alive.hold("on-alive", payer, to_nanos("0.1"))
+            await dying.hold("on-dying", payer, to_nanos("0.2"))
+            await quiet.hold("on-quiet", payer, to_nanos("0.3"))
+            clock.now += HOLDER_TIMEOUT + timedelta(seconds=1)
+            await alive.beat()  # `dying` beats no more
+            # just back from a database outage, `alive` does not judge the others yet
+            alive._beating_since = time.monotonic()
+            assert await alive.sweep() == 0
+            alive._beating_since = time.monotonic() - HOLDER_TIMEOUT.total_seconds()
+            assert await alive.sweep() == 1
+        finally:
+            for billing in (alive, dying, quiet):
+                billing.close()
+
+    asyncio.run(main())
+    assert books.holds() == 2  # on-alive and on-quiet
+    assert books.account().usd_balance_nanos == to_nanos("0.6")
