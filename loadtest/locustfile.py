@@ -55,14 +55,17 @@ def _png(size: int = 256) -> str:
 PNG = _png()
 
 
-def record(resp: Any, route: str, usage: dict | None = None) -> None:
-    """One line per answer, for the reconciliation."""
+def record(resp: Any, route: str, usage: dict | None = None, wallet: str | None = None
+           ) -> None:
+    """One line per answer, for the reconciliation (`wallet`: the payer, when not a key)."""
     if _record is None:
         return
-    line = json.dumps({"cf_ray": resp.headers.get("CF-RAY"), "route": route,
-                       "status": resp.status_code, "usage": usage or {}, "t": time.time()})
+    answer = {"cf_ray": resp.headers.get("CF-RAY"), "route": route,
+              "status": resp.status_code, "usage": usage or {}, "t": time.time()}
+    if wallet:
+        answer["wallet"] = wallet
     with _record_lock:
-        _record.write(line + "\n")
+        _record.write(json.dumps(answer) + "\n")
         _record.flush()
 
 
@@ -133,6 +136,53 @@ class EmbeddingsUser(_Keyed):
                                 json={"model": MODELS["embedding"], "input": inputs})
         record(resp, "embeddings", resp.json().get("usage") if resp.status_code == 200
                else None)
+
+
+_wallets = itertools.cycle(KEYS.get("wallets") or [None])
+
+
+class WalletUser(HttpUser):
+    """A wallet with no API key, paying from its credit: every request is signed with
+    SIGN-IN-WITH-X on the challenge of a 402 (the x402 protocol's own client signs), so each
+    costs two round trips, as for any wallet client."""
+
+    weight = 1
+    wait_time = between(0.5, 2.0)
+
+    def on_start(self) -> None:
+        from eth_account import Account
+
+        key = next(_wallets)
+        self.wallet = Account.from_key(key) if key else None
+
+    def _signed(self, url: str, body: dict) -> dict[str, str] | None:
+        import asyncio
+
+        from x402.extensions.sign_in_with_x import create_siwx_payload, encode_siwx_header
+
+        with self.client.post(url, json=body, name="POST /embeddings (wallet challenge)",
+                              catch_response=True) as asked:
+            if asked.status_code != 402:
+                asked.failure(f"HTTP {asked.status_code}, not the 402 challenge")
+                return None
+            asked.success()
+            challenge = asked.json()["extensions"]["sign-in-with-x"]
+        info = {**challenge["info"], "chainId": "eip155:8453", "type": "eip191"}
+        payload = asyncio.run(create_siwx_payload(info, self.wallet, self.host + url))
+        return {"SIGN-IN-WITH-X": encode_siwx_header(payload)}
+
+    @task
+    def embed(self) -> None:
+        if self.wallet is None:
+            return
+        url = "/api/v1/embeddings"
+        body = {"model": MODELS["embedding"], "input": _sentence(12)}
+        headers = self._signed(url, body)
+        if headers is None:
+            return
+        resp = self.client.post(url, json=body, headers=headers, name="POST /embeddings (wallet)")
+        record(resp, "embeddings", resp.json().get("usage") if resp.status_code == 200
+               else None, wallet=self.wallet.address)
 
 
 class ImageUser(_Keyed):

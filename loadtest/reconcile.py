@@ -9,7 +9,7 @@ with the money that moved?
 - no hold is left open (after the grace time in-flight work needs);
 - no key spent past its consumption limit.
 
-    python loadtest/reconcile.py ACCOUNT_ID RECORD.jsonl START_BALANCE_NANOS
+    python loadtest/reconcile.py ACCOUNT_ID RECORD.jsonl START_BALANCE_NANOS [WALLET]
 """
 
 from __future__ import annotations
@@ -37,9 +37,13 @@ from serve_app.settings import Settings
 TOKEN_ROUTES = {"chat", "embeddings"}
 
 
-def reconcile(account_id: str, record_path: str, start_nanos: int) -> dict[str, Any]:
+def reconcile(account_id: str, record_path: str, start_nanos: int,
+              wallet: str | None = None) -> dict[str, Any]:
+    """The answers of one payer: the account's keys (`wallet` None), or one wallet, whose
+    credit lives in an account of its own (`account_id`)."""
     with open(record_path, encoding="utf-8") as lines:
-        seen = [json.loads(line) for line in lines if line.strip()]
+        seen = [answer for answer in map(json.loads, filter(str.strip, lines))
+                if answer.get("wallet") == wallet]
     ok = {r["cf_ray"]: r for r in seen if r["status"] == 200 and r["cf_ray"]}
     failed = {r["cf_ray"] for r in seen if r["status"] != 200 and r["cf_ray"]}
     engine = make_engine(Settings().resolved_database_url)
@@ -92,4 +96,5 @@ def reconcile(account_id: str, record_path: str, start_nanos: int) -> dict[str, 
 
 
 if __name__ == "__main__":
-    print(json.dumps(reconcile(sys.argv[1], sys.argv[2], int(sys.argv[3])), indent=2))
+    print(json.dumps(reconcile(sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                               *(sys.argv[4:5])), indent=2))

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from eth_account import Account
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -36,6 +37,8 @@ from serve_app.cli import run as cli  # noqa: E402
 
 KEYS = 10
 LIMITED_KEY_USD = 0.02
+WALLETS = 4
+WALLET_USD = 5
 
 
 def prepare(host: str, out: Path) -> dict:
@@ -53,8 +56,17 @@ def prepare(host: str, out: Path) -> dict:
     balance = httpx.get(f"{host}/api/v1/billing/balance", headers=admin, timeout=30).json()
     start = round((float(balance["balances"]["usd"]) + float(balance["balances"]["diem"] or 0))
                   * 1e9)
+    wallets = []
+    for _ in range(WALLETS):  # wallets with credit of their own (their accounts made here)
+        wallet = Account.create()
+        wallet_account = cli(["stake", "--wallet", wallet.address, "--tokens", "0"])["id"]
+        cli(["credit", "--usd", str(WALLET_USD), "--account", wallet_account])
+        cli(["set-tier", "benchmark", "--account", wallet_account])
+        wallets.append({"key": wallet.key.hex(), "address": wallet.address,
+                        "account": wallet_account, "start_nanos": WALLET_USD * 10**9})
     prepared = {"account": made["accountId"], "admin": made["apiKey"], "inference": keys,
-                "start_nanos": start}
+                "start_nanos": start, "wallets": [w["key"] for w in wallets],
+                "wallet_accounts": wallets}
     (out / "keys.json").write_text(json.dumps(prepared))
     return prepared
 
@@ -109,6 +121,9 @@ def markdown(summary: dict) -> str:
         summary["reconciliation"]["statuses"]))
     out.append("")
     out.append("Reconciliation: " + json.dumps(summary["reconciliation"]))
+    for address, result in summary.get("wallet_reconciliation", {}).items():
+        out.append("")
+        out.append(f"Wallet {address}: " + json.dumps(result))
     return "\n".join(out)
 
 
@@ -139,11 +154,16 @@ def main() -> int:
     time.sleep(60)
     summary["reconciliation"] = reconcile(prepared["account"], str(record),
                                           prepared["start_nanos"])
+    summary["wallet_reconciliation"] = {
+        w["address"]: reconcile(w["account"], str(record), w["start_nanos"], w["address"])
+        for w in prepared["wallet_accounts"]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(markdown(summary))
     print(markdown(summary))
     print(f"[loadtest] reports in {out}")
-    return 0 if summary["reconciliation"]["reconciled"] else 1
+    reconciled = summary["reconciliation"]["reconciled"] and all(
+        r["reconciled"] for r in summary["wallet_reconciliation"].values())
+    return 0 if reconciled else 1
 
 
 if __name__ == "__main__":
