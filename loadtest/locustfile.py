@@ -107,6 +107,9 @@ class ChatUser(_Keyed):
                 resp.failure(f"HTTP {resp.status_code}")
                 record(resp, "chat")
                 return
+            # the stream has started: should the run stop this user before the stream ends,
+            # the reconciliation knows the client had it (charged for what was generated)
+            record(resp, "chat")
             for line in resp.iter_lines():
                 if not line or not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
@@ -158,6 +161,7 @@ class WalletUser(HttpUser):
     def _signed(self, url: str, body: dict) -> dict[str, str] | None:
         import asyncio
 
+        import gevent
         from x402.extensions.sign_in_with_x import create_siwx_payload, encode_siwx_header
 
         with self.client.post(url, json=body, name="POST /embeddings (wallet challenge)",
@@ -168,7 +172,10 @@ class WalletUser(HttpUser):
             asked.success()
             challenge = asked.json()["extensions"]["sign-in-with-x"]
         info = {**challenge["info"], "chainId": "eip155:8453", "type": "eip191"}
-        payload = asyncio.run(create_siwx_payload(info, self.wallet, self.host + url))
+        # asyncio cannot run in several of gevent's greenlets of one thread at once: sign on
+        # a thread of gevent's pool, each with its own event loop
+        payload = gevent.get_hub().threadpool.apply(
+            asyncio.run, (create_siwx_payload(info, self.wallet, self.host + url),))
         return {"SIGN-IN-WITH-X": encode_siwx_header(payload)}
 
     @task

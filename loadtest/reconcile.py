@@ -44,6 +44,9 @@ def reconcile(account_id: str, record_path: str, start_nanos: int,
     with open(record_path, encoding="utf-8") as lines:
         seen = [answer for answer in map(json.loads, filter(str.strip, lines))
                 if answer.get("wallet") == wallet]
+    # a stream is recorded when it starts and again, with its usage, when it ends: the last
+    # line of a request is what its client saw
+    seen = list({r["cf_ray"] or f"no-id-{i}": r for i, r in enumerate(seen)}.values())
     ok = {r["cf_ray"]: r for r in seen if r["status"] == 200 and r["cf_ray"]}
     failed = {r["cf_ray"] for r in seen if r["status"] != 200 and r["cf_ray"]}
     engine = make_engine(Settings().resolved_database_url)
