@@ -178,16 +178,22 @@ class RayLimiter:
 
     def __init__(self) -> None:
         self._actor: Any = None
+        self._actor_lock = asyncio.Lock()
         self._batcher = DecisionBatcher(self._send)
         # While the actor cannot be reached (it is restarting), count in this replica.
         self._fallback = LocalLimiter()
         self.leases = LeaseBook()
 
-    def _get_actor(self) -> Any:
+    async def _get_actor(self) -> Any:
+        """The shared actor, found or created by name. The lookup is a blocking round trip to
+        Ray's control store (slow while the actor restarts): it runs on a thread, once."""
         if self._actor is None:
-            self._actor = _actor_class().options(
-                name=ACTOR_NAME, namespace=ACTOR_NAMESPACE, get_if_exists=True,
-                lifetime="detached").remote()
+            async with self._actor_lock:
+                if self._actor is None:
+                    self._actor = await asyncio.to_thread(
+                        lambda: _actor_class().options(
+                            name=ACTOR_NAME, namespace=ACTOR_NAMESPACE, get_if_exists=True,
+                            lifetime="detached").remote())
         return self._actor
 
     async def decide(self, bucket: str, rpm: int, tpm: int, tokens: int,
@@ -219,8 +225,8 @@ class RayLimiter:
 
     async def _send_in_order(self, calls: list[tuple]) -> list[list[int] | None]:
         try:
-            return await asyncio.wait_for(self._get_actor().decide_many.remote(calls),
-                                          ACTOR_TIMEOUT_S)
+            actor = await asyncio.wait_for(self._get_actor(), ACTOR_TIMEOUT_S)
+            return await asyncio.wait_for(actor.decide_many.remote(calls), ACTOR_TIMEOUT_S)
         except Exception as exc:  # the actor is down, restarting or out of reach
             logger.warning("rate-limit actor unreachable (%s): counting in this replica for "
                            "now", exc)
@@ -231,7 +237,7 @@ class RayLimiter:
                     else run_calls(self._fallback.core, [call])[0] for call in calls]
 
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
-        await self._get_actor().adjust.remote(bucket, window_ms, delta)
+        await (await self._get_actor()).adjust.remote(bucket, window_ms, delta)
 
     def adjust_soon(self, bucket: str, window_ms: int, delta: int) -> None:
         # With the decisions, in one actor call: an actor call costs the replica about a
@@ -239,7 +245,7 @@ class RayLimiter:
         self._batcher.send_later((ADJUST, bucket, window_ms, delta))
 
     async def record(self, key: str, now_ms: int, member: str) -> int:
-        return await self._get_actor().record.remote(key, now_ms)
+        return await (await self._get_actor()).record.remote(key, now_ms)
 
     async def close(self) -> None:
         return None
