@@ -97,6 +97,7 @@ def settled_per_second(url: str, replicas: int, concurrency: int, seconds: float
         services = [Billing(url) for _ in range(replicas)]
         for s in services:
             s.writer._max_batch = batch
+            await s.beat()  # as in a Gateway replica: its holds name it
         latencies: list[float] = []
         deadline = time.perf_counter() + seconds
         try:
