@@ -1,8 +1,7 @@
 """The embedding deployment: sentence-transformers models with Serve's dynamic batching.
 
-Concurrent calls' texts are encoded together: every text is one call of the batched method,
-and Serve gathers what has queued (up to `max_batch_size`, from any number of calls and
-gateway replicas) into one `encode`.
+Each call carries the texts of one or more requests (the gateway merges concurrent ones);
+calls that arrive while the model runs are encoded together in the next forward pass.
 """
 
 from __future__ import annotations
@@ -12,10 +11,9 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 from ray import serve
 
-from deployments.engines.embedding import ENGINES, EmbeddingEngine
+from deployments.engines.embedding import ENGINES, EmbeddingEngine, Embeddings
 from deployments.errors import engine_error
 from deployments.weights import model_specs, resolve_weights
 
@@ -43,30 +41,33 @@ class EmbeddingDeployment:
         """Unit vectors of `texts` with each input's token count (the model reads the first
         `max_seq_length`). The texts may come from several requests, which the gateway
         merges: it refuses the request of an input over its per-input limit."""
-        engine = self.engines.get(model_id)
-        if engine is None:
+        if model_id not in self.engines:
             return engine_error(404, f"Model {model_id!r} is not served here",
                                 code="MODEL_NOT_FOUND")
         started = time.perf_counter()
-        counts = engine.count_tokens(texts)
-        vectors = await asyncio.gather(*(self._encode((model_id, t)) for t in texts))
-        return {"vectors": np.stack(vectors), "tokens": counts,
-                "max_seq_length": engine.max_seq_length,
+        vectors, tokens = await self._encode((model_id, texts))
+        return {"vectors": vectors, "tokens": tokens,
+                "max_seq_length": self.engines[model_id].max_seq_length,
                 "replica_ms": (time.perf_counter() - started) * 1000}
 
-    # No wait for company: what queued while the previous batch ran forms the next one (the
-    # gateway already sends concurrent requests together; a wait would only add latency).
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0)
-    async def _encode(self, items: list[tuple[str, str]]) -> list[np.ndarray]:
-        out: list[np.ndarray | None] = [None] * len(items)
+    # Whole calls are batched (the gateway already puts concurrent requests in one call; calls
+    # from several gateway replicas meet here), and nothing waits for company: what queued
+    # while the previous forward pass ran forms the next one.
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0)
+    async def _encode(self, calls: list[tuple[str, list[str]]]) -> list[Embeddings]:
+        out: list[Embeddings | None] = [None] * len(calls)
         by_model: dict[str, list[int]] = {}
-        for position, (model_id, _) in enumerate(items):
+        for position, (model_id, _) in enumerate(calls):
             by_model.setdefault(model_id, []).append(position)
         for model_id, positions in by_model.items():
-            vectors = await asyncio.to_thread(
-                self.engines[model_id].embed, [items[p][1] for p in positions])
-            for p, vector in zip(positions, vectors, strict=True):
-                out[p] = vector
+            texts = [text for p in positions for text in calls[p][1]]
+            # On a thread: the replica keeps taking calls while the model runs.
+            done = await asyncio.to_thread(self.engines[model_id].embed, texts)
+            start = 0
+            for p in positions:
+                end = start + len(calls[p][1])
+                out[p] = Embeddings(done.vectors[start:end], done.tokens[start:end])
+                start = end
         return out  # type: ignore[return-value]
 
     def dimensions(self, model_id: str) -> int:

@@ -17,9 +17,11 @@ from typing import Any
 
 Chunk = dict[str, Any]
 
-# One piece per 4 ms per stream at most: below what a reader notices, and well below the
-# time a real model takes per token, so only very fast models are merged.
-MIN_INTERVAL_S = 0.004
+# One piece per 20 ms per stream at most (50 updates a second): below what a reader
+# notices, and below the time a real model takes per token on a busy batch (SmolLM2 on two
+# cores: 30-140 ms), so only fast models are merged. At 4 ms a tiny model's 7 ms steps still
+# went out one token per piece, and the pieces' fixed cost took half the machine.
+MIN_INTERVAL_S = 0.02
 
 
 def merge(chunks: list[Chunk]) -> list[Chunk]:

@@ -2,6 +2,11 @@
 
 Ray listens on RAY_PORT (default 6380: Redis owns 6379). Serve runs `configs/local.yaml` in
 throughput-optimised mode with the Gateway's own HTTP port pinned to PORT.
+
+The start is staged: the chat engines load first, alone, and the other model deployments
+(embeddings, images, audio, video) follow once chat answers. On two cores every replica that
+loads at the same time slows the others; the chat engine is the slowest to load, and the one
+a user tries first.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 from deployments.weights import weights_to_build
 from serve_app.catalog import load_catalog
@@ -26,6 +32,31 @@ from serve_app.settings import PROJECT_ROOT, Settings
 
 READY_TIMEOUT_S = 600.0
 SERVE_PROXY_PORT = 8001  # http_options.port of configs/local.yaml
+CONFIG = PROJECT_ROOT / "configs" / "local.yaml"
+FIRST_MODEL_TYPES = {"text"}  # the deployments of these models load in the first stage
+
+
+def first_stage(config: dict, deferred: set[str]) -> dict:
+    """`config` with the `deferred` deployments at zero replicas (they still scale up from zero
+    if a request comes for them before the second stage)."""
+    staged = yaml.safe_load(yaml.safe_dump(config))
+    for app in staged["applications"]:
+        for deployment in app.get("deployments", []):
+            if deployment["name"] in deferred:
+                deployment.pop("num_replicas", None)
+                upper = (deployment.get("autoscaling_config") or {}).get("max_replicas", 1)
+                deployment["autoscaling_config"] = {"min_replicas": 0, "initial_replicas": 0,
+                                                    "max_replicas": upper}
+    return staged
+
+
+def deferred_deployments(config: dict, settings: Settings) -> set[str]:
+    """The model deployments of `config` that serve no model of FIRST_MODEL_TYPES."""
+    catalog = load_catalog(settings.model_catalog)
+    first = {m.deployment for m in catalog.models if m.type in FIRST_MODEL_TYPES}
+    return {name for app in config["applications"]
+            for name in (app.get("args") or {}).get("model_deployments") or []
+            if name not in first}
 
 
 def ray_environment(settings: Settings) -> dict[str, str]:
@@ -90,24 +121,40 @@ def _wait_ready(url: str, serve_proc: subprocess.Popen) -> None:
     raise TimeoutError(f"{url} did not answer within {READY_TIMEOUT_S:.0f}s")
 
 
-def _wait_models_loaded(ray_port: int, serve_proc: subprocess.Popen) -> None:
-    """Wait until every deployment of the application runs (the models are loaded)."""
-    import ray
+def _wait_running(serve_proc: subprocess.Popen, what: str) -> None:
+    """Wait until every deployment of the application runs (its models are loaded)."""
     from ray import serve
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if serve_proc.poll() is not None:
+            raise RuntimeError(f"serve run exited with code {serve_proc.returncode}")
+        app = serve.status().applications.get("inference")
+        if app is not None and app.status == "RUNNING":
+            return
+        if app is not None and app.status == "DEPLOY_FAILED":
+            raise RuntimeError(f"the application failed to deploy: {app.message}")
+        time.sleep(0.5)
+    raise TimeoutError(f"{what} not loaded within {READY_TIMEOUT_S:.0f}s")
+
+
+def _load_in_stages(ray_port: int, serve_proc: subprocess.Popen, config: dict,
+                    staged: bool, started: float) -> None:
+    """Wait for the first stage, then deploy the whole config (the deployments already running
+    are left as they are: only the deferred ones change) and wait for it."""
+    import ray
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
 
     ray.init(address=f"127.0.0.1:{ray_port}", logging_level="ERROR", log_to_driver=False)
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if serve_proc.poll() is not None:
-                raise RuntimeError(f"serve run exited with code {serve_proc.returncode}")
-            app = serve.status().applications.get("inference")
-            if app is not None and app.status == "RUNNING":
-                return
-            if app is not None and app.status == "DEPLOY_FAILED":
-                raise RuntimeError(f"the application failed to deploy: {app.message}")
-            time.sleep(1)
-        raise TimeoutError(f"models not loaded within {READY_TIMEOUT_S:.0f}s")
+        if staged:
+            _wait_running(serve_proc, "the chat models")
+            print(f"\n  Chat answering after {time.monotonic() - started:.1f}s; loading the "
+                  "other models...", flush=True)
+            _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
+            time.sleep(1)  # the controller marks the application DEPLOYING
+        _wait_running(serve_proc, "the models")
     finally:
         ray.shutdown()  # disconnects this driver; the cluster keeps running
 
@@ -175,18 +222,21 @@ def main() -> int:
         if result.generated_admin_key:
             print("\n  First admin API key (shown once, store it now):\n"
                   f"    {result.generated_admin_key}\n", flush=True)
+        config = yaml.safe_load(CONFIG.read_text())
+        deferred = deferred_deployments(config, settings)
+        first_config = temp_dir / "first-stage.yaml"
+        first_config.write_text(yaml.safe_dump(first_stage(config, deferred)))
         if ray_start.wait() != 0:
             raise SystemExit(f"ray start failed with code {ray_start.returncode}")
         serve_proc = subprocess.Popen(
-            [_bin("serve"), "run", "--address", f"127.0.0.1:{ray_port}",
-             str(PROJECT_ROOT / "configs" / "local.yaml")],
+            [_bin("serve"), "run", "--address", f"127.0.0.1:{ray_port}", str(first_config)],
             env=env, cwd=PROJECT_ROOT, start_new_session=True,
         )
         base_url = f"http://{settings.host}:{settings.port}/api/v1"
         _wait_ready(f"{base_url}/models", serve_proc)
         print(f"\n  API answering after {time.monotonic() - started:.1f}s; loading models...",
               flush=True)
-        _wait_models_loaded(ray_port, serve_proc)
+        _load_in_stages(ray_port, serve_proc, config, bool(deferred), started)
         print(f"\n  Platform ready in {time.monotonic() - started:.1f}s\n"
               f"  Base URL: {base_url}\n  Docs:     {base_url}/docs\n"
               f"  Metrics:  http://127.0.0.1:{metrics_port}/metrics (Prometheus)\n"

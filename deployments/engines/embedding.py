@@ -3,18 +3,21 @@ per input, and unit-length vectors for a batch of texts."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
+
+
+class Embeddings(NamedTuple):
+    vectors: np.ndarray  # (texts, dimensions), unit length
+    tokens: list[int]  # each text's whole token count (the model read at most max_seq_length)
 
 
 class EmbeddingEngine(Protocol):
     dimensions: int
     max_seq_length: int
 
-    def count_tokens(self, texts: list[str]) -> list[int]: ...
-
-    def embed(self, texts: list[str]) -> np.ndarray: ...
+    def embed(self, texts: list[str]) -> Embeddings: ...
 
 
 class SentenceTransformersEngine:
@@ -44,16 +47,24 @@ class SentenceTransformersEngine:
                                  return_attention_mask=False, verbose=False)
         return [len(ids) for ids in encoded["input_ids"]]
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str]) -> Embeddings:
         """The model's forward pass on one padded batch. `encode` would do the same plus a
-        device move of the whole model and a sort per call (5% of a replica's time)."""
+        device move of the whole model and a sort per call (5% of a replica's time).
+
+        Token counts come from the batch's own attention mask; only a text that filled
+        `max_seq_length` (so may have been cut) is tokenised again, whole."""
         import torch
 
         features = self.model.preprocess(texts)
         with torch.inference_mode():
             vectors = self.model(features)["sentence_embedding"]
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-        return vectors.numpy().astype(np.float32, copy=False)
+        tokens = features["attention_mask"].sum(dim=1).tolist()
+        cut = [i for i, count in enumerate(tokens) if count >= self.max_seq_length]
+        if cut:
+            for i, count in zip(cut, self.count_tokens([texts[i] for i in cut]), strict=True):
+                tokens[i] = count
+        return Embeddings(vectors.numpy().astype(np.float32, copy=False), tokens)
 
 
 ENGINES = {"sentence-transformers": SentenceTransformersEngine}

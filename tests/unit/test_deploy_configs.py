@@ -54,6 +54,26 @@ def test_local_config_runs_on_cpus_only_and_fits_two_cores():
     assert reserved <= 2, reserved
 
 
+def test_make_run_loads_the_chat_engine_alone_first_then_the_whole_local_config():
+    from serve_app.launch import deferred_deployments, first_stage
+    from serve_app.settings import Settings
+
+    config = _load(CONFIGS / "local.yaml")
+    deferred = deferred_deployments(config, Settings())
+    assert "text-xs" not in deferred
+    assert {"embedding", "image-upscale", "speech", "video-generation"} <= deferred
+    first = _check_serve_config(first_stage(config, deferred))
+    whole = _check_serve_config(config)
+    for name, option in first.items():
+        if name in deferred:  # no replica until the second stage, or a request, asks for one
+            assert option["autoscaling_config"]["min_replicas"] == 0, name
+            assert option["autoscaling_config"]["initial_replicas"] == 0, name
+            assert option["autoscaling_config"]["max_replicas"] >= 1, name
+            assert option["ray_actor_options"] == whole[name]["ray_actor_options"], name
+        else:  # the running replicas are left alone when the whole config follows
+            assert option == whole[name], name
+
+
 def test_production_config_puts_the_heavy_engines_on_gpus_and_autoscales():
     options = _check_serve_config(_load(CONFIGS / "production.yaml"))
     assert {"text-xs", "text-s", "text-m", "text-l"} <= set(options)
