@@ -43,9 +43,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The text deployment's engine environment (deployments/text.py), and the one thread that Ray
+# gives a replica of a fraction of a CPU (OMP_NUM_THREADS=1): the engine in process runs as
+# the deployment's engine does.
 ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
-              "VLLM_CPU_NUM_OF_RESERVED_CPU": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-              "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+              "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
               "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1"}
 os.environ.update(ENGINE_ENV)

@@ -21,11 +21,11 @@ logger = logging.getLogger("deployments.text")
 CPU_ENGINE_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     # The engine core's model worker runs in the engine core process instead of a third
-    # process: one fewer vLLM import at start (~8 s), and no busy-polled queue between the two
-    # (SmolLM2 on 2 cores: 34 -> 43 tok/s at 1 stream, 206 -> 254 at 8).
+    # process: one fewer vLLM import at start (~8 s on 2 cores), the same speed. Its OpenMP
+    # threads are then Ray's OMP_NUM_THREADS, which follows the replica's `num_cpus` (one
+    # thread for a fraction of a CPU): give the deployment more CPUs for more threads.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_OFFLINE": "1",
