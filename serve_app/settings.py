@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     # How often each ingress replica looks for keys changed outside the API (admin CLI)
     # and writes batched `lastUsedAt` stamps.
     key_sync_interval_s: float = 2.0
+    # Embedding calls one Gateway replica keeps in flight per model: each carries every request
+    # that queued meanwhile. One forms the largest batches (on 2 cores: 223 against 200
+    # texts/s at 2); raise it to keep several embedding replicas busy from one Gateway.
+    embedding_calls_in_flight: int = Field(default=1, ge=1)
     # Web search provider for `enable_web_search` (see serve_app/chat/web.py); unset: none.
     web_search_url: str | None = None
     web_search_api_key: str | None = None

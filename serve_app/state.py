@@ -100,7 +100,7 @@ class GatewayState:
             billing=billing,
             limits=RateLimits(limiter_backend(settings), engine,
                               tiers=load_tiers(settings.rate_limit_tiers)),
-            embedder=Embedder(router),
+            embedder=Embedder(router, settings.embedding_calls_in_flight),
             image_sources=ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts)),
             crypto_rpc=CryptoRpc.from_settings(settings),
             wallets=WalletAuth(billing.writer, sign_in_domains(settings)),

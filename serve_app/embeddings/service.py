@@ -50,8 +50,9 @@ def encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
 class Embedder:
     """One call batcher per embedding model of this replica."""
 
-    def __init__(self, router: ModelRouter) -> None:
+    def __init__(self, router: ModelRouter, calls_in_flight: int = 1) -> None:
         self._router = router
+        self._calls_in_flight = calls_in_flight
         self._batchers: dict[str, CallBatcher[str, tuple[np.ndarray, int, int, float]]] = {}
 
     def _batcher(self, model: CatalogModel) -> CallBatcher:
@@ -65,7 +66,8 @@ class Embedder:
                 return [(vector, count, min(count, cap), spent)
                         for vector, count in zip(out["vectors"], out["tokens"], strict=True)]
 
-            batcher = self._batchers[model.id] = CallBatcher(send)
+            batcher = CallBatcher(send, max_in_flight=self._calls_in_flight)
+            self._batchers[model.id] = batcher
         return batcher
 
     async def embed(self, model: CatalogModel, texts: list[str]) -> Embedded:
