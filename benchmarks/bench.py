@@ -423,8 +423,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
     chat = "chat" in parts
-    steps = 1 + ("embeddings" in parts) + 2 * chat + bool(parts - {"startup"}) * 2 \
-        + ("startup" in parts)
+    steps = 1 + 2 * ("embeddings" in parts) + 3 * chat + ("cheap_route" in parts) \
+        + bool(parts - {"startup"}) + ("startup" in parts)
     step = Progress(steps)
     data_dir = prepare_data_dir()
     step("weights ready (SmolLM2 converted, tiny model built)")
