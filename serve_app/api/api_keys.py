@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from sqlmodel import col, select
 
 from serve_app.api.deps import AdminKey, CurrentKey, JsonBody, State, run_db
@@ -10,8 +10,9 @@ from serve_app.billing.windows import next_epoch
 from serve_app.control import api_keys as service
 from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
-from serve_app.limits.policy import api_tier_id, limits_for
+from serve_app.limits.policy import api_tier_id
 from serve_app.money import as_number
+from serve_app.responses import json_response
 from serve_app.schemas.api_keys import CreateApiKeyRequest, UpdateApiKeyRequest
 
 router = APIRouter(tags=["API Keys"])
@@ -40,29 +41,20 @@ async def list_api_keys(key: AdminKey, state: State) -> dict:
 
 # Registered before `/api_keys/{key_id}`, which would otherwise take these paths.
 @router.get("/api_keys/rate_limits", summary="Rate limits, tier and balances of this key")
-async def rate_limits(key: CurrentKey, state: State) -> dict:
+async def rate_limits(request: Request, key: CurrentKey, state: State) -> Response:
     balances = await state.billing.balances(key.account_id)
-    now = state.billing.clock()
-    tiers = state.limits.tiers
-    tier, _ = tiers.resolve(key.rate_limit_tier)
-    per_model = []
-    for model in state.catalog.models:
-        limits = limits_for(model, is_partner=key.is_partner, tier=tier, tiers=tiers)
-        if limits is None:
-            continue
-        entries = [{"amount": limits.requests_per_minute, "type": "RPM"}]
-        if limits.tokens_per_minute:
-            entries.append({"amount": limits.tokens_per_minute, "type": "TPM"})
-        per_model.append({"apiModelId": model.id, "rateLimits": entries})
-    return {"data": {
+    tier, _ = state.limits.tiers.resolve(key.rate_limit_tier)
+    # Serialised here (orjson), not through FastAPI's validation of a returned dict: this is
+    # the route clients poll.
+    return json_response(request, {"data": {
         "accessPermitted": balances.usd_nanos + balances.diem_nanos > 0,
         "apiTier": {"id": api_tier_id(tier, is_partner=key.is_partner), "isCharged": True},
         "balances": {"USD": as_number(balances.usd_nanos) or 0,
                      "DIEM": as_number(balances.diem_nanos) or 0},
         "keyExpiration": iso_z(key.expires_at),
-        "nextEpochBegins": iso_z(next_epoch(now)),
-        "rateLimits": per_model,
-    }}
+        "nextEpochBegins": iso_z(next_epoch(state.billing.clock())),
+        "rateLimits": state.limits.published(state.catalog.models, tier, key.is_partner),
+    }})
 
 
 @router.get("/api_keys/rate_limits/log", summary="The account's last 50 rate-limit events")

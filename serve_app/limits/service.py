@@ -87,6 +87,26 @@ class RateLimits:
         # bucket -> (window start, requests, tokens) of its last decision here: the room the
         # key had, as far as this replica knows.
         self._last_counts: dict[str, tuple[int, int, int]] = {}
+        self._published: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+
+    def published(self, models: list[CatalogModel], tier: str, is_partner: bool
+                  ) -> list[dict[str, Any]]:
+        """The per-model limits of a tier as `GET /api_keys/rate_limits` lists them: `models`
+        (the catalog) and the tiers are fixed for a replica's life, so each tier's list is
+        built once."""
+        entries = self._published.get((tier, is_partner))
+        if entries is None:
+            entries = []
+            for model in models:
+                limits = limits_for(model, is_partner=is_partner, tier=tier, tiers=self.tiers)
+                if limits is None:
+                    continue
+                amounts = [{"amount": limits.requests_per_minute, "type": "RPM"}]
+                if limits.tokens_per_minute:
+                    amounts.append({"amount": limits.tokens_per_minute, "type": "TPM"})
+                entries.append({"apiModelId": model.id, "rateLimits": amounts})
+            self._published[(tier, is_partner)] = entries
+        return entries
 
     def _bucket(self, key: KeyRecord, model: CatalogModel) -> tuple[Limits, str]:
         limits = limits_for(model, is_partner=key.is_partner, tier=key.rate_limit_tier,
