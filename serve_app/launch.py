@@ -12,6 +12,7 @@ a user tries first.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import shutil
 import signal
@@ -19,13 +20,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import httpx
 import yaml
 
 from deployments.weights import weights_to_build
-from serve_app.catalog import load_catalog
+from serve_app.catalog import Catalog, load_catalog
 from serve_app.db.bootstrap import bootstrap
 from serve_app.process_tree import ray_processes, reap
 from serve_app.settings import PROJECT_ROOT, Settings
@@ -39,7 +41,7 @@ FIRST_MODEL_TYPES = {"text"}  # the deployments of these models load in the firs
 def first_stage(config: dict, deferred: set[str]) -> dict:
     """`config` with the `deferred` deployments at zero replicas (they still scale up from zero
     if a request comes for them before the second stage)."""
-    staged = yaml.safe_load(yaml.safe_dump(config))
+    staged = copy.deepcopy(config)
     for app in staged["applications"]:
         for deployment in app.get("deployments", []):
             if deployment["name"] in deferred:
@@ -50,9 +52,8 @@ def first_stage(config: dict, deferred: set[str]) -> dict:
     return staged
 
 
-def deferred_deployments(config: dict, settings: Settings) -> set[str]:
+def deferred_deployments(config: dict, catalog: Catalog) -> set[str]:
     """The model deployments of `config` that serve no model of FIRST_MODEL_TYPES."""
-    catalog = load_catalog(settings.model_catalog)
     first = {m.deployment for m in catalog.models if m.type in FIRST_MODEL_TYPES}
     return {name for app in config["applications"]
             for name in (app.get("args") or {}).get("model_deployments") or []
@@ -121,8 +122,10 @@ def _wait_ready(url: str, serve_proc: subprocess.Popen) -> None:
     raise TimeoutError(f"{url} did not answer within {READY_TIMEOUT_S:.0f}s")
 
 
-def _wait_running(serve_proc: subprocess.Popen, what: str) -> None:
-    """Wait until every deployment of the application runs (its models are loaded)."""
+def _wait_running(serve_proc: subprocess.Popen, what: str,
+                  with_replicas: Collection[str] = ()) -> None:
+    """Wait until every deployment of the application runs (its models are loaded) and each
+    of `with_replicas` has a running replica."""
     from ray import serve
 
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -130,7 +133,9 @@ def _wait_running(serve_proc: subprocess.Popen, what: str) -> None:
         if serve_proc.poll() is not None:
             raise RuntimeError(f"serve run exited with code {serve_proc.returncode}")
         app = serve.status().applications.get("inference")
-        if app is not None and app.status == "RUNNING":
+        if app is not None and app.status == "RUNNING" and all(
+                app.deployments[name].replica_states.get("RUNNING", 0) > 0
+                for name in with_replicas if name in app.deployments):
             return
         if app is not None and app.status == "DEPLOY_FAILED":
             raise RuntimeError(f"the application failed to deploy: {app.message}")
@@ -139,7 +144,7 @@ def _wait_running(serve_proc: subprocess.Popen, what: str) -> None:
 
 
 def _load_in_stages(ray_port: int, serve_proc: subprocess.Popen, config: dict,
-                    staged: bool, started: float) -> None:
+                    deferred: set[str], started: float) -> None:
     """Wait for the first stage, then deploy the whole config (the deployments already running
     are left as they are: only the deferred ones change) and wait for it."""
     import ray
@@ -148,13 +153,14 @@ def _load_in_stages(ray_port: int, serve_proc: subprocess.Popen, config: dict,
 
     ray.init(address=f"127.0.0.1:{ray_port}", logging_level="ERROR", log_to_driver=False)
     try:
-        if staged:
+        if deferred:
             _wait_running(serve_proc, "the chat models")
             print(f"\n  Chat answering after {time.monotonic() - started:.1f}s; loading the "
                   "other models...", flush=True)
             _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
-            time.sleep(1)  # the controller marks the application DEPLOYING
-        _wait_running(serve_proc, "the models")
+        # The application still reads RUNNING for a moment after the new config lands: the
+        # deferred deployments' own replicas say when the second stage is done.
+        _wait_running(serve_proc, "the models", deferred)
     finally:
         ray.shutdown()  # disconnects this driver; the cluster keeps running
 
@@ -215,7 +221,8 @@ def main() -> int:
         result = bootstrap(settings)
         # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress
         # on the console, rather than silently inside a replica.
-        if weights_to_build(load_catalog(settings.model_catalog), settings.data_dir):
+        catalog = load_catalog(settings.model_catalog)
+        if weights_to_build(catalog, settings.data_dir):
             subprocess.run([sys.executable, "-m", "deployments.weights", "prepare"], check=True,
                            cwd=PROJECT_ROOT,
                            env={**os.environ, "DATA_DIR": str(settings.data_dir)})
@@ -223,7 +230,7 @@ def main() -> int:
             print("\n  First admin API key (shown once, store it now):\n"
                   f"    {result.generated_admin_key}\n", flush=True)
         config = yaml.safe_load(CONFIG.read_text())
-        deferred = deferred_deployments(config, settings)
+        deferred = deferred_deployments(config, catalog)
         first_config = temp_dir / "first-stage.yaml"
         first_config.write_text(yaml.safe_dump(first_stage(config, deferred)))
         if ray_start.wait() != 0:
@@ -236,7 +243,7 @@ def main() -> int:
         _wait_ready(f"{base_url}/models", serve_proc)
         print(f"\n  API answering after {time.monotonic() - started:.1f}s; loading models...",
               flush=True)
-        _load_in_stages(ray_port, serve_proc, config, bool(deferred), started)
+        _load_in_stages(ray_port, serve_proc, config, deferred, started)
         print(f"\n  Platform ready in {time.monotonic() - started:.1f}s\n"
               f"  Base URL: {base_url}\n  Docs:     {base_url}/docs\n"
               f"  Metrics:  http://127.0.0.1:{metrics_port}/metrics (Prometheus)\n"

@@ -43,6 +43,8 @@ class SentenceTransformersEngine:
         self.max_seq_length = int(self.model.max_seq_length)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
+        if not texts:  # the tokenizer fails on an empty batch
+            return []
         encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False,
                                  return_attention_mask=False, verbose=False)
         return [len(ids) for ids in encoded["input_ids"]]
@@ -61,9 +63,8 @@ class SentenceTransformersEngine:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
         tokens = features["attention_mask"].sum(dim=1).tolist()
         cut = [i for i, count in enumerate(tokens) if count >= self.max_seq_length]
-        if cut:
-            for i, count in zip(cut, self.count_tokens([texts[i] for i in cut]), strict=True):
-                tokens[i] = count
+        for i, count in zip(cut, self.count_tokens([texts[i] for i in cut]), strict=True):
+            tokens[i] = count
         return Embeddings(vectors.numpy().astype(np.float32, copy=False), tokens)
 
 

@@ -55,11 +55,11 @@ def test_local_config_runs_on_cpus_only_and_fits_two_cores():
 
 
 def test_make_run_loads_the_chat_engine_alone_first_then_the_whole_local_config():
+    from serve_app.catalog import load_catalog
     from serve_app.launch import deferred_deployments, first_stage
-    from serve_app.settings import Settings
 
     config = _load(CONFIGS / "local.yaml")
-    deferred = deferred_deployments(config, Settings())
+    deferred = deferred_deployments(config, load_catalog(CONFIGS / "models.yaml"))
     assert "text-xs" not in deferred
     assert {"embedding", "image-upscale", "speech", "video-generation"} <= deferred
     first = _check_serve_config(first_stage(config, deferred))
