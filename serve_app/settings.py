@@ -33,9 +33,12 @@ class Settings(BaseSettings):
     # and writes batched `lastUsedAt` stamps.
     key_sync_interval_s: float = 2.0
     # Embedding calls one Gateway replica keeps in flight per model: each carries every request
-    # that queued meanwhile. One forms the largest batches (on 2 cores: 223 against 200
-    # texts/s at 2); raise it to keep several embedding replicas busy from one Gateway.
-    embedding_calls_in_flight: int = Field(default=1, ge=1)
+    # that queued meanwhile. A call beside a running one waits until it carries
+    # `embedding_min_texts_beside` texts, so under load two calls alternate in halves and the
+    # replica never waits for the ingress (see serve_app/embeddings/batcher.py). Raise the
+    # first to keep several embedding replicas busy from one Gateway.
+    embedding_calls_in_flight: int = Field(default=2, ge=1)
+    embedding_min_texts_beside: int = Field(default=16, ge=1)
     # Web search provider for `enable_web_search` (see serve_app/chat/web.py); unset: none.
     web_search_url: str | None = None
     web_search_api_key: str | None = None

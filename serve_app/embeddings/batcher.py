@@ -1,10 +1,15 @@
 """Calls of concurrent requests to one deployment method, merged into fewer handle calls.
 
 Each handle call costs the ingress about a millisecond of CPU however small it is. The first
-request goes out at once (nothing waits for company); requests that arrive while
-`max_in_flight` calls are running go together in the next call. At concurrency 1 nothing
-changes; under load one call carries many requests, and the model replica receives whole
-batches instead of assembling them.
+request goes out at once (nothing waits for company); requests that arrive while a call runs
+go together in the next call. At concurrency 1 nothing changes; under load one call carries
+many requests, and the model replica receives whole batches instead of assembling them.
+
+A call that would run beside others waits until it carries `min_items_beside` items (or until
+the others end). So under load the calls alternate in halves: the replica encodes one while
+the ingress answers the other's requests and gathers their next ones, instead of idling while
+a single call's requests go round. Without that floor, the second call would leave with the
+first few requests to come back and the replica would encode small, costly batches.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ class _Waiting(Generic[Item]):
 class CallBatcher(Generic[Item, Result]):
     """`await submit(items)` returns `send(all items of the call)`'s results for `items`."""
 
-    def __init__(self, send: Send, *, max_in_flight: int = 2, max_items: int = 64) -> None:
+    def __init__(self, send: Send, *, max_in_flight: int = 2, max_items: int = 64,
+                 min_items_beside: int = 1) -> None:
         self._send = send
         self._max_in_flight = max_in_flight
         self._max_items = max_items
+        self._min_items_beside = min(min_items_beside, max_items)
         self._waiting: list[_Waiting[Item]] = []
         self._in_flight = 0
 
@@ -44,6 +51,8 @@ class CallBatcher(Generic[Item, Result]):
 
     def _start_calls(self) -> None:
         while self._waiting and self._in_flight < self._max_in_flight:
+            if self._in_flight and self._waiting_items() < self._min_items_beside:
+                return
             batch, count = [], 0
             while self._waiting:
                 if self._waiting[0].future.done():  # its caller left: nothing to send for it
@@ -58,6 +67,9 @@ class CallBatcher(Generic[Item, Result]):
                 return
             self._in_flight += 1
             asyncio.get_running_loop().create_task(self._call(batch))
+
+    def _waiting_items(self) -> int:
+        return sum(len(w.items) for w in self._waiting if not w.future.done())
 
     async def _call(self, batch: list[_Waiting[Item]]) -> None:
         try:

@@ -50,9 +50,11 @@ def encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
 class Embedder:
     """One call batcher per embedding model of this replica."""
 
-    def __init__(self, router: ModelRouter, calls_in_flight: int = 1) -> None:
+    def __init__(self, router: ModelRouter, calls_in_flight: int = 2,
+                 min_texts_beside: int = 16) -> None:
         self._router = router
         self._calls_in_flight = calls_in_flight
+        self._min_texts_beside = min_texts_beside
         self._batchers: dict[str, CallBatcher[str, tuple[np.ndarray, int, int, float]]] = {}
 
     def _batcher(self, model: CatalogModel) -> CallBatcher:
@@ -66,7 +68,8 @@ class Embedder:
                 return [(vector, count, min(count, cap), spent)
                         for vector, count in zip(out["vectors"], out["tokens"], strict=True)]
 
-            batcher = CallBatcher(send, max_in_flight=self._calls_in_flight)
+            batcher = CallBatcher(send, max_in_flight=self._calls_in_flight,
+                                  min_items_beside=self._min_texts_beside)
             self._batchers[model.id] = batcher
         return batcher
 

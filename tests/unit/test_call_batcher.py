@@ -252,3 +252,53 @@ async def test_calls_in_flight_never_exceed_max_in_flight():
         for task, result in expected.items():
             assert await task == result
         assert sorted(i for call in send.calls for i in call) == list(range(next_item))
+
+
+async def test_a_call_beside_a_running_one_waits_until_it_carries_min_items_beside():
+    send = FakeSend()
+    batcher = CallBatcher(send, max_in_flight=2, max_items=64, min_items_beside=4)
+    first = submit(batcher, [1])
+    await settle()
+    assert send.calls == [[1]]  # nothing runs: the first goes at once, alone
+    waiting = [submit(batcher, [i]) for i in (2, 3, 4)]
+    await settle()
+    assert send.calls == [[1]]  # three items beside a running call: not worth a call yet
+    waiting.append(submit(batcher, [5]))
+    await settle()
+    assert send.calls == [[1], [2, 3, 4, 5]]  # the fourth makes it worth one
+    await release_all(send, [first, *waiting])
+    assert [await t for t in waiting] == [[20], [30], [40], [50]]
+
+
+async def test_a_short_call_goes_as_soon_as_the_running_calls_end():
+    send = FakeSend()
+    batcher = CallBatcher(send, max_in_flight=2, max_items=64, min_items_beside=16)
+    first = submit(batcher, [1])
+    await settle()
+    rest = [submit(batcher, [2]), submit(batcher, [3])]
+    await settle()
+    assert send.calls == [[1]]
+    send.release(0)
+    await settle()
+    assert send.calls == [[1], [2, 3]]  # nothing runs any more: it goes, however short
+    await release_all(send, [first, *rest])
+    assert [await t for t in rest] == [[20], [30]]
+
+
+async def test_under_load_calls_alternate_in_halves():
+    """32 closed-loop callers, two calls in flight at most, a floor of 16 beside a running
+    call: after the first lone call, every call carries 16."""
+    send = FakeSend()
+    batcher = CallBatcher(send, max_in_flight=2, max_items=64, min_items_beside=16)
+    tasks = [submit(batcher, [i]) for i in range(32)]
+    await settle()
+    for _ in range(6):  # each time the oldest running call ends, its callers come back
+        oldest = next(i for i, gate in enumerate(send.gates) if not gate.is_set())
+        send.release(oldest)
+        await settle()
+        returned = [t for t in tasks if t.done()]
+        tasks = [t for t in tasks if not t.done()]
+        tasks += [submit(batcher, [int((await t)[0] / 10)]) for t in returned]
+        await settle()
+    assert [len(call) for call in send.calls] == [1] + [16] * 7
+    await release_all(send, tasks)
