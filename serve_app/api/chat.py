@@ -30,11 +30,14 @@ async def admitted_plan(request: Request, state: GatewayState, key: KeyRecord,
                         req: ChatCompletionRequest) -> ChatPlan:
     """Plan a chat request with the steps before the work: rate limits and error budgets as
     soon as the model is known; the privacy tier and the hold for the model and its fallbacks
-    once the request is valid. An unsupported feature counts toward its own error budget."""
+    once the request is valid, beside the limits when the key's last count left it well
+    inside them (see `admit_and_hold`). An unsupported feature counts toward its own error
+    budget."""
+    estimate = prompt_estimate(req)
 
     async def limit(routed: RoutedModel):
         with timed(request, "limits"):
-            return await state.limits.admit(request, key, routed.model, prompt_estimate(req),
+            return await state.limits.admit(request, key, routed.model, estimate,
                                             feature_budget=True)
 
     async def admit(plan: ChatPlan) -> None:
@@ -43,7 +46,10 @@ async def admitted_plan(request: Request, state: GatewayState, key: KeyRecord,
                                        [c.model for c in plan.candidates], plan.max_units)
 
     try:
-        return await plan_chat(req, state, request.state.request_id, admit, limit)
+        side_by_side = state.limits.has_room(key, state.router.resolve(req.model, "text").model,
+                                             estimate)
+        return await plan_chat(req, state, request.state.request_id, admit, limit,
+                               side_by_side=side_by_side)
     except UnsupportedFeature:
         state.limits.unsupported_feature(request, key,
                                          getattr(request.state, "limit_model", ""))

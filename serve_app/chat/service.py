@@ -4,6 +4,7 @@ chat.completion object or a stream of chat.completion.chunk events."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -216,22 +217,40 @@ Limit = Callable[[RoutedModel], Awaitable[Ticket | None]]
 
 async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
                     request_id: str, admit: Admit | None = None,
-                    limit: Limit | None = None) -> ChatPlan:
-    """Validate and plan. `limit` (rate limits, error budgets) runs as soon as the model is
-    known, before the request is checked against it; `admit` (privacy, the hold) runs once
-    the request is known to be valid and before any work (characters, web search, the
-    model)."""
+                    limit: Limit | None = None, *, side_by_side: bool = False) -> ChatPlan:
+    """Validate and plan. `limit` (rate limits, error budgets) starts as soon as the model is
+    known, and the request is checked against the model while it runs; its refusal (429)
+    comes before any error of the request. `admit` (privacy, the hold) runs once the request
+    is known to be valid and before any work (characters, web search, the model): after the
+    limits, or beside them when the caller says the key is well inside its limits
+    (`side_by_side`), in which case a refusal by the limits gives the hold back."""
     primary = state.router.resolve(req.model, "text")
-    ticket = await limit(primary) if limit is not None else None
-    candidates = [primary] + [state.router.resolve(f.model, "text") for f in req.fallbacks or []]
-    params = _service_parameters(req, primary.suffix_params)
-    req = req.model_copy(update={"service_parameters": params})
-    check_capabilities(req, primary.model)
-    mode = tool_calls.tool_mode(req)
+    limiting = asyncio.ensure_future(limit(primary)) if limit is not None else None
+    try:
+        candidates = [primary] + [state.router.resolve(f.model, "text")
+                                  for f in req.fallbacks or []]
+        params = _service_parameters(req, primary.suffix_params)
+        req = req.model_copy(update={"service_parameters": params})
+        check_capabilities(req, primary.model)
+        mode = tool_calls.tool_mode(req)
+    except BaseException:
+        if limiting is not None:
+            await limiting  # a refusal by the limits comes first
+        raise
     plan = ChatPlan(request_id=request_id, req=req, params=params, candidates=candidates,
-                    engine_request={}, tool_mode=mode, ticket=ticket)
-    if admit is not None:
-        await admit(plan)
+                    engine_request={}, tool_mode=mode)
+    if admit is not None and limiting is not None and side_by_side:
+        admitted, held = await asyncio.gather(limiting, admit(plan), return_exceptions=True)
+        if isinstance(admitted, BaseException):
+            await plan.release()
+            raise admitted
+        if isinstance(held, BaseException):
+            raise held
+        plan.ticket = admitted
+    else:
+        plan.ticket = await limiting if limiting is not None else None
+        if admit is not None:
+            await admit(plan)
     try:
         comp = Composition(citations=params.enable_web_citations)
         if params.include_service_system_prompt:

@@ -182,3 +182,35 @@ def test_failed_requests_on_endpoints_without_a_model_trip_and_recover(gateway):
     assert gateway.client.get("/api/v1/api_keys", headers=gateway.auth()).status_code == 200
     now[0] += 30
     assert gateway.client.get("/api/v1/api_keys", headers=gateway.auth(key)).status_code == 200
+
+
+def test_a_chat_refused_by_its_limits_beside_its_hold_gives_the_hold_back(gateway):
+    """A key well inside its request limits has its chat hold taken beside the limiter's
+    decision. When the decision is a refusal (here the error budget of a model whose
+    deployment is down), the client gets the 429 and the hold comes back."""
+    import time
+
+    key = gateway.create_key()["apiKey"]
+    body = {"model": "smollm2-135m-instruct", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hello"}]}
+
+    def balance() -> str:
+        return gateway.client.get("/api/v1/billing/balance",
+                                  headers=gateway.auth()).json()["balances"]["usd"]
+
+    whole = balance()
+    for _ in range(51):
+        resp = gateway.client.post("/api/v1/chat/completions", headers=gateway.auth(key),
+                                   json=body)
+        assert resp.status_code == 503
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # failures are counted just after each answer
+        resp = gateway.client.post("/api/v1/chat/completions", headers=gateway.auth(key),
+                                   json=body)
+        if resp.status_code == 429:
+            break
+    assert resp.status_code == 429
+    assert "more than 50 failed requests" in resp.json()["customMessage"]
+    steps = resp.headers["Server-Timing"]
+    assert "hold" in steps and "limits" in steps  # the hold was taken, beside the decision
+    assert balance() == whole  # and given back, as every hold of the 503s before it
