@@ -9,6 +9,7 @@ from starlette.background import BackgroundTask
 from serve_app.api.deps import InferenceCaller, JsonBody, State
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.admission import hold_for
+from serve_app.billing.service import Hold
 from serve_app.chat.prompt import UnsupportedFeature
 from serve_app.chat.service import ChatPlan, open_stream, plan_chat, run_unary
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, unless_client_leaves
@@ -40,16 +41,15 @@ async def admitted_plan(request: Request, state: GatewayState, key: KeyRecord,
             return await state.limits.admit(request, key, routed.model, estimate,
                                             feature_budget=True)
 
-    async def admit(plan: ChatPlan) -> None:
+    async def admit(plan: ChatPlan) -> Hold:
         with timed(request, "hold"):
-            plan.hold = await hold_for(request, state, key,
-                                       [c.model for c in plan.candidates], plan.max_units)
+            return await hold_for(request, state, key, [c.model for c in plan.candidates],
+                                  plan.max_units)
 
     try:
-        side_by_side = state.limits.has_room(key, state.router.resolve(req.model, "text").model,
-                                             estimate)
-        return await plan_chat(req, state, request.state.request_id, admit, limit,
-                               side_by_side=side_by_side)
+        return await plan_chat(
+            req, state, request.state.request_id, admit, limit,
+            has_room=lambda routed: state.limits.has_room(key, routed.model, estimate))
     except UnsupportedFeature:
         state.limits.unsupported_feature(request, key,
                                          getattr(request.state, "limit_model", ""))

@@ -4,7 +4,7 @@ the most the request may cost, with the balance headers taken from the hold."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from fastapi import Request
 
@@ -47,9 +47,16 @@ async def admit_and_hold(request: Request, state: GatewayState, key: KeyRecord,
         with timed(request, "hold"):
             return ticket, await hold_for(request, state, key, [model], max_units)
     with timed(request, "limits+hold"):
-        admitted, held = await asyncio.gather(
-            state.limits.admit(request, key, model, tokens),
-            hold_for(request, state, key, [model], max_units), return_exceptions=True)
+        return await limits_beside_hold(state.limits.admit(request, key, model, tokens),
+                                        hold_for(request, state, key, [model], max_units))
+
+
+async def limits_beside_hold(admitting: Awaitable[Ticket | None], holding: Awaitable[Hold]
+                             ) -> tuple[Ticket | None, Hold]:
+    """The limiter's decision and the hold, run together. A refusal by the limiter comes
+    first (429 before 402) and gives the hold back; an admitted request counts even when the
+    hold refuses."""
+    admitted, held = await asyncio.gather(admitting, holding, return_exceptions=True)
     if isinstance(admitted, BaseException):
         if isinstance(held, Hold):
             await held.finish(None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.streaming import coalesce
+from serve_app.billing.admission import limits_beside_hold
 from serve_app.billing.pricing import Cost, price
 from serve_app.billing.service import Hold
 from serve_app.catalog import CatalogModel
@@ -211,19 +212,20 @@ async def _web_context(state: GatewayState, plan: ChatPlan) -> None:
             raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
 
 
-Admit = Callable[["ChatPlan"], Awaitable[None]]
+Admit = Callable[["ChatPlan"], Awaitable[Hold]]
 Limit = Callable[[RoutedModel], Awaitable[Ticket | None]]
 
 
 async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
                     request_id: str, admit: Admit | None = None,
-                    limit: Limit | None = None, *, side_by_side: bool = False) -> ChatPlan:
+                    limit: Limit | None = None, *,
+                    has_room: Callable[[RoutedModel], bool] | None = None) -> ChatPlan:
     """Validate and plan. `limit` (rate limits, error budgets) starts as soon as the model is
     known, and the request is checked against the model while it runs; its refusal (429)
     comes before any error of the request. `admit` (privacy, the hold) runs once the request
     is known to be valid and before any work (characters, web search, the model): after the
-    limits, or beside them when the caller says the key is well inside its limits
-    (`side_by_side`), in which case a refusal by the limits gives the hold back."""
+    limits, or beside them when `has_room(primary model)` says the key is well inside its
+    limits (`limits_beside_hold`)."""
     primary = state.router.resolve(req.model, "text")
     limiting = asyncio.ensure_future(limit(primary)) if limit is not None else None
     try:
@@ -239,18 +241,13 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
         raise
     plan = ChatPlan(request_id=request_id, req=req, params=params, candidates=candidates,
                     engine_request={}, tool_mode=mode)
-    if admit is not None and limiting is not None and side_by_side:
-        admitted, held = await asyncio.gather(limiting, admit(plan), return_exceptions=True)
-        if isinstance(admitted, BaseException):
-            await plan.release()
-            raise admitted
-        if isinstance(held, BaseException):
-            raise held
-        plan.ticket = admitted
+    if admit is not None and limiting is not None and has_room is not None \
+            and has_room(primary):
+        plan.ticket, plan.hold = await limits_beside_hold(limiting, admit(plan))
     else:
         plan.ticket = await limiting if limiting is not None else None
         if admit is not None:
-            await admit(plan)
+            plan.hold = await admit(plan)
     try:
         comp = Composition(citations=params.enable_web_citations)
         if params.include_service_system_prompt:

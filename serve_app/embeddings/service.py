@@ -50,8 +50,8 @@ def encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
 class Embedder:
     """One call batcher per embedding model of this replica."""
 
-    def __init__(self, router: ModelRouter, calls_in_flight: int = 2,
-                 min_texts_beside: int = 16) -> None:
+    def __init__(self, router: ModelRouter, calls_in_flight: int,
+                 min_texts_beside: int) -> None:
         self._router = router
         self._calls_in_flight = calls_in_flight
         self._min_texts_beside = min_texts_beside
