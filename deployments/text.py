@@ -12,7 +12,7 @@ from ray import serve
 
 from deployments.engines.text import ENGINES, TextEngine
 from deployments.errors import engine_error
-from deployments.streaming import coalesce
+from deployments.streaming import coalesce, merge
 from deployments.weights import model_specs, prepare_weights
 
 logger = logging.getLogger("deployments.text")
@@ -63,6 +63,15 @@ class TextDeployment:
         # Lists of chunks: what a fast engine produced since the last list travels together.
         async for chunks in coalesce(engine.generate(request)):
             yield chunks
+
+    async def complete(self, model_id: str, request: dict[str, Any]) -> list[dict[str, Any]]:
+        """The whole answer in one reply, for a unary request: one message back instead of a
+        stream's pieces and its end, and no wait between pieces."""
+        engine = self.engines.get(model_id)
+        if engine is None:
+            return [engine_error(404, f"Model {model_id!r} is not served here",
+                                 code="MODEL_NOT_FOUND")]
+        return merge([chunk async for chunk in engine.generate(request)])
 
     async def stats(self) -> dict[str, dict[str, Any]]:
         """Per model: requests in progress, and tokens of requests cancelled mid-stream."""

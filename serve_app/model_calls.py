@@ -81,6 +81,16 @@ async def call_model(method: Any, model_id: str, *args: Any) -> dict[str, Any]:
     return result
 
 
+async def complete_model(method: Any, model_id: str, *args: Any) -> list[dict[str, Any]]:
+    """The chunks of a deployment method that answers a unary request in one reply; an error
+    chunk raises ApiError."""
+    chunks: list[dict[str, Any]] = await call_model(method, model_id, *args)
+    for chunk in chunks:
+        if "error" in chunk:
+            raise engine_error_to_api(chunk["error"])
+    return chunks
+
+
 async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[dict[str, Any]]:
     """Chunks of a streaming deployment method, which yields chunks or lists of them (see
     deployments/streaming.py); an error chunk or failure raises ApiError."""

@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from deployments.streaming import coalesce
 from serve_app.billing.admission import limits_beside_hold
@@ -30,10 +30,12 @@ from serve_app.control.characters import find_character
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError
 from serve_app.limits.service import Ticket
-from serve_app.model_calls import ModelFailed, stream_model
+from serve_app.model_calls import ModelFailed, complete_model, stream_model
 from serve_app.routing import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 from serve_app.state import GatewayState
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -275,17 +277,17 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
     return plan
 
 
-async def start_model_stream(plan: ChatPlan, state: GatewayState
-                       ) -> tuple[RoutedModel, AsyncIterator[dict[str, Any]], dict[str, Any]]:
-    """The first model (in fallback order) that starts answering, its stream and first chunk."""
+async def _first_that_answers(plan: ChatPlan, state: GatewayState,
+                              call: Callable[[Any, RoutedModel, dict[str, Any]], Awaitable[T]]
+                              ) -> tuple[RoutedModel, T]:
+    """`call(handle, model, engine request)` on each model in fallback order, until one
+    answers: a model that fails or is unavailable (503) passes the request on."""
     last_error: ApiError | None = None
     for routed in plan.candidates:
         try:
             handle = state.router.handle(routed.model)
             request = dict(plan.engine_request, sampling=_sampling(plan.req, routed))
-            stream = stream_model(handle.generate, routed.model.id, routed.model.id, request)
-            first = await anext(stream)
-            return routed, stream, first
+            return routed, await call(handle, routed, request)
         except ModelFailed as exc:
             last_error = exc
         except ApiError as exc:
@@ -294,6 +296,17 @@ async def start_model_stream(plan: ChatPlan, state: GatewayState
             last_error = exc
     assert last_error is not None
     raise last_error
+
+
+async def start_model_stream(plan: ChatPlan, state: GatewayState
+                       ) -> tuple[RoutedModel, AsyncIterator[dict[str, Any]], dict[str, Any]]:
+    """The first model (in fallback order) that starts answering, its stream and first chunk."""
+    async def start(handle: Any, routed: RoutedModel, request: dict[str, Any]):
+        stream = stream_model(handle.generate, routed.model.id, routed.model.id, request)
+        return stream, await anext(stream)
+
+    routed, (stream, first) = await _first_that_answers(plan, state, start)
+    return routed, stream, first
 
 
 def chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
@@ -323,12 +336,14 @@ def _citations(plan: ChatPlan) -> list[dict[str, str]]:
 
 
 async def run_unary(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
-    routed, stream, first = await start_model_stream(plan, state)
+    routed, chunks = await _first_that_answers(
+        plan, state, lambda handle, routed, request: complete_model(
+            handle.complete, routed.model.id, routed.model.id, request))
     plan.answered_by = routed
     texts: dict[int, str] = {}
     finish: dict[int, str | None] = {}
     logprobs: dict[int, list] = {}
-    async for chunk in chunks_with_first(first, stream):
+    for chunk in chunks:
         if "usage" in chunk:
             plan.usage.record(chunk["usage"])
             continue

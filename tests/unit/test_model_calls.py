@@ -10,7 +10,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from serve_app.catalog import CatalogModel
 from serve_app.errors import ApiError
-from serve_app.model_calls import ModelFailed, call_model
+from serve_app.model_calls import ModelFailed, call_model, complete_model
 
 
 class _Method:
@@ -57,6 +57,18 @@ def test_an_engine_report_of_a_bad_input_is_a_400_detailed_error():
                          "field": "max_tokens"}})
     assert not isinstance(err.value, ModelFailed)  # the client's mistake: no fallback
     assert err.value.body()["details"]["max_tokens"]["_errors"] == ["too long"]
+
+
+def test_a_unary_answer_comes_back_whole_and_its_error_chunk_is_the_clients_error():
+    chunks = [{"index": 0, "text": "Hello", "tokens": 1, "finish_reason": "length"},
+              {"usage": {"prompt_tokens": 3, "completion_tokens": 1}}]
+    assert asyncio.run(complete_model(_Method(chunks), "m1", "m1", {})) == chunks
+    with pytest.raises(ApiError) as err:
+        asyncio.run(complete_model(_Method([{"error": {
+            "status": 400, "message": "too long", "code": "TOO_MANY_TOKENS",
+            "field": "max_tokens"}}]), "m1", "m1", {}))
+    assert (err.value.status, err.value.code) == (400, "TOO_MANY_TOKENS")
+    assert not isinstance(err.value, ModelFailed)
 
 
 def test_deprecated_models_carry_the_warning_headers():
