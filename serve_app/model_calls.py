@@ -35,6 +35,13 @@ def engine_error_to_api(error: dict[str, Any]) -> ApiError:
         "INVALID_REQUEST" if status == 400 else "INFERENCE_FAILED"), details=details)
 
 
+def raise_if_reported(answer: Any) -> None:
+    """An engine's own report of a failure, sent as data (deployments/errors.py), raised as
+    its ApiError."""
+    if isinstance(answer, dict) and "error" in answer:
+        raise engine_error_to_api(answer["error"])
+
+
 def _translate(exc: BaseException, model_id: str) -> ApiError:
     if isinstance(exc, BackPressureError):
         return ModelFailed(503, f"Model {model_id} is at capacity; try again later",
@@ -76,8 +83,7 @@ async def call_model(method: Any, model_id: str, *args: Any) -> dict[str, Any]:
         raise
     except Exception as exc:
         raise _translate(exc, model_id) from exc
-    if isinstance(result, dict) and "error" in result:
-        raise engine_error_to_api(result["error"])
+    raise_if_reported(result)
     return result
 
 
@@ -86,8 +92,7 @@ async def complete_model(method: Any, model_id: str, *args: Any) -> list[dict[st
     chunk raises ApiError."""
     chunks: list[dict[str, Any]] = await call_model(method, model_id, *args)
     for chunk in chunks:
-        if "error" in chunk:
-            raise engine_error_to_api(chunk["error"])
+        raise_if_reported(chunk)
     return chunks
 
 
@@ -98,8 +103,7 @@ async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[
         with _Timed(method, model_id):
             async for piece in method.options(stream=True).remote(*args):
                 for chunk in piece if isinstance(piece, list) else (piece,):
-                    if isinstance(chunk, dict) and "error" in chunk:
-                        raise engine_error_to_api(chunk["error"])
+                    raise_if_reported(chunk)
                     yield chunk
     except ApiError:
         raise
