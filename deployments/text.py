@@ -57,8 +57,7 @@ class TextDeployment:
                        ) -> AsyncIterator[dict[str, Any]]:
         engine = self.engines.get(model_id)
         if engine is None:
-            yield engine_error(404, f"Model {model_id!r} is not served here",
-                               code="MODEL_NOT_FOUND")
+            yield _not_served(model_id)
             return
         # Lists of chunks: what a fast engine produced since the last list travels together.
         async for chunks in coalesce(engine.generate(request)):
@@ -69,8 +68,7 @@ class TextDeployment:
         stream's pieces and its end, and no wait between pieces."""
         engine = self.engines.get(model_id)
         if engine is None:
-            return [engine_error(404, f"Model {model_id!r} is not served here",
-                                 code="MODEL_NOT_FOUND")]
+            return [_not_served(model_id)]
         return merge([chunk async for chunk in engine.generate(request)])
 
     async def stats(self) -> dict[str, dict[str, Any]]:
@@ -81,6 +79,10 @@ class TextDeployment:
         for engine in getattr(self, "engines", {}).values():
             with contextlib.suppress(Exception):  # shutting down: nothing left to tell
                 engine.shutdown()
+
+
+def _not_served(model_id: str) -> dict[str, Any]:
+    return engine_error(404, f"Model {model_id!r} is not served here", code="MODEL_NOT_FOUND")
 
 
 def bind(name: str, models: list, settings: dict[str, Any]):
