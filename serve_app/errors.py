@@ -57,6 +57,14 @@ class ApiError(Exception):
         return body
 
 
+class UnsupportedFeature(ApiError):
+    """A request for something the model cannot do (counted by its own error budget)."""
+
+    def __init__(self, message: str, field_name: str | None = None) -> None:
+        super().__init__(400, message, code="INVALID_MODEL",
+                         details=nest_errors([((field_name,) if field_name else (), message)]))
+
+
 def authentication_failed(message: str = "Authentication failed") -> ApiError:
     return ApiError(401, message, code="AUTHENTICATION_FAILED")
 

@@ -38,6 +38,7 @@ from serve_app.middleware import (
     RequestOutcomeMiddleware,
     ServiceHeadersMiddleware,
 )
+from serve_app.pipeline.context import RequestContext
 from serve_app.state import GatewayState
 from serve_app.version import service_version
 
@@ -102,8 +103,11 @@ def create_app(state: GatewayState) -> FastAPI:
     app.include_router(crypto.router)
 
     def finished(scope: Scope, status: int, seconds: float) -> None:
-        record_request(scope, status, seconds)
-        state.limits.request_finished(scope.get("state", {}), status)
+        ctx: RequestContext | None = scope.get("state", {}).get("context")
+        record_request(scope, ctx, status, seconds)
+        if ctx is not None:
+            state.limits.request_finished(ctx.caller, ctx.limit_model, status, ctx.request_id,
+                                          unsupported_feature=ctx.unsupported_feature)
 
     app.add_middleware(RequestOutcomeMiddleware, on_finished=finished)
     return app  # the site (create_prefixed_app) adds the service headers around it
@@ -112,7 +116,8 @@ def create_app(state: GatewayState) -> FastAPI:
 async def _wallet_aware_402(request: Request, exc: InsufficientBalance) -> JSONResponse:
     """A wallet short of credit gets the x402 answer with top-up instructions; a key's
     account keeps the standard `INSUFFICIENT_BALANCE` error."""
-    key = getattr(request.state, "api_key", None)
+    ctx: RequestContext | None = request.scope.get("state", {}).get("context")
+    key = ctx.caller if ctx is not None else None
     if key is None or key.wallet_address is None:
         return error_response(exc)
     state: GatewayState = request.app.state.gateway

@@ -10,10 +10,13 @@ Outside Ray (unit tests, plain uvicorn) the same calls record nothing.
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.util.metrics import Counter, Gauge, Histogram
 from starlette.types import Scope
+
+if TYPE_CHECKING:
+    from serve_app.pipeline.context import RequestContext
 
 # Seconds: from a cheap authenticated route to a long image edit or transcription.
 LATENCY_BOUNDARIES = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -81,14 +84,13 @@ def route_of(scope: dict[str, Any]) -> str:
     return path if isinstance(path, str) else "unmatched"
 
 
-def record_request(scope: Scope, status: int, seconds: float) -> None:
+def record_request(scope: Scope, ctx: RequestContext | None, status: int, seconds: float) -> None:
     """Count and time one HTTP request of the API: route template, status, model, kind of
-    credentials; the time runs to the end of the answer, streams included."""
-    state = scope.get("state", {})
+    credentials (from the request's context); the time runs to the end of the answer,
+    streams included."""
     route = route_of(scope)
-    model = state.get("limit_model") or state.get("response_headers", {}).get(
-        "x-service-model-id") or ""
-    key = state.get("api_key")
+    model = ctx.limit_model or str(ctx.headers.get("x-service-model-id", "")) if ctx else ""
+    key = ctx.caller if ctx else None
     auth = "none" if key is None else "wallet" if key.wallet_address else "key"
     m = metrics()
     m.requests.inc(tags={"route": route, "status": str(status), "model": model, "auth": auth})

@@ -2,8 +2,8 @@
 
 One pure-ASGI middleware, outermost in the app, so that every response, errors and 404s
 included, carries `CF-RAY`, `x-service-version`, `x-service-timestamp` and `Server-Timing`
-(serve_app/timing.py), plus any header that later steps put in
-`request.state.response_headers` (model, balance, rate limits...).
+(serve_app/timing.py), plus the headers that later steps put in the request's context
+(serve_app/pipeline/context.py: model, balance, rate limits...).
 It also turns an unexpected exception into a 500 standard error logged with the request id,
 and refuses bodies over the size cap before anything reads them.
 """
@@ -22,7 +22,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import unexpected_error_body
-from serve_app.timing import StepTimes
+from serve_app.pipeline.context import RequestContext
 from serve_app.version import service_version
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -89,11 +89,13 @@ class ServiceHeadersMiddleware:
 
         request_id = uuid.uuid4().hex
         token = request_id_var.set(request_id)
-        extra_headers: dict[str, str] = {}
-        times = StepTimes()
+        accept_encoding = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+        ctx = RequestContext(request_id, accept_encoding)
         state["request_id"] = request_id
-        state["response_headers"] = extra_headers
-        state["step_times"] = times
+        state["context"] = ctx
         started = False
 
         async def send_with_headers(message: Message) -> None:
@@ -105,10 +107,9 @@ class ServiceHeadersMiddleware:
                 headers["x-service-version"] = self.version.decode()
                 headers["x-service-timestamp"] = datetime.now(UTC).isoformat(
                     timespec="milliseconds").replace("+00:00", "Z")
-                for name, value in extra_headers.items():
-                    # A value may be computed when the answer starts (billing.RemainingCredit).
-                    headers[name] = value if isinstance(value, str) else str(value)
-                headers["Server-Timing"] = times.header()
+                for name, value in ctx.header_items():
+                    headers[name] = value
+                headers["Server-Timing"] = ctx.times.header()
             await send(message)
 
         received = 0

@@ -29,6 +29,7 @@ from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.service import RateLimits
 from serve_app.net_guard import GuardedFetcher
+from serve_app.pipeline.admission import Admission
 from serve_app.routing import ModelRouter
 from serve_app.settings import Settings
 
@@ -61,6 +62,7 @@ class GatewayState:
     web: WebTools
     billing: Billing
     limits: RateLimits
+    admission: Admission
     embedder: Embedder
     image_sources: ImageSourceReader
     crypto_rpc: CryptoRpc
@@ -88,6 +90,8 @@ class GatewayState:
         payments = PaymentConfig.from_settings(settings)
         jobs = JobQueue(engine, lease=timedelta(seconds=settings.job_lease_s))
         results = open_result_store(settings.result_store_url, settings.data_dir)
+        limits = RateLimits(limiter_backend(settings), engine,
+                            tiers=load_tiers(settings.rate_limit_tiers))
         return cls(
             settings=settings,
             catalog=catalog,
@@ -98,8 +102,8 @@ class GatewayState:
             web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                          settings.web_search_url, settings.web_search_api_key),
             billing=billing,
-            limits=RateLimits(limiter_backend(settings), engine,
-                              tiers=load_tiers(settings.rate_limit_tiers)),
+            limits=limits,
+            admission=Admission(limits, billing),
             embedder=Embedder(router, settings.embedding_calls_in_flight,
                               settings.embedding_min_texts_beside),
             image_sources=ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts)),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 
 class StepTimes:
@@ -37,17 +36,3 @@ class StepTimes:
         """The header value: each step, then `app`, the time since the request arrived."""
         total = (time.perf_counter() - self._started) * 1000
         return ", ".join(f"{name};dur={ms:.2f}" for name, ms in [*self.steps, ("app", total)])
-
-
-def step_times(request: Any) -> StepTimes:
-    """The request's timer (a fresh one where no middleware made it: unit tests of parts)."""
-    state = request.scope.setdefault("state", {})
-    times = state.get("step_times")
-    if times is None:
-        times = state["step_times"] = StepTimes()
-    return times
-
-
-def timed(request: Any, name: str):
-    """`with timed(request, "hold"): ...` records the step `hold` of this request."""
-    return step_times(request).step(name)

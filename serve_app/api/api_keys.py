@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 from sqlmodel import col, select
 
-from serve_app.api.deps import AdminKey, CurrentKey, JsonBody, State, run_db
+from serve_app.api.deps import AdminKey, Context, CurrentKey, JsonBody, State, run_db
 from serve_app.billing.windows import next_epoch
 from serve_app.control import api_keys as service
 from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
 from serve_app.limits.policy import api_tier_id
 from serve_app.money import as_number
-from serve_app.responses import json_response
+from serve_app.pipeline import respond
 from serve_app.schemas.api_keys import CreateApiKeyRequest, UpdateApiKeyRequest
 
 router = APIRouter(tags=["API Keys"])
 
 
 @router.post("/api_keys", dependencies=[JsonBody], summary="Create an API key")
-async def create_api_key(body: CreateApiKeyRequest, request: Request, key: AdminKey,
+async def create_api_key(body: CreateApiKeyRequest, ctx: Context, key: AdminKey,
                          state: State) -> dict:
-    await state.limits.admit_key_creation(request, key)
+    await state.admission.admit_key_creation(ctx, key)
     data = await run_db(state, lambda s: service.create_key(s, key.account_id, body))
     return {"data": data, "success": True}
 
@@ -41,12 +41,12 @@ async def list_api_keys(key: AdminKey, state: State) -> dict:
 
 # Registered before `/api_keys/{key_id}`, which would otherwise take these paths.
 @router.get("/api_keys/rate_limits", summary="Rate limits, tier and balances of this key")
-async def rate_limits(request: Request, key: CurrentKey, state: State) -> Response:
+async def rate_limits(ctx: Context, key: CurrentKey, state: State) -> Response:
     balances = await state.billing.balances(key.account_id)
     tier, _ = state.limits.tiers.resolve(key.rate_limit_tier)
     # Serialised here (orjson), not through FastAPI's validation of a returned dict: this is
     # the route clients poll.
-    return json_response(request, {"data": {
+    return respond.json_response(ctx, {"data": {
         "accessPermitted": balances.usd_nanos + balances.diem_nanos > 0,
         "apiTier": {"id": api_tier_id(tier, is_partner=key.is_partner), "isCharged": True},
         "balances": {"USD": as_number(balances.usd_nanos) or 0,

@@ -14,12 +14,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 from starlette.types import Receive, Scope, Send
 
-from serve_app.api.deps import InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.audio import jobs as queued
 from serve_app.audio import service
 from serve_app.errors import ApiError, invalid_request, payload_too_large
 from serve_app.jobs import service as jobs
-from serve_app.responses import json_response
+from serve_app.pipeline.respond import json_response
 from serve_app.schemas.audio import (
     QueueAudioRequest,
     QuoteAudioRequest,
@@ -39,9 +39,9 @@ MAX_AUDIO_BYTES = 25 * 1024 * 1024  # files must be smaller
              responses={200: {"content": {t: {"schema": {"type": "string", "format": "binary"}}
                                           for t in service.CONTENT_TYPES.values()},
                               "description": "The audio"}})
-async def create_speech(body: SpeechRequest, request: Request, key: InferenceCaller,
+async def create_speech(body: SpeechRequest, ctx: Context, key: InferenceCaller,
                         state: State) -> Response:
-    speech = await service.speak(request, state, key, body)
+    speech = await service.speak(ctx, state, key, body)
     if body.streaming:
         return _SpeechStream(speech)
     try:
@@ -103,14 +103,14 @@ async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
                      "properties": {"file": {"type": "string", "format": "binary"},
                                     **TranscriptionRequest.model_json_schema()["properties"]},
                      "required": ["file"]}}}}})
-async def create_transcription(request: Request, key: InferenceCaller,
+async def create_transcription(request: Request, ctx: Context, key: InferenceCaller,
                                state: State) -> Response:
     fields, audio = await _upload(request)
     body = TranscriptionRequest.model_validate(fields)
-    out = await service.transcribe(request, state, key, body, audio)
+    out = await service.transcribe(ctx, state, key, body, audio)
     if body.response_format == "text":
         return PlainTextResponse(out["text"])
-    return json_response(request, service.transcription_payload(body, out))
+    return json_response(ctx, service.transcription_payload(body, out))
 
 
 @router.get("/audio/voices", summary="Voices of the speech models")
@@ -121,34 +121,34 @@ async def list_voices(state: State, model: str | None = Query(None)) -> dict:
 # ---- queued audio ------------------------------------------------------------------------
 
 @router.post("/audio/quote", dependencies=[JsonBody], summary="Price of an audio job")
-async def quote_audio(body: QuoteAudioRequest, request: Request, key: InferenceCaller,
+async def quote_audio(body: QuoteAudioRequest, ctx: Context, key: InferenceCaller,
                       state: State) -> Response:
-    return json_response(request, queued.quote(state, body))
+    return json_response(ctx, queued.quote(state, body))
 
 
 @router.post("/audio/voice-changer/quote", dependencies=[JsonBody],
              summary="Price of a voice change")
-async def quote_voice_change(body: VoiceChangerQuoteRequest, request: Request,
+async def quote_voice_change(body: VoiceChangerQuoteRequest, ctx: Context,
                              key: InferenceCaller, state: State) -> Response:
-    return json_response(request, queued.voice_changer_quote(state, body))
+    return json_response(ctx, queued.voice_changer_quote(state, body))
 
 
 @router.post("/audio/queue", dependencies=[JsonBody], summary="Queue an audio job")
-async def queue_audio(body: QueueAudioRequest, request: Request, key: InferenceCaller,
+async def queue_audio(body: QueueAudioRequest, ctx: Context, key: InferenceCaller,
                       state: State) -> Response:
-    return json_response(request, await queued.queue(request, state, key, body))
+    return json_response(ctx, await queued.queue(ctx, state, key, body))
 
 
 @router.post("/audio/retrieve", dependencies=[JsonBody], summary="Status or audio of a job",
              response_class=Response, responses={200: {"content": {
                  t: {"schema": {"type": "string", "format": "binary"}}
                  for t in ("audio/mpeg", "audio/wav", "audio/flac")}}})
-async def retrieve_audio(body: RetrieveRequest, request: Request, key: InferenceCaller,
+async def retrieve_audio(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return await jobs.retrieve(request, state, key, body, "audio")
+    return await jobs.retrieve(ctx, state, key, body, "audio")
 
 
 @router.post("/audio/complete", dependencies=[JsonBody], summary="Delete a job's audio")
-async def complete_audio(body: JobRequest, request: Request, key: InferenceCaller,
+async def complete_audio(body: JobRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return json_response(request, await jobs.complete(state, key, body, "audio"))
+    return json_response(ctx, await jobs.complete(state, key, body, "audio"))

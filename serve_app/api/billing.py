@@ -9,14 +9,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from sqlmodel import Session
 
-from serve_app.api.deps import AdminKey, State, run_db
+from serve_app.api.deps import AdminKey, Context, State, run_db
 from serve_app.billing import ledger
 from serve_app.billing.analytics import usage_analytics
 from serve_app.billing.history import Walk, decode_cursor, encode_cursor, line_record, page, to_csv
 from serve_app.db.bootstrap import CURSOR_SECRET, ensure_secret
 from serve_app.errors import ApiError, invalid_request
 from serve_app.money import as_number
-from serve_app.responses import json_response
+from serve_app.pipeline.respond import json_response
 
 router = APIRouter(prefix="/billing", tags=["Billing"])
 
@@ -24,12 +24,12 @@ MAX_LOOKBACK_DAYS = 90
 
 
 @router.get("/balance", summary="Current balances")
-async def get_balance(request: Request, key: AdminKey, state: State) -> Response:
+async def get_balance(ctx: Context, key: AdminKey, state: State) -> Response:
     now = state.billing.clock()
     found, staked = await run_db(state, lambda s: ledger.balances(s, key.account_id, now))
     usd, diem = found.usd_nanos, found.diem_nanos
     currency = "DIEM" if diem > 0 else "USD" if usd > 0 else None
-    return json_response(request, {
+    return json_response(ctx, {
         "canConsume": usd + diem > 0,
         "consumptionCurrency": currency,
         "balances": {"diem": as_number(diem) if staked else None, "usd": as_number(usd)},
@@ -50,7 +50,7 @@ async def usage_sunset() -> Response:
 
 @router.get("/usage-history", summary="Usage history, cursor-paged (JSON or CSV)")
 async def usage_history(
-    request: Request, key: AdminKey, state: State,
+    request: Request, ctx: Context, key: AdminKey, state: State,
     cursor: Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_-]+$")] = None,
     pageSize: Annotated[int | None, Query(ge=10, le=1000)] = None,
     startTimestamp: datetime | None = None,
@@ -89,7 +89,7 @@ async def usage_history(
         if next_cursor:
             headers["x-next-cursor"] = next_cursor
         return Response(to_csv(records), media_type="text/csv", headers=headers)
-    return json_response(request, {"data": records, "nextCursor": next_cursor}, compress=True)
+    return json_response(ctx, {"data": records, "nextCursor": next_cursor}, compress=True)
 
 
 def _utc(value: datetime | None, field: str) -> datetime | None:
@@ -132,7 +132,7 @@ def _analytics_range(lookback: str | None, start: str | None, end: str | None,
 
 @router.get("/usage-analytics", summary="Usage analytics (beta; cached 10 minutes)")
 async def get_usage_analytics(
-    request: Request, key: AdminKey, state: State,
+    ctx: Context, key: AdminKey, state: State,
     lookback: Annotated[str | None, Query(max_length=8)] = None,
     startDate: Annotated[str | None, Query(pattern=r"^\d{4}-\d{2}-\d{2}$")] = None,
     endDate: Annotated[str | None, Query(pattern=r"^\d{4}-\d{2}-\d{2}$")] = None,
@@ -147,4 +147,4 @@ async def get_usage_analytics(
 
         result = await run_db(state, compute)
         state.billing.analytics_cache[cache_key] = result
-    return json_response(request, result, compress=True)
+    return json_response(ctx, result, compress=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 
-from serve_app.api.deps import CurrentKey, JsonBody, OperatorKey, State, run_db
+from serve_app.api.deps import Context, CurrentKey, JsonBody, OperatorKey, State, run_db
 from serve_app.control import characters
-from serve_app.responses import json_response
+from serve_app.pipeline.respond import json_response
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 
 router = APIRouter(prefix="/characters", tags=["Characters"])
@@ -18,7 +18,7 @@ router = APIRouter(prefix="/characters", tags=["Characters"])
 
 @router.get("", summary="List characters")
 async def list_characters(
-    request: Request, key: CurrentKey, state: State,
+    ctx: Context, key: CurrentKey, state: State,
     limit: Annotated[int, Query(gt=0, le=100)] = 50,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     search: Annotated[str | None, Query(max_length=200)] = None,
@@ -26,43 +26,43 @@ async def list_characters(
 ) -> Response:
     data = await run_db(state, lambda s: characters.list_characters(
         s, limit=limit, offset=offset, search=search, tags=tags or []))
-    return json_response(request, {"data": data, "object": "list"})
+    return json_response(ctx, {"data": data, "object": "list"})
 
 
 @router.post("", dependencies=[JsonBody], summary="Create a character (operator)")
-async def create_character(body: CreateCharacterRequest, request: Request, key: OperatorKey,
+async def create_character(body: CreateCharacterRequest, ctx: Context, key: OperatorKey,
                            state: State) -> Response:
     data = await run_db(state, lambda s: characters.create_character(s, **body.columns()))
-    return json_response(request, {"data": data, "success": True})
+    return json_response(ctx, {"data": data, "success": True})
 
 
 @router.get("/{slug}", summary="Get a character")
-async def get_character(slug: str, request: Request, key: CurrentKey, state: State) -> Response:
+async def get_character(slug: str, ctx: Context, key: CurrentKey, state: State) -> Response:
     data = await run_db(state, lambda s: characters.get_character(s, slug))
-    return json_response(request, {"data": data})
+    return json_response(ctx, {"data": data})
 
 
 @router.get("/{slug}/reviews", summary="Reviews of a character (preview)")
 async def character_reviews(
-    slug: str, request: Request, key: CurrentKey, state: State,
+    slug: str, ctx: Context, key: CurrentKey, state: State,
     page: Annotated[int, Query(gt=0, le=1_000_000)] = 1,
     pageSize: Annotated[int, Query(gt=0, le=100)] = 20,
 ) -> Response:
     data = await run_db(state, lambda s: characters.review_page(
         s, slug, page, pageSize, key.account_id))
     pagination = data["pagination"]
-    request.state.response_headers.update({
+    ctx.headers.update({
         "x-pagination-limit": str(pagination["pageSize"]),
         "x-pagination-page": str(pagination["page"]),
         "x-pagination-total": str(pagination["total"]),
         "x-pagination-total-pages": str(pagination["totalPages"]),
     })
-    return json_response(request, data)
+    return json_response(ctx, data)
 
 
 @router.post("/{slug}/reviews", dependencies=[JsonBody], summary="Add a review (operator)")
-async def add_review(slug: str, body: CreateReviewRequest, request: Request, key: OperatorKey,
+async def add_review(slug: str, body: CreateReviewRequest, ctx: Context, key: OperatorKey,
                      state: State) -> Response:
     data = await run_db(state, lambda s: characters.add_review(
         s, slug, account_id=key.account_id, **body.columns()))
-    return json_response(request, {"data": data, "success": True})
+    return json_response(ctx, {"data": data, "success": True})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Path, Request, Response
 
-from serve_app.api.deps import JsonBody, KeyOrWallet, State
+from serve_app.api.deps import Context, JsonBody, KeyOrWallet, State
 
 router = APIRouter(prefix="/crypto/rpc", tags=["Crypto RPC"])
 
@@ -36,7 +36,7 @@ async def list_networks(state: State) -> dict:
 
 @router.post("/{network}", dependencies=[JsonBody], openapi_extra={"requestBody": _BODY},
              summary="Proxy a JSON-RPC request to a supported blockchain")
-async def rpc_proxy(request: Request, key: KeyOrWallet, state: State,
+async def rpc_proxy(request: Request, ctx: Context, key: KeyOrWallet, state: State,
                     network: str = Path(description="Network slug; GET /crypto/rpc/networks "
                                                     "lists them", examples=["ethereum-mainnet"]),
                     ) -> Response:
@@ -44,4 +44,4 @@ async def rpc_proxy(request: Request, key: KeyOrWallet, state: State,
     per call are the network's base credits (20 for EVM chains and Starknet, 30 for zkSync and
     Solana) times the method's tier; a call answered with a JSON-RPC error costs 5 credits.
     The answer carries `X-Venice-RPC-Credits` and `X-Venice-RPC-Cost-USD`."""
-    return await state.crypto_rpc.proxy(request, state, key, network)
+    return await state.crypto_rpc.proxy(request, ctx, state, key, network)

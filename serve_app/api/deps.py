@@ -18,9 +18,9 @@ from serve_app.billing.ledger import Balances
 from serve_app.billing.service import RemainingCredit
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
-from serve_app.responses import set_balance_headers
+from serve_app.pipeline import respond
+from serve_app.pipeline.context import RequestContext
 from serve_app.state import GatewayState
-from serve_app.timing import timed
 
 T = TypeVar("T")
 
@@ -30,6 +30,20 @@ async def get_state(request: Request) -> GatewayState:
 
 
 State = Annotated[GatewayState, Depends(get_state)]
+
+
+async def request_context(request: Request) -> RequestContext:
+    """The request's context, made by the outermost middleware (a fresh one where an app is
+    run without it)."""
+    state = request.scope.setdefault("state", {})
+    ctx = state.get("context")
+    if ctx is None:
+        ctx = state["context"] = RequestContext(state.get("request_id", "-"),
+                                                request.headers.get("accept-encoding", ""))
+    return ctx
+
+
+Context = Annotated[RequestContext, Depends(request_context)]
 
 
 def bearer_secret(request: Request) -> str:
@@ -44,50 +58,50 @@ def bearer_secret(request: Request) -> str:
     return secret.strip()
 
 
-async def current_key(request: Request, state: State) -> KeyRecord:
-    with timed(request, "auth"):
+async def current_key(request: Request, ctx: Context, state: State) -> KeyRecord:
+    with ctx.step("auth"):
         key = await state.keys.authenticate(bearer_secret(request))
-        request.state.api_key = key
+        ctx.caller = key
         state.limits.check_failed_budget(key)
-        set_balance_headers(request, await state.billing.balances(key.account_id))
+        respond.balance_headers(ctx, await state.billing.balances(key.account_id))
     return key
 
 
 CurrentKey = Annotated[KeyRecord, Depends(current_key)]
 
-async def inference_caller(request: Request, state: State) -> KeyRecord:
+async def inference_caller(request: Request, ctx: Context, state: State) -> KeyRecord:
     """The caller of an inference endpoint: a Bearer key, or else a wallet signed in with
     SIGN-IN-WITH-X (auth/wallets.py). With neither, the x402 discovery 402."""
     if not request.headers.get("authorization") and siwx_header(request.headers) is None:
         host = request.headers.get("host", "")
         raise payment_required.discovery(request, state.payments,
                                          state.wallets.domain_for(host))
-    return await key_or_wallet(request, state)
+    return await key_or_wallet(request, ctx, state)
 
 
-async def key_or_wallet(request: Request, state: State) -> KeyRecord:
+async def key_or_wallet(request: Request, ctx: Context, state: State) -> KeyRecord:
     """A Bearer key, or else a wallet signed in with SIGN-IN-WITH-X; 401 with neither."""
     if request.headers.get("authorization"):
-        return await current_key(request, state)
+        return await current_key(request, ctx, state)
     header = siwx_header(request.headers)
     if header is None:
         raise authentication_failed("Authentication failed: send an API key "
                                     "('Authorization: Bearer <key>') or a SIGN-IN-WITH-X header")
     host = request.headers.get("host", "")
-    with timed(request, "auth"):
+    with ctx.step("auth"):
         key = await state.wallets.authenticate(header, host)
-        request.state.api_key = key
+        ctx.caller = key
         state.limits.check_failed_budget(key)
-        set_balance_headers(request, await remaining_credit_header(request, state, key))
+        respond.balance_headers(ctx, await remaining_credit(ctx, state, key))
     return key
 
 
-async def remaining_credit_header(request: Request, state: GatewayState,
-                                  wallet: KeyRecord) -> Balances:
+async def remaining_credit(ctx: RequestContext, state: GatewayState,
+                           wallet: KeyRecord) -> Balances:
     """`X-Balance-Remaining` on a wallet's answer; returns the balance before the request."""
     before = await state.billing.balances(wallet.account_id)
-    request.state.response_headers["X-Balance-Remaining"] = RemainingCredit(
-        state.billing, wallet.account_id, before)
+    respond.remaining_credit_header(ctx, RemainingCredit(state.billing, wallet.account_id,
+                                                         before))
     return before
 
 

@@ -16,12 +16,12 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from serve_app.api.deps import InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.errors import invalid_request
 from serve_app.images import service
 from serve_app.images.inputs import read_image_body
 from serve_app.middleware import MEDIA_ROUTES, ONE_IMAGE_BODY_BYTES
-from serve_app.responses import json_response
+from serve_app.pipeline.respond import json_response
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
     EditRequest,
@@ -91,22 +91,24 @@ async def _read(request: Request, route: str, file_fields: set[str]
 
 @router.post("/image/upscale", summary="Upscale an image", response_class=Response,
              openapi_extra=_body_doc(UpscaleRequest), responses=_image_answer("image/png"))
-async def upscale_image(request: Request, key: InferenceCaller, state: State) -> Response:
+async def upscale_image(request: Request, ctx: Context, key: InferenceCaller,
+                        state: State) -> Response:
     fields, files = await _read(request, "/image/upscale", {"image"})
     body = UpscaleRequest.model_validate(fields)
     source = _one_image(state, fields, files, body.image, allow_urls=False)
-    produced = await service.upscale(request, state, key, body, source)
+    produced = await service.upscale(ctx, state, key, body, source)
     return Response(produced.images[0], media_type="image/png")
 
 
 @router.post("/image/background-remove", summary="Remove the background of an image",
              response_class=Response, openapi_extra=_body_doc(BackgroundRemoveRequest),
              responses=_image_answer("image/png"))
-async def remove_background(request: Request, key: InferenceCaller, state: State) -> Response:
+async def remove_background(request: Request, ctx: Context, key: InferenceCaller,
+                            state: State) -> Response:
     fields, files = await _read(request, "/image/background-remove", {"image"})
     body = BackgroundRemoveRequest.model_validate(fields)
     source = _one_image(state, fields, files, body.image, allow_urls=True, url=body.image_url)
-    produced = await service.remove_background(request, state, key, body, source)
+    produced = await service.remove_background(ctx, state, key, body, source)
     return Response(produced.images[0], media_type="image/png")
 
 
@@ -139,7 +141,8 @@ def _edited(produced: service.Produced) -> Response:
 @router.post("/image/multi-edit", summary="Edit an image with several layered inputs",
              response_class=Response, openapi_extra=_body_doc(MultiEditRequest),
              responses=_image_answer("image/png"))
-async def multi_edit(request: Request, key: InferenceCaller, state: State) -> Response:
+async def multi_edit(request: Request, ctx: Context, key: InferenceCaller,
+                     state: State) -> Response:
     fields, files = await _read(request, "/image/multi-edit", {"images", "image"})
     multipart = request.headers.get("content-type", "").lower().startswith("multipart/")
     if multipart and ("images" in fields or "image" in fields):
@@ -147,13 +150,14 @@ async def multi_edit(request: Request, key: InferenceCaller, state: State) -> Re
                               "as a file in `images`", "images")
     body = MultiEditRequest.model_validate(fields)
     sources, names = _edit_sources(state, body, files, multipart=multipart)
-    produced = await service.edit(request, state, key, body, sources, names)
+    produced = await service.edit(ctx, state, key, body, sources, names)
     return _edited(produced)
 
 
 @router.post("/image/edit", summary="Edit an image", response_class=Response,
              openapi_extra=_body_doc(EditRequest), responses=_image_answer("image/png"))
-async def edit_image(request: Request, key: InferenceCaller, state: State) -> Response:
+async def edit_image(request: Request, ctx: Context, key: InferenceCaller,
+                     state: State) -> Response:
     fields, files = await _read(request, "/image/edit", {"image"})
     body = EditRequest.model_validate(fields)
     if files.get("image"):
@@ -162,28 +166,27 @@ async def edit_image(request: Request, key: InferenceCaller, state: State) -> Re
         sources, names = [_sent(state, body.image, "image", allow_urls=True)], ["image"]
     else:
         raise invalid_request("image is required", "image")
-    produced = await service.edit(request, state, key, body, sources, names)
+    produced = await service.edit(ctx, state, key, body, sources, names)
     return _edited(produced)
 
 
 @router.post("/image/generate", dependencies=[JsonBody], summary="Generate images")
-async def generate_image(body: GenerateRequest, request: Request, key: InferenceCaller,
+async def generate_image(body: GenerateRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
     started = time.perf_counter()
-    produced = await service.generate(request, state, key, body)
+    produced = await service.generate(ctx, state, key, body)
     if body.return_binary:
         return Response(produced.images[0], media_type=produced.media_type)
-    return json_response(request, service.generate_payload(request, body, produced, started),
-                         compress=True)
+    return json_response(ctx, service.generate_payload(body, produced, started), compress=True)
 
 
 @router.post("/images/generations", dependencies=[JsonBody],
              summary="Generate an image (chat-completion convention)")
-async def openai_generations(body: OpenAIImageRequest, request: Request, key: InferenceCaller,
+async def openai_generations(body: OpenAIImageRequest, ctx: Context, key: InferenceCaller,
                              state: State) -> Response:
-    produced = await service.generate(request, state, key,
+    produced = await service.generate(ctx, state, key,
                                       service.native_generation(state, body))
     encoded = base64.b64encode(produced.images[0]).decode("ascii")
     item = ({"url": f"data:{produced.media_type};base64,{encoded}"}
             if body.response_format == "url" else {"b64_json": encoded})
-    return json_response(request, {"created": int(time.time()), "data": [item]}, compress=True)
+    return json_response(ctx, {"created": int(time.time()), "data": [item]}, compress=True)

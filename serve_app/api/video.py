@@ -11,9 +11,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from serve_app.api.deps import InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.jobs import service as jobs
-from serve_app.responses import json_response
+from serve_app.pipeline.respond import json_response
 from serve_app.schemas.video import (
     JobRequest,
     QueueVideoRequest,
@@ -31,35 +31,35 @@ _PROCESSING = {"application/json": {"schema": {"type": "object", "properties": {
 
 
 @router.post("/video/quote", dependencies=[JsonBody], summary="Price of a video job")
-async def quote_video(body: QuoteVideoRequest, request: Request, key: InferenceCaller,
+async def quote_video(body: QuoteVideoRequest, ctx: Context, key: InferenceCaller,
                       state: State) -> Response:
-    return json_response(request, await service.quote(state, body))
+    return json_response(ctx, await service.quote(state, body))
 
 
 @router.post("/video/queue", dependencies=[JsonBody], summary="Queue a video job")
-async def queue_video(body: QueueVideoRequest, request: Request, key: InferenceCaller,
-                      state: State) -> Response:
-    return json_response(request, await service.queue(request, state, key, body))
+async def queue_video(body: QueueVideoRequest, request: Request, ctx: Context,
+                      key: InferenceCaller, state: State) -> Response:
+    return json_response(ctx, await service.queue(request, ctx, state, key, body))
 
 
 @router.post("/video/retrieve", dependencies=[JsonBody], summary="Status or video of a job",
              response_class=Response, responses={200: {"content": {
                  **_PROCESSING, "video/mp4": {"schema": {"type": "string",
                                                          "format": "binary"}}}}})
-async def retrieve_video(body: RetrieveRequest, request: Request, key: InferenceCaller,
+async def retrieve_video(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return await jobs.retrieve(request, state, key, body, "video")
+    return await jobs.retrieve(ctx, state, key, body, "video")
 
 
 @router.get("/video/retrieve", summary="Status or video of a job (query form)",
             response_class=Response, responses={200: {"content": {
                 **_PROCESSING, "video/mp4": {"schema": {"type": "string",
                                                         "format": "binary"}}}}})
-async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], request: Request,
+async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Context,
                                   key: InferenceCaller, state: State) -> Response:
     """The spec names `GET /video/retrieve`; the published interface has the POST. Both
     answer alike; the GET only reads (deleting is the POST's `delete_media_on_completion`)."""
-    return await jobs.retrieve(request, state, key, RetrieveRequest(**query.model_dump()),
+    return await jobs.retrieve(ctx, state, key, RetrieveRequest(**query.model_dump()),
                                "video")
 
 
@@ -73,6 +73,6 @@ async def download_video(queue_id: str, expires: int, signature: str,
 
 
 @router.post("/video/complete", dependencies=[JsonBody], summary="Delete a job's video")
-async def complete_video(body: JobRequest, request: Request, key: InferenceCaller,
+async def complete_video(body: JobRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return json_response(request, await jobs.complete(state, key, body, "video"))
+    return json_response(ctx, await jobs.complete(state, key, body, "video"))

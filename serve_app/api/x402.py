@@ -8,14 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlmodel import Session
 
-from serve_app.api.deps import State, current_key, remaining_credit_header, run_db
+from serve_app.api.deps import Context, State, current_key, remaining_credit, run_db
 from serve_app.auth.payment_required import suggested_top_up
 from serve_app.auth.wallets import normalize_address, siwx_header
 from serve_app.billing.topups import parse_amount, payment_header
 from serve_app.billing.wallet_history import wallet_balance, wallet_transactions
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.money import from_nanos
-from serve_app.responses import json_response
+from serve_app.pipeline.respond import json_response
 
 router = APIRouter(prefix="/x402", tags=["x402"])
 
@@ -23,24 +23,24 @@ ADDRESS_PATTERN = r"^(0x[a-fA-F0-9]{40}|[1-9A-HJ-NP-Za-km-z]{32,44})$"
 
 
 @router.post("/top-up", summary="Top up a wallet's credit with an x402 payment")
-async def top_up(request: Request, state: State,
+async def top_up(request: Request, ctx: Context, state: State,
                  amount: Annotated[str | None, Query(
                      description="USD to top up (default: the minimum)")] = None) -> Response:
     header = payment_header(request.headers)
     if header is None:
         raise state.top_ups.requirements(str(request.url), parse_amount(amount, state.payments))
     body, receipt = await state.top_ups.top_up(header)
-    response = json_response(request, body)
+    response = json_response(ctx, body)
     response.headers["PAYMENT-RESPONSE"] = receipt
     return response
 
 
-async def wallet_reader(request: Request, state: State,
+async def wallet_reader(request: Request, ctx: Context, state: State,
                         wallet_address: Annotated[str, Path(alias="walletAddress")]) -> str:
     """The wallet of the path, readable by that wallet signed in or the operator's admin."""
     address = normalize_address(wallet_address)
     if request.headers.get("authorization"):
-        key = await current_key(request, state)
+        key = await current_key(request, ctx, state)
         if not key.is_admin:
             raise admin_key_required()
         if not key.is_operator:
@@ -55,7 +55,7 @@ async def wallet_reader(request: Request, state: State,
     if caller.wallet_address != address:
         raise ApiError(403, "The signed-in wallet does not match the requested wallet",
                        code="X402_WALLET_MISMATCH")
-    await remaining_credit_header(request, state, caller)
+    await remaining_credit(ctx, state, caller)
     return address
 
 
@@ -63,7 +63,7 @@ WalletReader = Annotated[str, Depends(wallet_reader)]
 
 
 @router.get("/balance/{walletAddress}", summary="A wallet's x402 credit")
-async def get_balance(request: Request, address: WalletReader, state: State) -> Response:
+async def get_balance(ctx: Context, address: WalletReader, state: State) -> Response:
     now = state.billing.clock()
     found = await run_db(state, lambda s: wallet_balance(s, address, now))
     usd, diem = found.balances.usd_nanos, found.balances.diem_nanos
@@ -76,12 +76,12 @@ async def get_balance(request: Request, address: WalletReader, state: State) -> 
     }
     if diem:
         data["diemBalanceUsd"] = float(from_nanos(diem))
-    return json_response(request, {"success": True, "data": data})
+    return json_response(ctx, {"success": True, "data": data})
 
 
 @router.get("/transactions/{walletAddress}", summary="A wallet's top-ups and charges")
 async def get_transactions(
-    request: Request, address: WalletReader, state: State,
+    ctx: Context, address: WalletReader, state: State,
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
     offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
 ) -> Response:
@@ -89,7 +89,7 @@ async def get_transactions(
         return wallet_transactions(session, address, limit, offset)
 
     balance, page, more = await run_db(state, read)
-    return json_response(request, {"success": True, "data": {
+    return json_response(ctx, {"success": True, "data": {
         "walletAddress": address,
         "currentBalance": float(from_nanos(balance)),
         "transactions": page,

@@ -4,14 +4,13 @@ deployment (a Piper voice reads the prompt for speech models)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
 from serve_app.audio.quotes import audio_cost, parse_seconds, quote_usd, voice_change_cost
 from serve_app.audio.service import pick_voice
 from serve_app.auth.key_store import KeyRecord
 from serve_app.catalog import CatalogModel
 from serve_app.errors import invalid_request
 from serve_app.jobs.service import queue_job
+from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.audio import (
     QueueAudioRequest,
     QuoteAudioRequest,
@@ -52,7 +51,7 @@ def _unsupported(model: CatalogModel, body: QueueAudioRequest) -> None:
             raise invalid_request(f"{model.id} does not support {field}", field)
 
 
-async def queue(request: Request, state: GatewayState, key: KeyRecord,
+async def queue(ctx: RequestContext, state: GatewayState, key: KeyRecord,
                 body: QueueAudioRequest) -> dict[str, str]:
     routed = state.router.resolve(body.model, "music")
     model = routed.model
@@ -70,5 +69,5 @@ async def queue(request: Request, state: GatewayState, key: KeyRecord,
     params = {"prompt": body.prompt, "voice": _voice(model, body.voice),
               "speed": body.speed or 1.0, "format": model.default_format or "mp3",
               "duration_seconds": seconds}
-    job = await queue_job(request, state, key, routed, "audio", cost, params, {})
+    job = await queue_job(ctx, state, key, routed, "audio", cost, params, {})
     return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}

@@ -11,19 +11,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-
 from serve_app.auth.key_store import KeyRecord
-from serve_app.billing.admission import admit_and_hold
 from serve_app.billing.pricing import price
-from serve_app.billing.service import Hold
 from serve_app.catalog import CatalogModel
 from serve_app.errors import ApiError, invalid_request
 from serve_app.model_calls import call_model, stream_model
-from serve_app.responses import add_model_headers
+from serve_app.pipeline import respond
+from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.settlement import Charge
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
 from serve_app.state import GatewayState
-from serve_app.timing import step_times, timed
 
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac",
                  "flac": "audio/flac", "wav": "audio/wav", "pcm": "audio/pcm"}
@@ -44,14 +41,14 @@ class Speech:
     media_type: str
     pieces: AsyncIterator[bytes]
     stream: AsyncIterator[Any]
-    hold: Hold
+    charge: Charge
 
     async def close(self) -> None:
         try:
             await self.pieces.aclose()  # type: ignore[attr-defined]
             await self.stream.aclose()  # type: ignore[attr-defined]
         finally:
-            await self.hold.finish(None)  # nothing left to do once settled
+            await self.charge.release()  # nothing left to do once settled
 
 
 def pick_voice(model: CatalogModel, requested: str | None) -> str:
@@ -77,7 +74,7 @@ def _format(model: CatalogModel, requested: str | None) -> str:
     return fmt
 
 
-async def speak(request: Request, state: GatewayState, key: KeyRecord,
+async def speak(ctx: RequestContext, state: GatewayState, key: KeyRecord,
                 body: SpeechRequest) -> Speech:
     """Start the speech of `body.input`; the first piece is ready when this returns, so a
     failure to start is an error answer, not a broken stream."""
@@ -85,22 +82,23 @@ async def speak(request: Request, state: GatewayState, key: KeyRecord,
     model = routed.model
     voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
     cost = price(model, {"speech_characters": len(body.input)})
-    _, hold = await admit_and_hold(request, state, key, model, 0, cost)
+    charge = await state.admission.admit(ctx, key, model, 0, cost)
     try:
         handle = state.router.handle(model)
-        add_model_headers(request, model, routed.router)
-        with timed(request, "model"):
+        respond.model_headers(ctx, model, routed.router)
+        with ctx.step("model"):
             stream = stream_model(handle.speak, model.id, model.id, body.input, voice,
                                   body.speed, fmt)
             await anext(stream)  # {"sample_rate"}: the voice is loaded and known
             first = await anext(stream, b"")
     except BaseException:
-        await hold.finish(None)
+        await charge.release()
         raise
-    return Speech(model, CONTENT_TYPES[fmt], _settled(hold, cost, first, stream), stream, hold)
+    return Speech(model, CONTENT_TYPES[fmt], _settled(charge, cost, first, stream), stream,
+                  charge)
 
 
-async def _settled(hold: Hold, cost: Any, first: bytes,
+async def _settled(charge: Charge, cost: Any, first: bytes,
                    rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     """The audio pieces; the charge is settled when the last one is out, and released if the
     stream breaks or the client leaves before it ends."""
@@ -112,29 +110,28 @@ async def _settled(hold: Hold, cost: Any, first: bytes,
             yield piece
         done = True
     finally:
-        await hold.finish(cost if done else None)
+        await charge.settle(cost if done else None)
 
 
-async def transcribe(request: Request, state: GatewayState, key: KeyRecord,
+async def transcribe(ctx: RequestContext, state: GatewayState, key: KeyRecord,
                      body: TranscriptionRequest, audio: bytes) -> dict[str, Any]:
     routed = state.router.resolve(body.model, "asr")
     model = routed.model
     most = int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
-    _, hold = await admit_and_hold(request, state, key, model, 0,
-                                   price(model, {"audio_seconds": most}))
+    charge = await state.admission.admit(ctx, key, model, 0,
+                                         price(model, {"audio_seconds": most}))
     try:
         handle = state.router.handle(model)
-        add_model_headers(request, model, routed.router)
-        with timed(request, "model"):
+        respond.model_headers(ctx, model, routed.router)
+        with ctx.step("model"):
             out = await call_model(handle.transcribe, model.id, model.id, audio,
                                    body.language, body.timestamps)
-        step_times(request).record("replica", out["replica_ms"])
+        ctx.record("replica", out["replica_ms"])
     except BaseException:
-        await hold.finish(None)
+        await charge.release()
         raise
     seconds = max(1, math.ceil(out["duration"]))
-    with timed(request, "settle"):
-        await hold.finish(price(model, {"audio_seconds": seconds}))
+    await charge.settle(price(model, {"audio_seconds": seconds}))
     return out
 
 

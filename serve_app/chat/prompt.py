@@ -11,7 +11,7 @@ from typing import Any
 from serve_app.catalog import CatalogModel
 from serve_app.chat.files import extract_file_text
 from serve_app.chat.web import WebDocument
-from serve_app.errors import ApiError, nest_errors
+from serve_app.errors import UnsupportedFeature
 from serve_app.schemas.chat import (
     AudioPart,
     ChatCompletionRequest,
@@ -21,15 +21,6 @@ from serve_app.schemas.chat import (
     TextPart,
     VideoPart,
 )
-
-
-class UnsupportedFeature(ApiError):
-    """A request for something the model cannot do (counted by the error budget)."""
-
-    def __init__(self, message: str, field_name: str | None = None) -> None:
-        super().__init__(400, message, code="INVALID_MODEL",
-                         details=nest_errors([((field_name,) if field_name else (), message)]))
-
 
 _PART_CAPABILITY = {
     ImagePart: ("supportsVision", "image inputs (image_url)"),

@@ -4,7 +4,6 @@ chat.completion object or a stream of chat.completion.chunk events."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,15 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from deployments.streaming import coalesce
-from serve_app.billing.admission import limits_beside_hold
+from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
-from serve_app.billing.service import Hold
 from serve_app.catalog import CatalogModel
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.prompt import (
     Composition,
-    UnsupportedFeature,
     check_capabilities,
     engine_messages,
     last_user_text,
@@ -28,9 +25,11 @@ from serve_app.chat.prompt import (
 from serve_app.chat.web import WebDocument, WebUnavailable, find_urls
 from serve_app.control.characters import find_character
 from serve_app.db.engine import run_in_session
-from serve_app.errors import ApiError
-from serve_app.limits.service import Ticket
+from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.model_calls import ModelFailed, complete_model, stream_model
+from serve_app.pipeline.admission import Admission
+from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.settlement import Charge
 from serve_app.routing import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 from serve_app.state import GatewayState
@@ -75,8 +74,7 @@ class ChatPlan:
     scraped_urls: int = 0
     usage: Usage = field(default_factory=Usage)
     answered_by: RoutedModel | None = None
-    hold: Hold | None = None
-    ticket: Ticket | None = None  # the rate-limit admission, corrected by the measured tokens
+    charge: Charge | None = None  # the hold and the rate-limit count, settled once
 
     def max_units(self, model: CatalogModel) -> dict[str, int]:
         """The most tokens this request can use on `model`, for the hold.
@@ -108,17 +106,15 @@ class ChatPlan:
 
     async def release(self) -> None:
         """Give the hold back: the request failed before, or on our side of, the work."""
-        if self.hold is not None:
-            await self.hold.finish(None)
+        if self.charge is not None:
+            await self.charge.release()
 
     async def finish_charge(self) -> None:
-        """Correct the token count (sent, not awaited), then settle the hold with the
-        measured cost."""
-        if self.ticket is not None:
-            ticket, self.ticket = self.ticket, None
-            ticket.correct(self.usage.prompt_tokens + self.usage.completion_tokens)
-        if self.hold is not None:
-            await self.hold.finish(self.cost())
+        """Settle with the measured cost of what was sent, and correct the rate-limit count
+        to the measured tokens."""
+        if self.charge is not None:
+            await self.charge.settle(self.cost(), tokens=self.usage.prompt_tokens
+                                     + self.usage.completion_tokens)
 
     @property
     def router_label(self) -> str:
@@ -214,22 +210,20 @@ async def _web_context(state: GatewayState, plan: ChatPlan) -> None:
             raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
 
 
-Admit = Callable[["ChatPlan"], Awaitable[Hold]]
-Limit = Callable[[RoutedModel], Awaitable[Ticket | None]]
+def prompt_estimate(req: ChatCompletionRequest) -> int:
+    """Tokens of a prompt before it is tokenised: about four bytes per token."""
+    return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
 
 
-async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
-                    request_id: str, admit: Admit | None = None,
-                    limit: Limit | None = None, *,
-                    has_room: Callable[[RoutedModel], bool] | None = None) -> ChatPlan:
-    """Validate and plan. `limit` (rate limits, error budgets) starts as soon as the model is
-    known, and the request is checked against the model while it runs; its refusal (429)
-    comes before any error of the request. `admit` (privacy, the hold) runs once the request
-    is known to be valid and before any work (characters, web search, the model): after the
-    limits, or beside them when `has_room(primary model)` says the key is well inside its
-    limits (`limits_beside_hold`)."""
+async def plan_chat(req: ChatCompletionRequest, state: GatewayState, ctx: RequestContext,
+                    key: KeyRecord, admission: Admission) -> ChatPlan:
+    """Validate, admit and plan. The limiter decides as soon as the model is known, and the
+    request is checked against the model meanwhile: a refusal by the limits (429) comes before
+    any error of the request. The hold (for the model and its fallbacks) is taken once the
+    request is known to be valid, before any work (characters, web search, the model)."""
     primary = state.router.resolve(req.model, "text")
-    limiting = asyncio.ensure_future(limit(primary)) if limit is not None else None
+    pending = admission.start(ctx, key, primary.model, prompt_estimate(req),
+                              feature_budget=True)
     try:
         candidates = [primary] + [state.router.resolve(f.model, "text")
                                   for f in req.fallbacks or []]
@@ -237,19 +231,12 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
         req = req.model_copy(update={"service_parameters": params})
         check_capabilities(req, primary.model)
         mode = tool_calls.tool_mode(req)
-    except BaseException:
-        if limiting is not None:
-            await limiting  # a refusal by the limits comes first
+    except BaseException as exc:
+        await pending.abandon(exc)
         raise
-    plan = ChatPlan(request_id=request_id, req=req, params=params, candidates=candidates,
+    plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
                     engine_request={}, tool_mode=mode)
-    if admit is not None and limiting is not None and has_room is not None \
-            and has_room(primary):
-        plan.ticket, plan.hold = await limits_beside_hold(limiting, admit(plan))
-    else:
-        plan.ticket = await limiting if limiting is not None else None
-        if admit is not None:
-            plan.hold = await admit(plan)
+    plan.charge = await pending.hold([c.model for c in candidates], plan.max_units)
     try:
         comp = Composition(citations=params.enable_web_citations)
         if params.include_service_system_prompt:
@@ -262,17 +249,19 @@ async def plan_chat(req: ChatCompletionRequest, state: GatewayState,
             await _web_context(state, plan)
         comp.web_documents = plan.web_documents
         plan.engine_request = {
-            "request_id": request_id,
+            "request_id": ctx.request_id,
             "messages": engine_messages(req, comp),
             "sampling": _sampling(req, primary),
             "json_schema": _output_schema(req, mode),
             "chat_template_kwargs": {"enable_thinking": False} if params.disable_thinking else {},
             "prompt_cache_key": req.prompt_cache_key,
         }
-    except BaseException:
+    except BaseException as exc:
         # Nothing ran on the model: the hold goes back (a missing character, a failed
         # web search, a client that left).
         await plan.release()
+        if isinstance(exc, UnsupportedFeature):
+            admission.unsupported_feature(ctx, key)
         raise
     return plan
 

@@ -40,7 +40,6 @@ from sqlmodel import Session
 
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
-from serve_app.billing.service import payer_of
 from serve_app.catalog import CatalogModel
 from serve_app.crypto import idempotency
 from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
@@ -51,9 +50,8 @@ from serve_app.errors import ApiError, nest_errors
 from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.money import NANOS_PER_UNIT
-from serve_app.responses import set_balance_headers
+from serve_app.pipeline.context import RequestContext
 from serve_app.settings import Settings
-from serve_app.timing import timed
 
 if TYPE_CHECKING:
     from serve_app.state import GatewayState
@@ -330,13 +328,10 @@ class CryptoRpc:
 
     # The caps.
 
-    async def _admit(self, request: Request, state: GatewayState, key: KeyRecord,
-                     max_credits: int) -> None:
+    async def _caps(self, state: GatewayState, key: KeyRecord, max_credits: int) -> None:
+        """The per-minute request cap, then the daily credit cap (429 each)."""
         rpm = self.config.requests_per_minute
-        now = int(state.limits.clock() * 1000)
-        with timed(request, "limits"):
-            outcome = await state.limits.backend.decide(f"{key.account_id}|crypto_rpc", rpm, 0,
-                                                        0, [], now)
+        outcome = await state.limits.count_account(key.account_id, "crypto_rpc", rpm)
         if outcome.code != OK:
             reset = math.ceil((outcome.window_ms + WINDOW_MS) / 1000)
             message = (f"Crypto RPC rate limit exceeded: at most {rpm} requests per minute "
@@ -401,14 +396,14 @@ class CryptoRpc:
                                  "a JSON-RPC response")
         return answer
 
-    async def proxy(self, request: Request, state: GatewayState, key: KeyRecord,
-                    slug: str) -> Response:
+    async def proxy(self, request: Request, ctx: RequestContext, state: GatewayState,
+                    key: KeyRecord, slug: str) -> Response:
         network = self.network(slug)
         body = await request.body()
         rpc = parse_request(body, network)
         idempotency_key = request.headers.get("idempotency-key")
         if idempotency_key is None:
-            return await self._forward(request, state, key, slug, network, rpc)
+            return await self._forward(ctx, state, key, slug, network, rpc)
         idempotency_key = idempotency.check_key(idempotency_key)
         digest, now = idempotency.body_digest(body), utcnow()
         writer = state.billing.writer
@@ -419,7 +414,7 @@ class CryptoRpc:
                 "X-Venice-RPC-Credits": str(replay.credits),
                 "X-Venice-RPC-Cost-USD": replay.cost_usd, "Idempotent-Replayed": "true"})
         try:
-            answer = await self._forward(request, state, key, slug, network, rpc)
+            answer = await self._forward(ctx, state, key, slug, network, rpc)
         except BaseException:
             await writer.run(lambda s: idempotency.drop(s, key.account_id, idempotency_key))
             raise
@@ -428,33 +423,28 @@ class CryptoRpc:
             int(answer.headers["X-Venice-RPC-Credits"]), answer.headers["X-Venice-RPC-Cost-USD"]))
         return answer
 
-    async def _forward(self, request: Request, state: GatewayState, key: KeyRecord, slug: str,
-                       network: Network, rpc: RpcRequest) -> Response:
+    async def _forward(self, ctx: RequestContext, state: GatewayState, key: KeyRecord,
+                       slug: str, network: Network, rpc: RpcRequest) -> Response:
         model = self.model(slug)
-        await self._admit(request, state, key, rpc.max_credits)
+        charge = await state.admission.admit(
+            ctx, key, model, 0, price(model, {LINE_TYPE: rpc.max_credits}),
+            limit=lambda: self._caps(state, key, rpc.max_credits))
         self.credits.start(key.account_id, rpc.max_credits)
         spent = 0
         try:
-            with timed(request, "hold"):
-                hold = await state.billing.hold(
-                    request.state.request_id, payer_of(key),
-                    price(model, {LINE_TYPE: rpc.max_credits}).nanos)
-            set_balance_headers(request, hold.before)
             try:
-                with timed(request, "upstream"):
+                with ctx.step("upstream"):
                     raw = await self._fetch(network, json.dumps(rpc.payload).encode())
                 answer = self._decode(network, rpc, raw)
             except BaseException:
-                await hold.finish(None)
+                await charge.release()
                 raise
             credits = rpc.max_credits if answer is None else count_credits(rpc, answer)
             cost = price(model, {LINE_TYPE: credits})
-            with timed(request, "settle"):
-                await hold.finish(cost)
+            await charge.settle(cost)
             spent = credits
         finally:
             self.credits.finish(key.account_id, rpc.max_credits, spent)
         return Response(raw, media_type="application/json",
                         headers={"X-Venice-RPC-Credits": str(credits),
                                  "X-Venice-RPC-Cost-USD": cost_usd(cost)})
-

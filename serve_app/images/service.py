@@ -14,17 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import Request
-
 from serve_app.auth.key_store import KeyRecord
-from serve_app.billing.admission import admit_and_hold
 from serve_app.billing.pricing import Cost, image_cost
 from serve_app.catalog import CatalogModel, ImageOperation
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images import sizing
 from serve_app.images.inputs import ImageInput, inspect_image
 from serve_app.model_calls import call_model, stream_model
-from serve_app.responses import add_model_headers
+from serve_app.pipeline import respond
+from serve_app.pipeline.context import RequestContext
 from serve_app.routing import RoutedModel
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
@@ -34,7 +32,6 @@ from serve_app.schemas.images import (
     UpscaleRequest,
 )
 from serve_app.state import GatewayState
-from serve_app.timing import step_times, timed
 
 ENHANCE_SYSTEM_PROMPT = (
     "You rewrite instructions for an image model. Make the user's instruction clear and "
@@ -76,33 +73,32 @@ def _ids(state: GatewayState, operation: ImageOperation) -> str:
     return ", ".join(m.id for m in state.catalog.for_operation(operation)) or "(none)"
 
 
-async def _charged(request: Request, state: GatewayState, key: KeyRecord, routed: RoutedModel,
-                   max_cost: Cost, work: Callable[[], Awaitable[tuple[Produced, Cost]]]
-                   ) -> Produced:
+async def _charged(ctx: RequestContext, state: GatewayState, key: KeyRecord,
+                   routed: RoutedModel, max_cost: Cost,
+                   work: Callable[[], Awaitable[tuple[Produced, Cost]]]) -> Produced:
     """Limits and hold, then `work`; settle its cost, or release the hold if it fails."""
     model = routed.model
-    _, hold = await admit_and_hold(request, state, key, model, 0, max_cost)
+    charge = await state.admission.admit(ctx, key, model, 0, max_cost)
     try:
         state.router.handle(model)  # 503 before reading anything when the model is offline
-        add_model_headers(request, model, routed.router)
+        respond.model_headers(ctx, model, routed.router)
         produced, cost = await work()
     except BaseException:
-        await hold.finish(None)
+        await charge.release()
         raise
-    with timed(request, "settle"):
-        await hold.finish(cost)
+    await charge.settle(cost)
     return produced
 
 
-async def _run(request: Request, state: GatewayState, model: CatalogModel,
+async def _run(ctx: RequestContext, state: GatewayState, model: CatalogModel,
                inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
     handle = state.router.handle(model)
     params = {**params, "_fields": [i.field for i in inputs]}
     started = time.perf_counter()
-    with timed(request, "model"):
+    with ctx.step("model"):
         out = await call_model(handle.run, model.id, model.id, [i.data for i in inputs],
                                params, fmt)
-    step_times(request).record("replica", out["replica_ms"])
+    ctx.record("replica", out["replica_ms"])
     total = (time.perf_counter() - started) * 1000
     return Produced(model, out["images"], f"image/{fmt}", out["width"], out["height"],
                     out["blurred"], timing={"inferenceDuration": out["replica_ms"],
@@ -112,7 +108,7 @@ async def _run(request: Request, state: GatewayState, model: CatalogModel,
 
 # ---- upscale -----------------------------------------------------------------------------
 
-async def upscale(request: Request, state: GatewayState, key: KeyRecord, body: UpscaleRequest,
+async def upscale(ctx: RequestContext, state: GatewayState, key: KeyRecord, body: UpscaleRequest,
                   source: Callable[[], Awaitable[bytes]]) -> Produced:
     routed = model_for(state, "upscale", None)
     model = routed.model
@@ -122,17 +118,17 @@ async def upscale(request: Request, state: GatewayState, key: KeyRecord, body: U
         image = inspect_image(data, "image", min_pixels=sizing.UPSCALE_MIN_PIXELS)
         scale = sizing.effective_scale(image.width, image.height, body.scale)
         params = {"scale": scale, "creativity": body.clamped_creativity}
-        produced = await _run(request, state, model, [image], params, "png")
-        request.state.response_headers["x-service-upscale-factor"] = f"{scale:g}"
+        produced = await _run(ctx, state, model, [image], params, "png")
+        ctx.headers["x-service-upscale-factor"] = f"{scale:g}"
         return produced, image_cost(model, scale=scale)
 
-    return await _charged(request, state, key, routed, image_cost(model, scale=body.scale),
+    return await _charged(ctx, state, key, routed, image_cost(model, scale=body.scale),
                           work)
 
 
 # ---- background removal ------------------------------------------------------------------
 
-async def remove_background(request: Request, state: GatewayState, key: KeyRecord,
+async def remove_background(ctx: RequestContext, state: GatewayState, key: KeyRecord,
                             body: BackgroundRemoveRequest,
                             source: Callable[[], Awaitable[bytes]]) -> Produced:
     routed = model_for(state, "background-remove", None)
@@ -140,9 +136,9 @@ async def remove_background(request: Request, state: GatewayState, key: KeyRecor
 
     async def work() -> tuple[Produced, Cost]:
         image = inspect_image(await source(), "image", max_pixels=sizing.EDIT_MAX_PIXELS)
-        return await _run(request, state, model, [image], {}, "png"), image_cost(model)
+        return await _run(ctx, state, model, [image], {}, "png"), image_cost(model)
 
-    return await _charged(request, state, key, routed, image_cost(model), work)
+    return await _charged(ctx, state, key, routed, image_cost(model), work)
 
 
 # ---- edits -------------------------------------------------------------------------------
@@ -177,13 +173,13 @@ def _wants_enhancement(model: CatalogModel, asked: bool) -> bool:
     return bool(asked and model.pricing.get("enhancePrompt") is not None)
 
 
-async def _enhanced(request: Request, state: GatewayState, prompt: str) -> str | None:
+async def _enhanced(ctx: RequestContext, state: GatewayState, prompt: str) -> str | None:
     """The rewritten prompt, also sent URL-encoded in `x-service-enhanced-prompt`; None when
     no rewrite came back (then it is not charged)."""
-    with timed(request, "enhance"):
-        enhanced = await enhance_prompt(state, request.state.request_id, prompt)
+    with ctx.step("enhance"):
+        enhanced = await enhance_prompt(state, ctx.request_id, prompt)
     if enhanced:
-        request.state.response_headers["x-service-enhanced-prompt"] = quote(enhanced, safe="")
+        ctx.headers["x-service-enhanced-prompt"] = quote(enhanced, safe="")
     return enhanced
 
 
@@ -215,7 +211,7 @@ async def enhance_prompt(state: GatewayState, request_id: str, prompt: str) -> s
     return text or None
 
 
-async def edit(request: Request, state: GatewayState, key: KeyRecord, body: MultiEditRequest,
+async def edit(ctx: RequestContext, state: GatewayState, key: KeyRecord, body: MultiEditRequest,
                sources: list[Callable[[], Awaitable[bytes]]], fields: list[str]) -> Produced:
     routed = model_for(state, "edit", body.model_name)
     model = routed.model
@@ -234,23 +230,17 @@ async def edit(request: Request, state: GatewayState, key: KeyRecord, body: Mult
                                   inputs[0].height)
         fmt = {"jpg": "jpeg"}.get(body.output_format or "", body.output_format) or \
             sizing.default_output_format(size.resolution)
-        enhanced = await _enhanced(request, state, body.prompt) if enhance else None
+        enhanced = await _enhanced(ctx, state, body.prompt) if enhance else None
         params = {"prompt": enhanced or body.prompt, "width": size.width, "height": size.height,
                   "safe_mode": body.safe_mode, "seed": None, "steps": _steps(model, None),
                   "optimize_prompt": not body.disable_prompt_optimization_thinking
                   if model.capabilities.get("supportsOptimizePromptThinking") else None}
-        produced = await _run(request, state, model, inputs, params, fmt)
-        _content_headers(request, produced, body.safe_mode)
+        produced = await _run(ctx, state, model, inputs, params, fmt)
+        respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
         return produced, image_cost(model, resolution=size.resolution, quality=quality,
                                     input_images=len(inputs), enhanced=enhanced is not None)
 
-    return await _charged(request, state, key, routed, max_cost, work)
-
-
-def _content_headers(request: Request, produced: Produced, safe_mode: bool) -> None:
-    headers = request.state.response_headers
-    headers["x-service-is-blurred"] = "true" if produced.blurred and safe_mode else "false"
-    headers["x-service-is-content-violation"] = "false"
+    return await _charged(ctx, state, key, routed, max_cost, work)
 
 
 # ---- generation --------------------------------------------------------------------------
@@ -271,7 +261,7 @@ def _steps(model: CatalogModel, requested: int | None) -> int:
     return min(requested or default, most)
 
 
-async def generate(request: Request, state: GatewayState, key: KeyRecord,
+async def generate(ctx: RequestContext, state: GatewayState, key: KeyRecord,
                    body: GenerateRequest) -> Produced:
     routed = model_for(state, "generate", body.model)
     model = routed.model
@@ -285,20 +275,20 @@ async def generate(request: Request, state: GatewayState, key: KeyRecord,
                           quality=quality, enhanced=enhance)
 
     async def work() -> tuple[Produced, Cost]:
-        enhanced = await _enhanced(request, state, prompt) if enhance else None
+        enhanced = await _enhanced(ctx, state, prompt) if enhance else None
         params = {"prompt": enhanced or prompt, "negative_prompt": body.negative_prompt,
                   "width": sizing.fit_divisor(body.width, model),
                   "height": sizing.fit_divisor(body.height, model),
                   "steps": _steps(model, body.steps), "cfg_scale": body.cfg_scale or 7.5,
                   # 0, the published default, means "not given": a random seed
                   "seed": body.seed or None, "variants": body.variants, "safe_mode": body.safe_mode}
-        produced = await _run(request, state, model, [], params, body.format)
-        _content_headers(request, produced, body.safe_mode)
+        produced = await _run(ctx, state, model, [], params, body.format)
+        respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
         return produced, image_cost(model, outputs=len(produced.images),
                                     resolution=resolution, quality=quality,
                                     enhanced=enhanced is not None)
 
-    return await _charged(request, state, key, routed, max_cost, work)
+    return await _charged(ctx, state, key, routed, max_cost, work)
 
 
 def native_generation(state: GatewayState, body: OpenAIImageRequest) -> GenerateRequest:
@@ -318,7 +308,7 @@ def native_generation(state: GatewayState, body: OpenAIImageRequest) -> Generate
                            safe_mode=body.moderation != "low")
 
 
-def generate_payload(request: Request, body: GenerateRequest, produced: Produced,
+def generate_payload(body: GenerateRequest, produced: Produced,
                      started: float) -> dict[str, Any]:
     """The published JSON answer of `/image/generate`."""
     return {

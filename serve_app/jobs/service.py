@@ -13,7 +13,6 @@ from datetime import datetime
 from fastapi import Request, Response
 
 from serve_app.auth.key_store import KeyRecord
-from serve_app.billing.admission import admit_and_hold
 from serve_app.billing.pricing import Cost
 from serve_app.catalog import CatalogModel
 from serve_app.control.jobs import OPEN_STATUSES, JobView, input_key
@@ -22,11 +21,11 @@ from serve_app.db.engine import run_in_session
 from serve_app.db.tables import JobStatus, MediaJob, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
-from serve_app.responses import add_model_headers, json_response
+from serve_app.pipeline import respond
+from serve_app.pipeline.context import RequestContext
 from serve_app.routing import RoutedModel
 from serve_app.schemas.video import JobRequest, RetrieveRequest
 from serve_app.state import GatewayState
-from serve_app.timing import timed
 
 # The catalog type of each kind of job's models (`default` means that type's default).
 MODEL_TYPE_OF_KIND = {"video": "video", "audio": "music"}
@@ -40,15 +39,15 @@ class InputFile:
     media_type: str
 
 
-async def queue_job(request: Request, state: GatewayState, key: KeyRecord, routed: RoutedModel,
+async def queue_job(ctx: RequestContext, state: GatewayState, key: KeyRecord, routed: RoutedModel,
                     kind: str, cost: Cost, params: dict, inputs: dict[str, InputFile]
                     ) -> JobView:
     """Hold `cost`, keep the inputs, write the job; the runner takes it from there. Nothing is
     kept or held when any step fails."""
     model = routed.model
     state.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
-    _, hold = await admit_and_hold(request, state, key, model, 0, cost)
-    job = MediaJob(kind=kind, model_id=model.id, request_id=hold.request_id,
+    charge = await state.admission.admit(ctx, key, model, 0, cost)
+    job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
                    account_id=key.account_id, api_key_id=key.id if not key.wallet_address
                    else None, wallet_address=key.wallet_address, params=params,
                    cost_lines=[[line.line_type, line.units, line.nanos,
@@ -64,7 +63,7 @@ async def queue_job(request: Request, state: GatewayState, key: KeyRecord, route
     # a job its client never heard of is withdrawn (nobody could retrieve it), then released.
     writing = asyncio.ensure_future(write())
     try:
-        with timed(request, "queue"):
+        with ctx.step("queue"):
             view = await asyncio.shield(writing)
     except BaseException as exc:
         with contextlib.suppress(BaseException):
@@ -72,12 +71,12 @@ async def queue_job(request: Request, state: GatewayState, key: KeyRecord, route
             if isinstance(exc, asyncio.CancelledError):
                 await state.jobs.withdraw(job.queue_id, "The client left before the job "
                                                         "was queued; nothing was charged")
-        await hold.finish(None)
+        await charge.release()
         for stored in job.inputs.values():
             with contextlib.suppress(Exception):
                 await state.results.delete(stored)
         raise
-    add_model_headers(request, model, routed.router)
+    respond.model_headers(ctx, model, routed.router)
     state.job_runner.wake()
     return view
 
@@ -137,15 +136,15 @@ def _ms_since(start: datetime) -> float:
     return max(0.0, (utcnow() - start).total_seconds() * 1000)
 
 
-async def retrieve(request: Request, state: GatewayState, key: KeyRecord,
+async def retrieve(ctx: RequestContext, state: GatewayState, key: KeyRecord,
                    body: RetrieveRequest, kind: str) -> Response:
     """The job's status and timing while it runs; its media once it is done (deleted then
     when asked); its error if it failed."""
     job, model = await _own_job(state, key, body, kind)
-    add_model_headers(request, model, "direct")
+    respond.model_headers(ctx, model, "direct")
     if job.status in OPEN_STATUSES:
         average = await state.jobs.p80_execution_ms(job.model_id)
-        return json_response(request, {
+        return respond.json_response(ctx, {
             "status": "PROCESSING",
             "average_execution_time": round(average or DEFAULT_EXECUTION_MS),
             "execution_duration": round(_ms_since(job.created_at))})

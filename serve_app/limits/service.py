@@ -1,6 +1,7 @@
-"""Step 4 of a request, as the routes use it: decide (budgets and per-minute limits in one
-call to the backend), set the rate-limit headers, refuse with 429, correct the token count
-after the work, count failed and unsupported-feature requests, and log what was refused."""
+"""Step 4 of a request: decide (budgets and per-minute limits in one call to the backend),
+refuse with 429, correct the token count after the work, count failed and unsupported-feature
+requests, and log what was refused. What the rate-limit headers say comes back as a
+`LimitState`; the pipeline writes them (serve_app/pipeline/respond.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,27 @@ logger = logging.getLogger("serve_app.limits")
 _LOG_EVERY_S = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    """A bucket's count after a decision, as the rate-limit headers tell it."""
+
+    requests_limit: int
+    requests_remaining: int
+    reset_at_ms: int  # when the current window ends
+    tokens_limit: int | None
+    tokens_remaining: int | None
+    now_ms: int
+    caller_type: str  # `user` (a wallet) or `api_key`
+
+
+class RateLimited(ApiError):
+    """429 for a per-minute limit, with the count its headers report."""
+
+    def __init__(self, message: str, state: LimitState) -> None:
+        super().__init__(429, message, code="RATE_LIMIT_EXCEEDED")
+        self.state = state
+
+
 @dataclass
 class Ticket:
     """An admitted request: its bucket and window, and the tokens counted for it so far."""
@@ -50,6 +72,7 @@ class Ticket:
     bucket: str
     window_ms: int
     tokens: int
+    state: LimitState
 
     def correct(self, measured_tokens: int) -> None:
         """Replace the estimate by the measured total (prompt and completion). The correction
@@ -63,6 +86,16 @@ class Ticket:
 
 def _caller(key: KeyRecord) -> str:
     return "wallet" if key.wallet_address else "API key"
+
+
+def _limit_state(limits: Limits, outcome: Outcome, now: int, key: KeyRecord) -> LimitState:
+    tpm = limits.tokens_per_minute
+    return LimitState(
+        requests_limit=limits.requests_per_minute,
+        requests_remaining=max(0, limits.requests_per_minute - outcome.requests),
+        reset_at_ms=outcome.window_ms + WINDOW_MS,
+        tokens_limit=tpm, tokens_remaining=max(0, tpm - outcome.tokens) if tpm else None,
+        now_ms=now, caller_type="user" if key.wallet_address else "api_key")
 
 
 def _failed_key(owner: str, model_id: str) -> str:
@@ -129,12 +162,11 @@ class RateLimits:
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
-    async def admit(self, request: Any, key: KeyRecord, model: CatalogModel, tokens: int, *,
+    async def admit(self, key: KeyRecord, model: CatalogModel, tokens: int, *,
                     feature_budget: bool = False) -> Ticket | None:
         """Admit a request for `model` (budgets, then requests and tokens per minute) or raise
         429. `tokens` is the prompt estimate; `feature_budget`: the route counts
-        unsupported-feature requests (chat, responses)."""
-        request.state.limit_model = model.id
+        unsupported-feature requests (chat, responses). None: the model is not rate limited."""
         limits, bucket = self._bucket(key, model)
         budgets = [(_failed_key(key.id, model.id), FAILED_REQUESTS_MAX),
                    (_failed_key(key.id, ""), FAILED_REQUESTS_MAX)]
@@ -143,7 +175,6 @@ class RateLimits:
         now = self._now_ms()
         outcome = await self.backend.decide(bucket, limits.requests_per_minute,
                                             limits.tokens_per_minute or 0, tokens, budgets, now)
-        headers = request.state.response_headers
         if len(self._last_counts) > 100_000:
             self._last_counts.clear()
         if outcome.budget or outcome.code != OK:
@@ -155,8 +186,10 @@ class RateLimits:
             self._log(key, model.id, limits.tier, kind)
             metrics().limiter.inc(tags={"outcome": "refused_budget"})
             raise self._budget_error(kind, outcome, model.id)
-        if limits.requests_per_minute:
-            self._set_headers(headers, limits, outcome, now, key)
+        if not limits.requests_per_minute:
+            metrics().limiter.inc(tags={"outcome": "admitted"})
+            return None
+        state = _limit_state(limits, outcome, now, key)
         if outcome.code != OK:
             kind = "RPM" if outcome.code == OVER_REQUESTS else "TPM"
             self._log(key, model.id, limits.tier, kind)
@@ -164,28 +197,11 @@ class RateLimits:
             what = ("requests" if kind == "RPM" else "tokens")
             amount = (limits.requests_per_minute if kind == "RPM"
                       else limits.tokens_per_minute)
-            raise ApiError(429, f"Rate limit exceeded: {amount} {what} per minute for model "
-                                f"{model.id} with this {_caller(key)}; retry after the reset in "
-                                "x-ratelimit-reset-requests", code="RATE_LIMIT_EXCEEDED")
+            raise RateLimited(f"Rate limit exceeded: {amount} {what} per minute for model "
+                              f"{model.id} with this {_caller(key)}; retry after the reset in "
+                              "x-ratelimit-reset-requests", state)
         metrics().limiter.inc(tags={"outcome": "admitted"})
-        if not limits.requests_per_minute:
-            return None
-        return Ticket(self, bucket, outcome.window_ms, tokens)
-
-    @staticmethod
-    def _set_headers(headers: dict[str, str], limits: Limits, outcome: Outcome,
-                     now: int, key: KeyRecord) -> None:
-        reset_ms = outcome.window_ms + WINDOW_MS
-        headers["x-ratelimit-limit-requests"] = str(limits.requests_per_minute)
-        headers["x-ratelimit-remaining-requests"] = str(
-            max(0, limits.requests_per_minute - outcome.requests))
-        headers["x-ratelimit-reset-requests"] = str(math.ceil(reset_ms / 1000))
-        if limits.tokens_per_minute:
-            headers["x-ratelimit-limit-tokens"] = str(limits.tokens_per_minute)
-            headers["x-ratelimit-remaining-tokens"] = str(
-                max(0, limits.tokens_per_minute - outcome.tokens))
-            headers["x-ratelimit-reset-tokens"] = str(max(0, math.ceil((reset_ms - now) / 1000)))
-        headers["x-ratelimit-type"] = "user" if key.wallet_address else "api_key"
+        return Ticket(self, bucket, outcome.window_ms, tokens, state)
 
     @staticmethod
     def _budget_error(kind: str, outcome: Outcome, model_id: str) -> ApiError:
@@ -199,26 +215,32 @@ class RateLimits:
                                  "x-ratelimit-resets": str(resets)},
                         extra={"customMessage": message})
 
-    async def admit_key_creation(self, request: Any, key: KeyRecord) -> None:
+    async def admit_key_creation(self, key: KeyRecord) -> LimitState:
         """API key creation: 20 per minute per account."""
         now = self._now_ms()
         outcome = await self.backend.decide(f"{key.account_id}|api_key_create",
                                             API_KEY_CREATIONS_PER_MINUTE, 0, 0, [], now)
         limits = Limits(API_KEY_CREATIONS_PER_MINUTE, None, "api_key_create")
-        self._set_headers(request.state.response_headers, limits, outcome, now, key)
+        state = _limit_state(limits, outcome, now, key)
         if outcome.code != OK:
             self._log(key, None, "paid", "RPM")
-            raise ApiError(429, f"Rate limit exceeded: at most {API_KEY_CREATIONS_PER_MINUTE} "
-                                "API keys may be created per minute", code="RATE_LIMIT_EXCEEDED")
+            raise RateLimited(f"Rate limit exceeded: at most {API_KEY_CREATIONS_PER_MINUTE} "
+                              "API keys may be created per minute", state)
+        return state
 
-    def request_finished(self, state: dict[str, Any], status: int) -> None:
+    async def count_account(self, account_id: str, name: str, per_minute: int) -> Outcome:
+        """One request counted against an account-wide per-minute cap of its own (`name`),
+        outside the per-model limits (the crypto RPC proxy)."""
+        return await self.backend.decide(f"{account_id}|{name}", per_minute, 0, 0, [],
+                                         self._now_ms())
+
+    def request_finished(self, key: KeyRecord | None, model_id: str, status: int,
+                         request_id: str, *, unsupported_feature: bool = False) -> None:
         """Count a failed request (any endpoint) toward its key's error budget."""
-        key = state.get("api_key")
         if key is None or status < 400 or status in (429, CLIENT_CLOSED_REQUEST) \
-                or state.get("unsupported_feature"):
+                or unsupported_feature:
             return  # refused by a limit already, or the client left: not the key's failure
-        model_id = state.get("limit_model") or ""
-        self._spawn(self._count_failure(key, model_id, state.get("request_id", "")))
+        self._spawn(self._count_failure(key, model_id, request_id))
 
     async def _count_failure(self, key: KeyRecord, model_id: str, request_id: str) -> None:
         now = self._now_ms()
@@ -240,11 +262,10 @@ class RateLimits:
             budget=1, limit=FAILED_REQUESTS_MAX, count=FAILED_REQUESTS_MAX + 1,
             resets_ms=until), "")
 
-    def unsupported_feature(self, request: Any, key: KeyRecord, model_id: str) -> None:
+    def unsupported_feature(self, key: KeyRecord, model_id: str, request_id: str) -> None:
         """Count an unsupported-feature request (its own budget, not the failed one)."""
-        request.state.unsupported_feature = True
         self._spawn(self.backend.record(_unsupported_key(key.id, model_id), self._now_ms(),
-                                        request.state.request_id))
+                                        request_id))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -20,6 +20,7 @@ from serve_app.catalog import CatalogModel
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images.inputs import inspect_image
 from serve_app.jobs.service import InputFile, delivery_url, download_secret, queue_job
+from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.video import QueueVideoRequest, QuoteVideoRequest
 from serve_app.state import GatewayState
 from serve_app.video.probe import probe
@@ -175,7 +176,7 @@ async def _inputs(state: GatewayState, model: CatalogModel, body: QueueVideoRequ
     return inputs, source
 
 
-async def queue(request: Request, state: GatewayState, key: KeyRecord,
+async def queue(request: Request, ctx: RequestContext, state: GatewayState, key: KeyRecord,
                 body: QueueVideoRequest) -> dict[str, str]:
     routed = video_model(state, body.model)
     model = routed.model
@@ -194,7 +195,7 @@ async def queue(request: Request, state: GatewayState, key: KeyRecord,
               "enhancement_model": body.enhancement_model, "creativity": body.creativity}
     # read before queueing: once the job is queued, nothing may fail the answer
     secret = await download_secret(state) if model.is_private else None
-    job = await queue_job(request, state, key, routed, "video", plan.cost, params, inputs)
+    job = await queue_job(ctx, state, key, routed, "video", plan.cost, params, inputs)
     queued = {"model": model.id, "queue_id": job.queue_id}
     if secret is not None:  # the spec: a short-lived delivery URL, for private models only
         queued["download_url"] = delivery_url(request, state.settings.public_api_url, secret,

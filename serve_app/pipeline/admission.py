@@ -1,0 +1,139 @@
+"""Steps 3 to 5 of every billable request, in one rule: the rate limits (429), the checks of
+the request, then the model's privacy tier (403) and the hold of the most the request may
+cost (402). The limiter's decision starts first; when the key's last count left it well inside
+its limits, the hold runs beside it and a refusal by the limiter gives the hold back; near its
+limits they run one after the other, so that a flood of refused requests writes nothing to the
+ledger. The answers are the same either way: 429 before 400 before 402, and an admitted request
+counts even when the hold refuses.
+
+    charge = await admission.admit(ctx, key, model, tokens, max_cost)
+
+or, for a request checked while the limiter decides (chat):
+
+    pending = admission.start(ctx, key, model, tokens)
+    try:
+        check the request
+    except BaseException as exc:
+        await pending.abandon(exc)  # a 429 comes first
+        raise
+    charge = await pending.hold(models, max_cost)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from serve_app.auth.key_store import KeyRecord
+from serve_app.billing.pricing import Cost, price
+from serve_app.billing.service import Billing, Hold, check_privacy, payer_of
+from serve_app.catalog import CatalogModel
+from serve_app.errors import UnsupportedFeature
+from serve_app.limits.service import RateLimited, RateLimits, Ticket
+from serve_app.pipeline import respond
+from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.settlement import Charge
+
+# The most a request may use of a model, in its priced units ({"input": n, "output": m}).
+MaxUnits = Callable[[CatalogModel], dict[str, int]]
+# A limit other than the model's own per-minute limits (the crypto RPC proxy's caps).
+LimitCheck = Callable[[], Awaitable[Ticket | None]]
+
+
+class Admission:
+    def __init__(self, limits: RateLimits, billing: Billing) -> None:
+        self.limits = limits
+        self.billing = billing
+
+    def start(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel, tokens: int, *,
+              feature_budget: bool = False, limit: LimitCheck | None = None
+              ) -> PendingAdmission:
+        """Start the limiter's decision for `model` (`tokens`: the prompt's estimate);
+        `feature_budget`: unsupported features count toward their own budget (chat).
+        `limit` replaces the model's limits with another check."""
+        ctx.limit_model = model.id
+        beside = limit is None and self.limits.has_room(key, model, tokens)
+        deciding = limit() if limit is not None else self._decide(
+            ctx, key, model, tokens, feature_budget)
+        return PendingAdmission(self, ctx, key, asyncio.ensure_future(deciding), beside)
+
+    async def admit(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel,
+                    tokens: int, max_cost: Cost | MaxUnits, *,
+                    limit: LimitCheck | None = None) -> Charge:
+        """Limits and hold for a request already checked."""
+        return await self.start(ctx, key, model, tokens, limit=limit).hold([model], max_cost)
+
+    async def admit_key_creation(self, ctx: RequestContext, key: KeyRecord) -> None:
+        """The account's per-minute cap on new API keys (429)."""
+        try:
+            respond.rate_limit_headers(ctx, await self.limits.admit_key_creation(key))
+        except RateLimited as refused:
+            respond.rate_limit_headers(ctx, refused.state)
+            raise
+
+    def unsupported_feature(self, ctx: RequestContext, key: KeyRecord) -> None:
+        """Count a request refused for a feature its model lacks (its own budget)."""
+        ctx.unsupported_feature = True
+        self.limits.unsupported_feature(key, ctx.limit_model, ctx.request_id)
+
+    async def _decide(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel,
+                      tokens: int, feature_budget: bool) -> Ticket | None:
+        try:
+            ticket = await self.limits.admit(key, model, tokens, feature_budget=feature_budget)
+        except RateLimited as refused:
+            respond.rate_limit_headers(ctx, refused.state)
+            raise
+        if ticket is not None:
+            respond.rate_limit_headers(ctx, ticket.state)
+        return ticket
+
+    async def _hold(self, ctx: RequestContext, key: KeyRecord, models: Sequence[CatalogModel],
+                    max_cost: Cost | MaxUnits) -> Hold:
+        """Hold the highest price any of `models` (a model and its fallbacks) may charge."""
+        for model in models:
+            check_privacy(key, model)
+        amount = max_cost.nanos if isinstance(max_cost, Cost) else max(
+            price(model, max_cost(model)).nanos for model in models)
+        hold = await self.billing.hold(ctx.request_id, payer_of(key), amount)
+        respond.balance_headers(ctx, hold.before)
+        return hold
+
+
+class PendingAdmission:
+    """A request whose limiter decision is under way; `hold` or `abandon` must follow."""
+
+    def __init__(self, admission: Admission, ctx: RequestContext, key: KeyRecord,
+                 deciding: asyncio.Future[Ticket | None], beside: bool) -> None:
+        self._admission = admission
+        self._ctx = ctx
+        self._key = key
+        self._deciding = deciding
+        self._beside = beside
+
+    async def hold(self, models: Sequence[CatalogModel], max_cost: Cost | MaxUnits) -> Charge:
+        ctx = self._ctx
+        if not self._beside:
+            with ctx.step("limits"):
+                ticket = await self._deciding
+            with ctx.step("hold"):
+                hold = await self._admission._hold(ctx, self._key, models, max_cost)
+            return Charge(ctx, hold, ticket)
+        with ctx.step("limits+hold"):
+            admitted, held = await asyncio.gather(
+                self._deciding, self._admission._hold(ctx, self._key, models, max_cost),
+                return_exceptions=True)
+        if isinstance(admitted, BaseException):
+            if isinstance(held, Hold):
+                await held.finish(None)
+            raise admitted
+        if isinstance(held, BaseException):
+            raise held
+        return Charge(ctx, held, admitted)
+
+    async def abandon(self, reason: BaseException | None = None) -> None:
+        """The request was refused before its hold: the limiter's refusal (429) comes first;
+        an unsupported feature counts toward its own budget."""
+        with self._ctx.step("limits"):
+            await self._deciding
+        if isinstance(reason, UnsupportedFeature):
+            self._admission.unsupported_feature(self._ctx, self._key)

@@ -1,0 +1,44 @@
+"""The one place money moves after the work: a `Charge` (the hold of an admitted request, and
+its rate-limit ticket) is settled with what was delivered, or released when nothing was.
+Either way exactly once: a second call does nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serve_app.billing.ledger import Balances
+from serve_app.billing.pricing import Cost
+from serve_app.billing.service import Hold
+from serve_app.limits.service import Ticket
+from serve_app.pipeline.context import RequestContext
+
+
+@dataclass(eq=False)
+class Charge:
+    ctx: RequestContext
+    hold: Hold
+    ticket: Ticket | None = None
+
+    @property
+    def before(self) -> Balances:
+        """The balance before the request (its headers show it)."""
+        return self.hold.before
+
+    @property
+    def done(self) -> bool:
+        return self.hold.done
+
+    async def settle(self, cost: Cost | None, *, tokens: int | None = None) -> None:
+        """Charge `cost` (what was delivered; None or an empty cost releases the hold), and
+        correct the rate-limit count to the measured `tokens` (sent, not awaited)."""
+        if tokens is not None and self.ticket is not None:
+            ticket, self.ticket = self.ticket, None
+            ticket.correct(tokens)
+        if self.hold.done:
+            return
+        with self.ctx.step("settle"):
+            await self.hold.finish(cost)
+
+    async def release(self) -> None:
+        """Nothing was delivered: the hold goes back whole."""
+        await self.hold.finish(None)
