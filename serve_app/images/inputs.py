@@ -39,7 +39,14 @@ from serve_app.images.rules import (
     open_checked,
     too_large_message,
 )
-from serve_app.net_guard import BlockedAddress, GuardedFetcher
+from serve_app.net_guard import (
+    BlockedAddress,
+    FetchTimedOut,
+    GuardedFetcher,
+    RefusedEncoding,
+    TooLarge,
+    TooManyRedirects,
+)
 
 IMAGE_FETCH_TIMEOUT_S = 15.0
 MAX_FORM_FIELDS = 64
@@ -142,16 +149,6 @@ def _data_url_payload(value: str, field: str, media: str = "image") -> str:
     return payload
 
 
-def _blocked_reason(exc: BlockedAddress) -> str:
-    """net_guard raises BlockedAddress for three things; tell them apart by their message."""
-    message = str(exc)
-    if " is larger than " in message:
-        return "too large"
-    if message.startswith("too many redirects"):
-        return "redirects"
-    return "blocked"
-
-
 class ImageSourceReader:
     """Turns a JSON string (raw base64, a data URL, or an http(s) URL) into the bytes of an
     image (or, with `media`, of a video or an audio file)."""
@@ -193,17 +190,18 @@ class ImageSourceReader:
         try:
             async with asyncio.timeout(self.total_timeout_s):
                 fetched = await self.fetcher.fetch(url)
+        except TooLarge as exc:  # as sent, or once decoded
+            raise payload_too_large(too_large_message(field, None)) from exc
+        except TooManyRedirects as exc:
+            raise invalid_request(f"could not fetch {media} URL: too many redirects",
+                                  field) from exc
+        except RefusedEncoding as exc:
+            raise invalid_request(f"could not fetch {media} URL: {exc.reason}", field) from exc
+        except (TimeoutError, httpx.TimeoutException, FetchTimedOut) as exc:
+            raise invalid_request(f"could not fetch {media} URL: timed out", field) from exc
         except BlockedAddress as exc:
-            reason = _blocked_reason(exc)
-            if reason == "too large":
-                raise payload_too_large(too_large_message(field, None)) from exc
-            if reason == "redirects":
-                raise invalid_request(f"could not fetch {media} URL: too many redirects",
-                                      field) from exc
             raise invalid_request(f"{media} URL host {host} is not reachable from here",
                                   field) from exc
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            raise invalid_request(f"could not fetch {media} URL: timed out", field) from exc
         except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
             raise invalid_request(f"could not fetch {media} URL", field) from exc
         if not 200 <= fetched.status < 300:
