@@ -2,7 +2,10 @@
 
 The search provider is an HTTP service configured by `WEB_SEARCH_URL`: it receives
 `POST {"query": str, "limit": int}` and answers `{"results": [{"title", "url", "content"}]}`.
-Scraping fetches at most five URLs found in the last user message, through the SSRF guard.
+Scraping fetches at most five URLs found in the last user message, through the SSRF guard, each
+within `SCRAPE_FETCH_DEADLINE_S` and all of them within `SCRAPE_DEADLINE_S` (a page that misses
+either is skipped, like one that failed). The search provider's key goes only to the origin of
+`WEB_SEARCH_URL`, never on to another host it redirects to (net_guard).
 """
 
 from __future__ import annotations
@@ -13,14 +16,26 @@ import logging
 import re
 from dataclasses import asdict, dataclass
 
+import httpx
 from bs4 import BeautifulSoup
 
-from serve_app.net_guard import BlockedAddress, GuardedFetcher
+from serve_app.net_guard import (
+    BlockedAddress,
+    FetchTimedOut,
+    GuardedFetcher,
+    RefusedEncoding,
+    TooLarge,
+)
 
 logger = logging.getLogger("serve_app.web")
 
 MAX_SCRAPE_URLS = 5
 MAX_DOCUMENT_CHARS = 8000
+# Deadlines over the per-read timeout, which a server sending a byte at a time never misses:
+# one scraped page (its redirects included), all the pages of one request, one search.
+SCRAPE_FETCH_DEADLINE_S = 10.0
+SCRAPE_DEADLINE_S = 20.0
+SEARCH_DEADLINE_S = 20.0
 URL_PATTERN = re.compile(r"https?://[^\s<>\"')\]]+")
 
 
@@ -59,25 +74,54 @@ def html_to_text(html: bytes, content_type: str) -> tuple[str, str]:
     return title, text
 
 
+def _why(exc: Exception) -> str:
+    """What a client may read of a failed search (nothing of the provider's address)."""
+    if isinstance(exc, (FetchTimedOut, httpx.TimeoutException)):
+        return ": timed out"
+    if isinstance(exc, TooLarge):
+        return ": the provider's answer is too large"
+    if isinstance(exc, RefusedEncoding):
+        return f": the provider's answer was refused: {exc.reason}"
+    return ""
+
+
 class WebTools:
     def __init__(self, fetcher: GuardedFetcher, search_url: str | None,
-                 search_api_key: str | None = None) -> None:
+                 search_api_key: str | None = None, *,
+                 fetch_deadline_s: float = SCRAPE_FETCH_DEADLINE_S,
+                 scrape_deadline_s: float = SCRAPE_DEADLINE_S,
+                 search_deadline_s: float = SEARCH_DEADLINE_S) -> None:
         self.fetcher = fetcher
         self.search_url = search_url
         self.search_api_key = search_api_key
+        self.fetch_deadline_s = fetch_deadline_s
+        self.scrape_deadline_s = scrape_deadline_s
+        self.search_deadline_s = search_deadline_s
 
     @property
     def search_available(self) -> bool:
         return bool(self.search_url)
 
     async def scrape(self, urls: list[str]) -> list[WebDocument]:
-        """The pages that could be fetched (failures are skipped, and not billed)."""
-        results = await asyncio.gather(*(self._scrape_one(u) for u in urls[:MAX_SCRAPE_URLS]))
-        return [doc for doc in results if doc is not None]
+        """The pages that could be fetched within the deadlines, in the order of `urls`
+        (failures are skipped, and not billed)."""
+        tasks = [asyncio.ensure_future(self._scrape_one(u)) for u in urls[:MAX_SCRAPE_URLS]]
+        if not tasks:
+            return []
+        try:
+            _, late = await asyncio.wait(tasks, timeout=self.scrape_deadline_s)
+        finally:
+            for task in tasks:
+                task.cancel()  # the late ones (or all, should this request be cancelled)
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+            logger.info("not scraped within %g s: %d of %d URLs", self.scrape_deadline_s,
+                        len(late), len(tasks))
+        return [doc for task in tasks if task not in late and (doc := task.result()) is not None]
 
     async def _scrape_one(self, url: str) -> WebDocument | None:
         try:
-            fetched = await self.fetcher.fetch(url)
+            fetched = await self.fetcher.fetch(url, deadline_s=self.fetch_deadline_s)
         except (BlockedAddress, OSError, Exception) as exc:  # any failure: skip this URL
             logger.info("not scraped %s: %s", url, exc)
             return None
@@ -96,10 +140,12 @@ class WebTools:
         try:
             fetched = await self.fetcher.fetch(self.search_url, method="POST",
                                                json={"query": query, "limit": limit},
-                                               headers=headers)
+                                               headers=headers,
+                                               deadline_s=self.search_deadline_s)
             payload = json.loads(fetched.body)
-        except Exception as exc:
-            raise WebUnavailable(f"web search failed: {exc}") from exc
+        except Exception as exc:  # the detail may name the provider's URL: logged, not shown
+            logger.warning("web search failed: %r", exc)
+            raise WebUnavailable(f"web search failed{_why(exc)}") from exc
         if fetched.status != 200:
             raise WebUnavailable(f"web search failed with status {fetched.status}")
         return [WebDocument(title=str(r.get("title", "")), url=str(r.get("url", "")),
