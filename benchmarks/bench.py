@@ -252,7 +252,7 @@ def embedding_engine_figures(seconds: float = 4.0) -> tuple[float, float]:
     """(texts/s on batches of 32, ms per single text): the deployment's engine, with the
     torch threads the deployment gives it, in this process."""
     from deployments.engines.embedding import SentenceTransformersEngine
-    from deployments.weights import resolve_weights
+    from deployments.weights.store import resolve_weights
     from serve_app.catalog import load_catalog
 
     model = load_catalog(CATALOG).find(EMBEDDER, "embedding")
@@ -283,7 +283,7 @@ def free_port() -> int:
 
 def prepare_data_dir() -> Path:
     """A fresh DATA_DIR whose models/ is the repository's built weights (built once)."""
-    from deployments.weights import build_tiny_chat_model, convert_smollm2
+    from deployments.weights.text import build_tiny_chat_model, convert_smollm2
 
     convert_smollm2(MODELS_DIR / SMOLLM2)
     build_tiny_chat_model(MODELS_DIR / TINY)

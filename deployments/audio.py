@@ -1,5 +1,6 @@
 """The audio deployments: `speech` (text to speech, streamed sentence by sentence) and
-`transcription` (speech to text), each with its own autoscaling bounds and a bounded queue.
+`transcription` (speech to text), each with its own autoscaling bounds and a bounded queue
+(configs/deployments.yaml).
 
 Engines are synchronous and CPU-bound: they run in a worker thread of the replica, so its
 event loop keeps answering (health checks, other calls) while audio is computed.
@@ -15,9 +16,10 @@ from typing import Any
 
 from ray import serve
 
+from deployments.base import ModelDeployment, not_served
 from deployments.engines.audio import CONTENT_TYPES, ENGINES, encode_audio
 from deployments.errors import engine_error
-from deployments.weights import load_engines, model_specs
+from deployments.spec import ModelSpec
 
 _DONE = object()
 
@@ -57,16 +59,12 @@ async def in_thread(produce: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
         await asyncio.shield(worker)
 
 
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0.25},
-    max_ongoing_requests=4,
-    max_queued_requests=32,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
-    graceful_shutdown_timeout_s=30,
-)
-class SpeechDeployment:
-    def __init__(self, models: list[dict[str, Any]]) -> None:
-        self.engines = load_engines(models, ENGINES)
+@serve.deployment
+class SpeechDeployment(ModelDeployment):
+    ENGINES = ENGINES
+
+    def __init__(self, models: list[ModelSpec]) -> None:
+        super().__init__(models)
         self._busy = threading.Lock()  # one synthesis at a time: the engine uses its threads
 
     def voices(self, model_id: str) -> list[str]:
@@ -78,8 +76,7 @@ class SpeechDeployment:
         item is `{"sample_rate"}` (or an error), the rest are bytes."""
         engine = self.engines.get(model_id)
         if engine is None:
-            yield engine_error(404, f"Model {model_id!r} is not served here",
-                               code="MODEL_NOT_FOUND")
+            yield not_served(model_id)
             return
         if voice not in engine.voices():
             yield engine_error(400, f"voice {voice!r} is not offered by {model_id}; use one "
@@ -104,8 +101,7 @@ class SpeechDeployment:
         file in `params["format"]`."""
         engine = self.engines.get(model_id)
         if engine is None:
-            return engine_error(404, f"Model {model_id!r} is not served here",
-                                code="MODEL_NOT_FOUND")
+            return not_served(model_id)
         fmt = str(params.get("format", "mp3"))
         started = time.perf_counter()
 
@@ -124,24 +120,19 @@ class SpeechDeployment:
                 "replica_ms": (time.perf_counter() - started) * 1000}
 
 
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0.25},
-    max_ongoing_requests=2,
-    max_queued_requests=16,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
-    graceful_shutdown_timeout_s=30,
-)
-class TranscriptionDeployment:
-    def __init__(self, models: list[dict[str, Any]]) -> None:
-        self.engines = load_engines(models, ENGINES)
+@serve.deployment
+class TranscriptionDeployment(ModelDeployment):
+    ENGINES = ENGINES
+
+    def __init__(self, models: list[ModelSpec]) -> None:
+        super().__init__(models)
         self._busy = threading.Lock()
 
     async def transcribe(self, model_id: str, audio: bytes, language: str | None,
                          timestamps: bool) -> dict[str, Any]:
         engine = self.engines.get(model_id)
         if engine is None:
-            return engine_error(404, f"Model {model_id!r} is not served here",
-                                code="MODEL_NOT_FOUND")
+            return not_served(model_id)
         started = time.perf_counter()
 
         def work() -> dict[str, Any]:
@@ -158,10 +149,3 @@ class TranscriptionDeployment:
         out["replica_ms"] = (time.perf_counter() - started) * 1000
         return out
 
-
-def bind_speech(name: str, models: list, settings: dict[str, Any]):
-    return SpeechDeployment.options(name=name).bind(model_specs(models, settings))
-
-
-def bind_transcription(name: str, models: list, settings: dict[str, Any]):
-    return TranscriptionDeployment.options(name=name).bind(model_specs(models, settings))

@@ -13,37 +13,29 @@ from typing import Any
 
 from ray import serve
 
+from deployments.base import ModelDeployment, not_served
 from deployments.engines.embedding import ENGINES, EmbeddingEngine, Embeddings
-from deployments.errors import engine_error
-from deployments.weights import model_specs, resolve_weights
+from deployments.spec import ModelSpec
 
 logger = logging.getLogger("deployments.embedding")
 
 
-@serve.deployment(
-    name="embedding",
-    ray_actor_options={"num_cpus": 0.25},
-    max_ongoing_requests=64,
-    max_queued_requests=256,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
-)
-class EmbeddingDeployment:
-    def __init__(self, models: list[dict[str, Any]], settings: dict[str, Any]) -> None:
-        self.engines: dict[str, EmbeddingEngine] = {}
-        for model in models:
-            engine_cls = ENGINES[model["engine"]]
-            self.engines[model["id"]] = engine_cls(str(resolve_weights(model["weights"])),
-                                                   model.get("engine_options", {}))
-            logger.info("embedding model %s loaded (%d dimensions)", model["id"],
-                        self.engines[model["id"]].dimensions)
+@serve.deployment
+class EmbeddingDeployment(ModelDeployment):
+    ENGINES = ENGINES
+    engines: dict[str, EmbeddingEngine]
+
+    def __init__(self, models: list[ModelSpec]) -> None:
+        super().__init__(models)
+        for model_id, engine in self.engines.items():
+            logger.info("embedding model %s: %d dimensions", model_id, engine.dimensions)
 
     async def embed(self, model_id: str, texts: list[str]) -> dict[str, Any]:
         """Unit vectors of `texts` with each input's token count (the model reads the first
         `max_seq_length`). The texts may come from several requests, which the gateway
         merges: it refuses the request of an input over its per-input limit."""
         if model_id not in self.engines:
-            return engine_error(404, f"Model {model_id!r} is not served here",
-                                code="MODEL_NOT_FOUND")
+            return not_served(model_id)
         started = time.perf_counter()
         vectors, tokens = await self._encode((model_id, texts))
         return {"vectors": vectors, "tokens": tokens,
@@ -73,6 +65,3 @@ class EmbeddingDeployment:
     def dimensions(self, model_id: str) -> int:
         return self.engines[model_id].dimensions
 
-
-def bind(models: list, settings: dict[str, Any]):
-    return EmbeddingDeployment.bind(model_specs(models, settings), settings)

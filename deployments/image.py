@@ -1,6 +1,6 @@
 """The image deployments: one Serve deployment per engine family (image-upscale: Real-ESRGAN,
 image-matting: background removal, image-diffusion: diffusers edit and generation), each
-with its own autoscaling bounds and a bounded queue.
+with its own autoscaling bounds and a bounded queue (configs/deployments.yaml).
 
 The gateway checks every input from its header and sends the bytes; decoding, the engine and
 encoding all run here, in a worker thread, so neither the gateway's event loop nor this
@@ -11,7 +11,6 @@ replica's stops answering while a picture is computed. A full queue refuses (Ser
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import threading
 import time
@@ -19,40 +18,21 @@ from typing import Any
 
 from ray import serve
 
+from deployments.base import ModelDeployment, not_served
 from deployments.engines.image import ENGINES
+from deployments.engines.image_io import ImageDecodeError, decode_image, encode_image
 from deployments.errors import engine_error
-from deployments.weights import load_engines, model_specs
-from serve_app.images.rules import ImageInputError, decode_image
+from deployments.spec import ModelSpec
 
 logger = logging.getLogger("deployments.image")
 
-# Pillow's encoder names and options per output format.
-_ENCODERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "png": ("PNG", {"optimize": False, "compress_level": 6}),
-    "jpeg": ("JPEG", {"quality": 92}),
-    "webp": ("WEBP", {"quality": 90}),
-}
 
+@serve.deployment
+class ImageDeployment(ModelDeployment):
+    ENGINES = ENGINES
 
-def encode(image: Any, fmt: str) -> bytes:
-    name, options = _ENCODERS[fmt]
-    if name == "JPEG" and image.mode not in ("RGB", "L"):
-        image = image.convert("RGB")  # JPEG has no alpha
-    out = io.BytesIO()
-    image.save(out, name, **options)
-    return out.getvalue()
-
-
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0.25},
-    max_ongoing_requests=2,
-    max_queued_requests=16,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
-    graceful_shutdown_timeout_s=30,
-)
-class ImageDeployment:
-    def __init__(self, models: list[dict[str, Any]]) -> None:
-        self.engines = load_engines(models, ENGINES)
+    def __init__(self, models: list[ModelSpec]) -> None:
+        super().__init__(models)
         # One picture at a time per replica: the engines use every thread they are given.
         self._busy = threading.Lock()
 
@@ -63,7 +43,7 @@ class ImageDeployment:
         with self._busy:
             outputs = engine.run(decoded, params)
         return {
-            "images": [encode(image, fmt) for image in outputs],
+            "images": [encode_image(image, fmt) for image in outputs],
             "width": outputs[0].width,
             "height": outputs[0].height,
             "blurred": any(image.info.get("blurred") for image in outputs),
@@ -75,12 +55,11 @@ class ImageDeployment:
         `fmt` (png, jpeg, webp). A bad input is reported as data (a 400 for the client)."""
         engine = self.engines.get(model_id)
         if engine is None:
-            return engine_error(404, f"Model {model_id!r} is not served here",
-                                code="MODEL_NOT_FOUND")
+            return not_served(model_id)
         started = time.perf_counter()
         try:
             out = await asyncio.to_thread(self._work, engine, images, dict(params), fmt)
-        except ImageInputError as exc:
+        except ImageDecodeError as exc:
             return engine_error(exc.status, str(exc), code=exc.code, field=exc.field)
         except ValueError as exc:  # a parameter the engine cannot honour
             return engine_error(400, str(exc))
@@ -90,7 +69,3 @@ class ImageDeployment:
                                 code="MODEL_AT_CAPACITY")
         out["replica_ms"] = (time.perf_counter() - started) * 1000
         return out
-
-
-def bind(name: str, models: list, settings: dict[str, Any]):
-    return ImageDeployment.options(name=name).bind(model_specs(models, settings))

@@ -1,8 +1,8 @@
 """The video deployments: one per engine family, `video-generation` (Wan: text, image and
 reference to video) and `video-enhance` (upscaling and frame interpolation of a source clip),
-each with its own autoscaling bounds and a bounded queue. Their work comes from the job runner
-(serve_app/jobs/runner.py), never straight from a client: a job waits in the job table, not in
-a replica's queue.
+each with its own autoscaling bounds and a bounded queue (configs/deployments.yaml). Their work
+comes from the job runner (serve_app/jobs/runner.py), never straight from a client: a job waits
+in the job table, not in a replica's queue.
 
 The engine and the MP4 encoding run in a worker thread, so the replica keeps answering its
 health checks while a clip is made.
@@ -18,23 +18,20 @@ from typing import Any
 
 from ray import serve
 
+from deployments.base import ModelDeployment, not_served
 from deployments.engines.video import ENGINES, encode_mp4
 from deployments.errors import engine_error
-from deployments.weights import load_engines, model_specs
+from deployments.spec import ModelSpec
 
 logger = logging.getLogger("deployments.video")
 
 
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0.25},
-    max_ongoing_requests=1,
-    max_queued_requests=4,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 1},
-    graceful_shutdown_timeout_s=60,
-)
-class VideoDeployment:
-    def __init__(self, models: list[dict[str, Any]]) -> None:
-        self.engines = load_engines(models, ENGINES)
+@serve.deployment
+class VideoDeployment(ModelDeployment):
+    ENGINES = ENGINES
+
+    def __init__(self, models: list[ModelSpec]) -> None:
+        super().__init__(models)
         self._busy = threading.Lock()  # one clip at a time: the engines use every thread
 
     def _work(self, engine: Any, params: dict[str, Any], inputs: dict[str, bytes]) -> bytes:
@@ -48,8 +45,7 @@ class VideoDeployment:
         by name; the MP4, or an error as data."""
         engine = self.engines.get(model_id)
         if engine is None:
-            return engine_error(404, f"Model {model_id!r} is not served here",
-                                code="MODEL_NOT_FOUND")
+            return not_served(model_id)
         started = time.perf_counter()
         try:
             media = await asyncio.to_thread(self._work, engine, params, inputs)
@@ -62,6 +58,3 @@ class VideoDeployment:
         return {"media": media, "media_type": "video/mp4",
                 "replica_ms": (time.perf_counter() - started) * 1000}
 
-
-def bind(name: str, models: list, settings: dict[str, Any]):
-    return VideoDeployment.options(name=name).bind(model_specs(models, settings))

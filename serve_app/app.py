@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.deployment import Application
 
-from deployments import MODEL_DEPLOYMENTS
-from deployments.weights import check_weights
+from deployments.registry import MODEL_DEPLOYMENTS, bind
+from deployments.weights.registry import check_weights
 from serve_app.catalog import load_catalog
 from serve_app.control.key_events import KeyEventHub, ServeKeyEvents
 from serve_app.db.bootstrap import bootstrap
@@ -103,8 +103,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
                 if model.deployment == name:
                     check_weights(model, settings.data_dir)
         handles = {
-            name: MODEL_DEPLOYMENTS[name]([m for m in catalog.models if m.deployment == name],
-                                          settings.model_dump(mode="json"))
+            name: bind(name, [m for m in catalog.models if m.deployment == name],
+                       settings.model_dump(mode="json"))
             for name in wanted
         }
     # The admin key is only needed by bootstrap; keep it out of replica arguments.

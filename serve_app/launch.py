@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from deployments.weights import weights_to_build
+from deployments.weights.registry import weights_to_build
 from serve_app.catalog import Catalog, load_catalog
 from serve_app.db.bootstrap import bootstrap
 from serve_app.process_tree import ray_processes, reap
@@ -222,9 +222,10 @@ def main() -> int:
         # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress
         # on the console, rather than silently inside a replica.
         catalog = load_catalog(settings.model_catalog)
-        if weights_to_build(catalog, settings.data_dir):
-            subprocess.run([sys.executable, "-m", "deployments.weights", "prepare"], check=True,
-                           cwd=PROJECT_ROOT,
+        if weights_to_build(catalog.models, settings.data_dir):
+            subprocess.run([sys.executable, "-m", "deployments.weights", "prepare",
+                            "--catalog", str(settings.model_catalog),
+                            "--data-dir", str(settings.data_dir)], check=True, cwd=PROJECT_ROOT,
                            env={**os.environ, "DATA_DIR": str(settings.data_dir)})
         if result.generated_admin_key:
             print("\n  First admin API key (shown once, store it now):\n"

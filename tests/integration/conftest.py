@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployments import AUDIO_DEPLOYMENTS, IMAGE_DEPLOYMENTS, VIDEO_DEPLOYMENTS
+from deployments.registry import AUDIO_DEPLOYMENTS, IMAGE_DEPLOYMENTS, VIDEO_DEPLOYMENTS
 from serve_app.auth.x402 import dev_facilitator
 from serve_app.process_tree import ray_processes, reap
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema

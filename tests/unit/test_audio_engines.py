@@ -23,9 +23,9 @@ from deployments.engines.audio import (
     WhisperEngine,
     decode_audio,
     encode_audio,
-    join_whisper_parts,
 )
-from deployments.weights import BUILDERS
+from deployments.weights.audio import join_whisper_parts
+from deployments.weights.registry import BUILDERS
 
 FOX = "The quick brown fox jumps over the lazy dog."
 

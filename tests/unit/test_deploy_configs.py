@@ -9,9 +9,14 @@ import jsonschema
 import pytest
 import yaml
 from ray.autoscaler._private.util import fillout_defaults, validate_config
-from ray.serve.schema import ServeDeploySchema
+from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
-from deployments import MODEL_DEPLOYMENTS
+from deployments.registry import (
+    MODEL_DEPLOYMENTS,
+    TEXT_DEPLOYMENTS,
+    deployment_options,
+    vllm_cpu_env,
+)
 from serve_app.app import AppArgs
 from serve_app.settings import PROJECT_ROOT
 
@@ -38,6 +43,29 @@ def _check_serve_config(raw: dict) -> dict[str, dict]:
         if name in MODEL_DEPLOYMENTS:  # every engine has a bounded queue
             assert option.get("max_queued_requests", 0) > 0, name
     return options
+
+
+def test_every_model_deployment_has_its_serve_options_in_configs_deployments_yaml():
+    """What a deployment is bound with when no Serve config overrides it (build_app called
+    from Python: tests, benchmarks): Serve's schema, and a bounded queue."""
+    for name in MODEL_DEPLOYMENTS:
+        options = deployment_options(name)
+        DeploymentSchema.model_validate({"name": name, **options})
+        assert options.get("max_queued_requests", 0) > 0, name
+    for name in TEXT_DEPLOYMENTS:
+        env = deployment_options(name)["ray_actor_options"]["runtime_env"]["env_vars"]
+        assert env == vllm_cpu_env() and env["VLLM_TARGET_DEVICE"] == "cpu", name
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "production.yaml"])
+def test_a_config_running_a_text_class_on_cpus_gives_it_the_vllm_cpu_environment(name):
+    """A Serve config's `ray_actor_options` replaces the code's as a whole, so a config that
+    sets them for a text class without GPUs repeats configs/deployments.yaml's environment."""
+    options = _check_serve_config(_load(CONFIGS / name))
+    for deployment in TEXT_DEPLOYMENTS:
+        actor = options.get(deployment, {}).get("ray_actor_options")
+        if actor is not None and not actor.get("num_gpus"):
+            assert actor["runtime_env"]["env_vars"] == vllm_cpu_env(), (name, deployment)
 
 
 def test_local_config_runs_on_cpus_only_and_fits_two_cores():

@@ -17,8 +17,8 @@ from deployments.engines.image import (
     RealEsrganEngine,
     default_realesrgan_weights,
 )
-from deployments.image_weights import build_tiny_matting_onnx
-from deployments.weights import BUILDERS, prepare_weights
+from deployments.weights.image import build_tiny_matting_onnx
+from deployments.weights.registry import BUILDERS, prepare_weights
 
 # --------------------------------------------------------------------------------------------
 # helpers

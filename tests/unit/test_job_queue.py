@@ -143,7 +143,7 @@ class _Handle:
 @pytest.fixture(scope="module")
 def speech():
     from deployments.audio import SpeechDeployment
-    from deployments.weights import model_specs
+    from deployments.spec import model_specs
 
     cls = SpeechDeployment.func_or_class
     return cls(model_specs([CATALOG.by_id["piper-narrator"]], {"data_dir": "/tmp"}))

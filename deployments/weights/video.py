@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deployments.image_weights import WEIGHTS_LABEL
+from deployments.weights.store import WEIGHTS_LABEL, build_once
 
 
 def build_tiny_wan(target: Path, seed: int = 0) -> Path:
-    from deployments.weights import _build_once
-
-    return _build_once(target, lambda folder: _build(folder, seed))
+    return build_once(target, lambda folder: _build(folder, seed))
 
 
 def _tokenizer():
@@ -66,6 +64,6 @@ def _build(target: Path, seed: int) -> dict:
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
     pipeline.save_pretrained(target, safe_serialization=True)
     (target / "README.md").write_text(
-        f"# {WEIGHTS_LABEL}\n\nBuilt by deployments.video_weights (WanPipeline, seed {seed}): "
+        f"# {WEIGHTS_LABEL}\n\nBuilt by deployments.weights.video (WanPipeline, seed {seed}): "
         "text-to-video, image-to-video and video-to-video from one folder.\n", encoding="utf-8")
     return {"seed": seed, "pipeline": "WanPipeline", "label": WEIGHTS_LABEL}

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-WEIGHTS_LABEL = "TEST WEIGHTS: tiny random networks built locally; their output is noise"
+from deployments.weights.store import WEIGHTS_LABEL, build_once
 
 # The tokenizer's special tokens, as in CLIP's vocabulary.
 _BOS, _EOS = "<|startoftext|>", "<|endoftext|>"
@@ -27,26 +27,19 @@ _BOS, _EOS = "<|startoftext|>", "<|endoftext|>"
 
 def build_tiny_sd(target: Path, seed: int = 0) -> Path:
     """A tiny text-to-image Stable Diffusion folder (test weights, output is noise)."""
-    # imported here: deployments.weights imports this module for its BUILDERS
-    from deployments.weights import _build_once
-
-    return _build_once(target, lambda folder: _build_pipeline(folder, seed, instruct=False))
+    return build_once(target, lambda folder: _build_pipeline(folder, seed, instruct=False))
 
 
 def build_tiny_instruct_pix2pix(target: Path, seed: int = 0) -> Path:
     """A tiny InstructPix2Pix folder: its UNet takes 8 channels, the noisy latents and the
     encoded base image (test weights, output is noise)."""
-    from deployments.weights import _build_once
-
-    return _build_once(target, lambda folder: _build_pipeline(folder, seed, instruct=True))
+    return build_once(target, lambda folder: _build_pipeline(folder, seed, instruct=True))
 
 
 def build_tiny_matting_onnx(target: Path, size: int = 64, seed: int = 0) -> Path:
     """`target/model.onnx`: a tiny conv net taking 1x3x`size`x`size` normalised RGB and giving
     1x1x`size`x`size` alpha logits, like BiRefNet / RMBG exports (test weights)."""
-    from deployments.weights import _build_once
-
-    return _build_once(target, lambda folder: _export_matting(folder, size, seed))
+    return build_once(target, lambda folder: _export_matting(folder, size, seed))
 
 
 def _byte_vocabulary() -> dict[str, int]:
@@ -154,7 +147,7 @@ def _build_pipeline(target: Path, seed: int, instruct: bool) -> dict:
         feature_extractor=feature_extractor, requires_safety_checker=True)
     pipeline.save_pretrained(target, safe_serialization=True)
     (target / "README.md").write_text(
-        f"# {WEIGHTS_LABEL}\n\nBuilt by deployments.image_weights "
+        f"# {WEIGHTS_LABEL}\n\nBuilt by deployments.weights.image "
         f"({pipeline_class.__name__}, seed {seed}). The safety checker flags every image.\n",
         encoding="utf-8")
     return {"seed": seed, "pipeline": pipeline_class.__name__, "label": WEIGHTS_LABEL}

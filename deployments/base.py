@@ -1,0 +1,52 @@
+"""What every model deployment shares: the engines of the models it serves, by model id, loaded
+the same way (weights built first when the catalog says how), and the one answer for a model
+it does not serve.
+
+A family's deployment subclasses `ModelDeployment`, names its engines in `ENGINES` and looks
+an engine up with `self.engines.get(model_id)`, answering `not_served(model_id)` when there is
+none. Its Serve options are in configs/deployments.yaml (deployments/registry.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from deployments.errors import engine_error
+from deployments.spec import ModelSpec
+from deployments.weights.registry import engine_weights
+
+logger = logging.getLogger("deployments")
+
+# An engine class: `(weights path or None, options) -> engine`.
+EngineFactory = Callable[[str | None, dict[str, Any]], Any]
+
+
+def not_served(model_id: str) -> dict[str, Any]:
+    """The error a deployment reports for a model it does not hold (plain data, a 404)."""
+    return engine_error(404, f"Model {model_id!r} is not served here", code="MODEL_NOT_FOUND")
+
+
+def load_engines(specs: list[ModelSpec], engines: Mapping[str, EngineFactory]
+                 ) -> dict[str, Any]:
+    """One engine per model spec, `engines[name](weights path or None, options)`, with the
+    weights built first when the catalog says how (`build`, not passed on to the engine); None:
+    the engine's own default (weights shipped in a package)."""
+    loaded = {}
+    for spec in specs:
+        options = {k: v for k, v in spec["engine_options"].items() if k != "build"}
+        path = engine_weights(spec["engine"], spec["weights"], spec["engine_options"])
+        loaded[spec["id"]] = engines[spec["engine"]](str(path) if path else None, options)
+        logger.info("model %s (%s) loaded from %s", spec["id"], spec["engine"],
+                    path or "its package")
+    return loaded
+
+
+class ModelDeployment:
+    """The base of every model deployment: `engines`, by model id."""
+
+    ENGINES: ClassVar[Mapping[str, EngineFactory]] = {}
+
+    def __init__(self, models: list[ModelSpec]) -> None:
+        self.engines: dict[str, Any] = load_engines(models, self.ENGINES)

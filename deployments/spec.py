@@ -1,0 +1,48 @@
+"""What a model deployment is told about the models it serves.
+
+At bind time the Gateway hands the catalog's models (serve_app's `CatalogModel`); a deployment
+reads only the attributes of `ServedModel`, so this package needs nothing from serve_app.
+What crosses Ray to the replicas is plain data, one `ModelSpec` per model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, TypedDict
+
+
+class ServedModel(Protocol):
+    """The attributes of a catalog model that the deployments read."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def deployment(self) -> str: ...
+
+    @property
+    def engine_options(self) -> dict[str, Any]: ...
+
+    def weights_spec(self, data_dir: Path) -> str | None:
+        """The weights location with `${DATA_DIR}` filled in (a path or `package:...`)."""
+        ...
+
+
+class ModelSpec(TypedDict):
+    """One model as a replica receives it."""
+
+    id: str
+    engine: str
+    weights: str | None  # a path or `package:<module>/<path>`, DATA_DIR filled in
+    engine_options: dict[str, Any]
+
+
+def model_specs(models: list[ServedModel], settings: dict[str, Any]) -> list[ModelSpec]:
+    """What a deployment's replicas need of each of its catalog models, as plain data (it
+    crosses Ray): id, engine, weights (with DATA_DIR filled in) and engine options."""
+    data_dir = Path(settings["data_dir"])
+    return [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
+             "engine_options": dict(m.engine_options)} for m in models]

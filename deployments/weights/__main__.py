@@ -1,0 +1,73 @@
+"""`python -m deployments.weights prepare [--catalog FILE] [--data-dir DIR]`: build the weights
+the catalog says how to build (`engine_options.build`), with progress on the console.
+
+The catalog and data folder default as the platform's settings do: MODEL_CATALOG
+(configs/models.yaml) and DATA_DIR (./data). Only the models' `id`, `weights` and
+`engine_options` are read here; the Gateway validates the whole catalog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deployments.weights.registry import prepare_all
+from deployments.weights.store import expand_spec
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A catalog model as far as building its weights goes (a `ServedModel`)."""
+
+    id: str
+    engine: str = ""
+    deployment: str = ""
+    weights: str | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    def weights_spec(self, data_dir: Path) -> str | None:
+        return expand_spec(self.weights, data_dir)
+
+
+def read_catalog(path: Path) -> list[CatalogEntry]:
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return [CatalogEntry(id=m["id"], engine=m.get("engine", ""),
+                         deployment=m.get("deployment", ""), weights=m.get("weights"),
+                         engine_options=dict(m.get("engine_options") or {}))
+            for m in raw.get("models", [])]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m deployments.weights",
+        description="Build the weights a model catalog says how to build "
+                    "(`engine_options.build`), with progress.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    prepare = commands.add_parser("prepare", help="build the weights the catalog asks for")
+    prepare.add_argument("--catalog", type=Path, default=Path(os.environ.get(
+        "MODEL_CATALOG", PROJECT_ROOT / "configs" / "models.yaml")),
+        help="the model catalog (default: $MODEL_CATALOG or configs/models.yaml)")
+    prepare.add_argument("--data-dir", type=Path,
+                         default=Path(os.environ.get("DATA_DIR", "./data")),
+                         help="where ${DATA_DIR} of the catalog points (default: $DATA_DIR "
+                              "or ./data)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    data_dir = args.data_dir.expanduser().resolve()
+    prepare_all(read_catalog(args.catalog.expanduser().resolve()), data_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,79 @@
+"""Where weights are, and how a built folder is made once: `resolve_weights` turns a catalog's
+weights spec into a folder, `build_once` runs a builder under a file lock and marks the folder
+complete last. Every builder of the package goes through `build_once`; this module imports
+none of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from filelock import FileLock
+
+logger = logging.getLogger("deployments.weights")
+
+PACKAGE_PREFIX = "package:"
+
+# Written into the folders of the test weights the builders make (tiny random networks).
+WEIGHTS_LABEL = "TEST WEIGHTS: tiny random networks built locally; their output is noise"
+
+
+def package_folder(module: str) -> Path:
+    """The folder of an installed Python package (weights shipped as a package)."""
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(f"weights package {module!r} is not installed")
+    return Path(next(iter(found.submodule_search_locations)))
+
+
+def resolve_weights(spec: str) -> Path:
+    """`package:<module>/<sub/path>` -> that folder inside the installed package; anything else
+    is a filesystem path."""
+    if not spec.startswith(PACKAGE_PREFIX):
+        return Path(spec)
+    module, _, sub = spec[len(PACKAGE_PREFIX):].partition("/")
+    return package_folder(module) / sub
+
+
+def expand_spec(weights: str | None, data_dir: Path) -> str | None:
+    """A catalog's `weights` with `${DATA_DIR}` (and other environment variables) filled in,
+    as serve_app's `CatalogModel.weights_spec` does."""
+    if not weights:
+        return None
+    return os.path.expandvars(weights.replace("${DATA_DIR}", str(data_dir)))
+
+
+def log(message: str) -> None:
+    """A builder's progress: to the log, and to the console of `python -m deployments.weights`."""
+    logger.info(message)
+    print(message, file=sys.stderr, flush=True)
+
+
+def marker(target: Path) -> Path:
+    """Written last by a build: its presence says the folder is complete."""
+    return target / ".complete"
+
+
+def is_built(target: Path) -> bool:
+    return marker(target).exists()
+
+
+def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
+    """Run `build(target)` unless an earlier run completed it; one builder at a time across
+    processes (replicas of a deployment may start together). `build` returns what the
+    marker records (seeds, source versions)."""
+    done = marker(target)
+    if done.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not done.exists():
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps(build(target)))
+    return target
