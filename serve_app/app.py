@@ -21,8 +21,8 @@ from serve_app.catalog import load_catalog
 from serve_app.control.key_events import KeyEventHub, ServeKeyEvents
 from serve_app.db.bootstrap import bootstrap
 from serve_app.gateway import create_prefixed_app
+from serve_app.services import GatewayServices
 from serve_app.settings import Settings
-from serve_app.state import GatewayState
 
 logger = logging.getLogger("serve_app.app")
 
@@ -49,7 +49,7 @@ class Gateway:
     hop to the model deployment."""
 
     def __init__(self, settings: dict[str, Any], handles: dict[str, Any], key_hub: Any) -> None:
-        self._state = GatewayState.create(
+        self._state = GatewayServices.build(
             Settings.model_validate(settings),
             handles={name: h.resolve() if isinstance(h, OtherAppDeployment) else h
                      for name, h in handles.items()},

@@ -39,7 +39,7 @@ from serve_app.middleware import (
     ServiceHeadersMiddleware,
 )
 from serve_app.pipeline.context import RequestContext
-from serve_app.state import GatewayState
+from serve_app.services import GatewayServices
 from serve_app.version import service_version
 
 API_PREFIX = "/api/v1"
@@ -65,7 +65,7 @@ def configure_logging() -> None:
         logger.addHandler(handler)
 
 
-def create_app(state: GatewayState) -> FastAPI:
+def create_app(state: GatewayServices) -> FastAPI:
     configure_logging()
 
     @asynccontextmanager
@@ -120,7 +120,7 @@ async def _wallet_aware_402(request: Request, exc: InsufficientBalance) -> JSONR
     key = ctx.caller if ctx is not None else None
     if key is None or key.wallet_address is None:
         return error_response(exc)
-    state: GatewayState = request.app.state.gateway
+    state: GatewayServices = request.app.state.gateway
     return error_response(payment_required.insufficient_credit(
         request, state.payments, state.wallets.domain_for(request.headers.get("host", "")),
         balance_nanos=exc.available_nanos, needed_nanos=exc.needed_nanos))
@@ -150,7 +150,7 @@ class Site:
             await JSONResponse({"error": "Not found"}, status_code=404)(scope, receive, send)
 
 
-def create_prefixed_app(state: GatewayState) -> ASGIApp:
+def create_prefixed_app(state: GatewayServices) -> ASGIApp:
     """The Gateway's site: the API under `/api/v1` and the console under `/console`. Serve
     runs it with route prefix `/`; tests and plain uvicorn run it as it is."""
     console = ConsoleFiles(state.settings.console_dir)
@@ -162,4 +162,4 @@ def create_uvicorn_app() -> ASGIApp:
     `uvicorn --factory serve_app.gateway:create_uvicorn_app`."""
     from serve_app.settings import Settings
 
-    return create_prefixed_app(GatewayState.create(Settings()))
+    return create_prefixed_app(GatewayServices.build(Settings()))

@@ -15,10 +15,8 @@ from starlette.formparsers import MultiPartException
 from starlette.types import Receive, Scope, Send
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
-from serve_app.audio import jobs as queued
 from serve_app.audio import service
 from serve_app.errors import ApiError, invalid_request, payload_too_large
-from serve_app.jobs import service as jobs
 from serve_app.pipeline.respond import json_response
 from serve_app.schemas.audio import (
     QueueAudioRequest,
@@ -41,7 +39,7 @@ MAX_AUDIO_BYTES = 25 * 1024 * 1024  # files must be smaller
                               "description": "The audio"}})
 async def create_speech(body: SpeechRequest, ctx: Context, key: InferenceCaller,
                         state: State) -> Response:
-    speech = await service.speak(ctx, state, key, body)
+    speech = await state.audio.speak(ctx, key, body)
     if body.streaming:
         return _SpeechStream(speech)
     try:
@@ -107,7 +105,7 @@ async def create_transcription(request: Request, ctx: Context, key: InferenceCal
                                state: State) -> Response:
     fields, audio = await _upload(request)
     body = TranscriptionRequest.model_validate(fields)
-    out = await service.transcribe(ctx, state, key, body, audio)
+    out = await state.audio.transcribe(ctx, key, body, audio)
     if body.response_format == "text":
         return PlainTextResponse(out["text"])
     return json_response(ctx, service.transcription_payload(body, out))
@@ -115,7 +113,7 @@ async def create_transcription(request: Request, ctx: Context, key: InferenceCal
 
 @router.get("/audio/voices", summary="Voices of the speech models")
 async def list_voices(state: State, model: str | None = Query(None)) -> dict:
-    return {"object": "list", "data": service.voices(state, model)}
+    return {"object": "list", "data": state.audio.voices(model)}
 
 
 # ---- queued audio ------------------------------------------------------------------------
@@ -123,20 +121,20 @@ async def list_voices(state: State, model: str | None = Query(None)) -> dict:
 @router.post("/audio/quote", dependencies=[JsonBody], summary="Price of an audio job")
 async def quote_audio(body: QuoteAudioRequest, ctx: Context, key: InferenceCaller,
                       state: State) -> Response:
-    return json_response(ctx, queued.quote(state, body))
+    return json_response(ctx, state.queued_audio.quote(body))
 
 
 @router.post("/audio/voice-changer/quote", dependencies=[JsonBody],
              summary="Price of a voice change")
 async def quote_voice_change(body: VoiceChangerQuoteRequest, ctx: Context,
                              key: InferenceCaller, state: State) -> Response:
-    return json_response(ctx, queued.voice_changer_quote(state, body))
+    return json_response(ctx, state.queued_audio.voice_changer_quote(body))
 
 
 @router.post("/audio/queue", dependencies=[JsonBody], summary="Queue an audio job")
 async def queue_audio(body: QueueAudioRequest, ctx: Context, key: InferenceCaller,
                       state: State) -> Response:
-    return json_response(ctx, await queued.queue(ctx, state, key, body))
+    return json_response(ctx, await state.queued_audio.queue(ctx, key, body))
 
 
 @router.post("/audio/retrieve", dependencies=[JsonBody], summary="Status or audio of a job",
@@ -145,10 +143,10 @@ async def queue_audio(body: QueueAudioRequest, ctx: Context, key: InferenceCalle
                  for t in ("audio/mpeg", "audio/wav", "audio/flac")}}})
 async def retrieve_audio(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return await jobs.retrieve(ctx, state, key, body, "audio")
+    return await state.job_service.retrieve(ctx, key, body, "audio")
 
 
 @router.post("/audio/complete", dependencies=[JsonBody], summary="Delete a job's audio")
 async def complete_audio(body: JobRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return json_response(ctx, await jobs.complete(state, key, body, "audio"))
+    return json_response(ctx, await state.job_service.complete(key, body, "audio"))

@@ -44,4 +44,4 @@ async def rpc_proxy(request: Request, ctx: Context, key: KeyOrWallet, state: Sta
     per call are the network's base credits (20 for EVM chains and Starknet, 30 for zkSync and
     Solana) times the method's tier; a call answered with a JSON-RPC error costs 5 credits.
     The answer carries `X-Venice-RPC-Credits` and `X-Venice-RPC-Cost-USD`."""
-    return await state.crypto_rpc.proxy(request, ctx, state, key, network)
+    return await state.crypto_rpc.proxy(request, ctx, key, network)

@@ -20,16 +20,16 @@ from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.pipeline import respond
 from serve_app.pipeline.context import RequestContext
-from serve_app.state import GatewayState
+from serve_app.services import GatewayServices
 
 T = TypeVar("T")
 
 
-async def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayServices:
     return request.app.state.gateway
 
 
-State = Annotated[GatewayState, Depends(get_state)]
+State = Annotated[GatewayServices, Depends(get_state)]
 
 
 async def request_context(request: Request) -> RequestContext:
@@ -96,7 +96,7 @@ async def key_or_wallet(request: Request, ctx: Context, state: State) -> KeyReco
     return key
 
 
-async def remaining_credit(ctx: RequestContext, state: GatewayState,
+async def remaining_credit(ctx: RequestContext, state: GatewayServices,
                            wallet: KeyRecord) -> Balances:
     """`X-Balance-Remaining` on a wallet's answer; returns the balance before the request."""
     before = await state.billing.balances(wallet.account_id)
@@ -146,6 +146,6 @@ async def require_json(request: Request) -> None:
 JsonBody = Depends(require_json)
 
 
-async def run_db(state: GatewayState, work: Callable[[Session], T]) -> T:
+async def run_db(state: GatewayServices, work: Callable[[Session], T]) -> T:
     """Run blocking database work off the event loop, in a session of its own."""
     return await run_in_session(state.engine, work)

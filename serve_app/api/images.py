@@ -30,7 +30,7 @@ from serve_app.schemas.images import (
     OpenAIImageRequest,
     UpscaleRequest,
 )
-from serve_app.state import GatewayState
+from serve_app.services import GatewayServices
 
 router = APIRouter(tags=["Image"])
 
@@ -57,14 +57,14 @@ def _uploaded(data: bytes) -> Source:
     return read
 
 
-def _sent(state: GatewayState, value: str, field: str, *, allow_urls: bool) -> Source:
+def _sent(state: GatewayServices, value: str, field: str, *, allow_urls: bool) -> Source:
     async def read() -> bytes:
         return await state.image_sources.read(value, field, allow_urls=allow_urls)
 
     return read
 
 
-def _one_image(state: GatewayState, fields: dict[str, Any], files: dict[str, list[bytes]],
+def _one_image(state: GatewayServices, fields: dict[str, Any], files: dict[str, list[bytes]],
                value: str | None, *, allow_urls: bool, url: str | None = None) -> Source:
     uploads = files.get("image", [])
     if len(uploads) > 1:
@@ -96,7 +96,7 @@ async def upscale_image(request: Request, ctx: Context, key: InferenceCaller,
     fields, files = await _read(request, "/image/upscale", {"image"})
     body = UpscaleRequest.model_validate(fields)
     source = _one_image(state, fields, files, body.image, allow_urls=False)
-    produced = await service.upscale(ctx, state, key, body, source)
+    produced = await state.images.upscale(ctx, key, body, source)
     return Response(produced.images[0], media_type="image/png")
 
 
@@ -108,11 +108,11 @@ async def remove_background(request: Request, ctx: Context, key: InferenceCaller
     fields, files = await _read(request, "/image/background-remove", {"image"})
     body = BackgroundRemoveRequest.model_validate(fields)
     source = _one_image(state, fields, files, body.image, allow_urls=True, url=body.image_url)
-    produced = await service.remove_background(ctx, state, key, body, source)
+    produced = await state.images.remove_background(ctx, key, body, source)
     return Response(produced.images[0], media_type="image/png")
 
 
-def _edit_sources(state: GatewayState, body: MultiEditRequest, files: dict[str, list[bytes]],
+def _edit_sources(state: GatewayServices, body: MultiEditRequest, files: dict[str, list[bytes]],
                   *, multipart: bool) -> tuple[list[Source], list[str]]:
     if multipart:
         if files.get("images") and files.get("image"):
@@ -150,7 +150,7 @@ async def multi_edit(request: Request, ctx: Context, key: InferenceCaller,
                               "as a file in `images`", "images")
     body = MultiEditRequest.model_validate(fields)
     sources, names = _edit_sources(state, body, files, multipart=multipart)
-    produced = await service.edit(ctx, state, key, body, sources, names)
+    produced = await state.images.edit(ctx, key, body, sources, names)
     return _edited(produced)
 
 
@@ -166,7 +166,7 @@ async def edit_image(request: Request, ctx: Context, key: InferenceCaller,
         sources, names = [_sent(state, body.image, "image", allow_urls=True)], ["image"]
     else:
         raise invalid_request("image is required", "image")
-    produced = await service.edit(ctx, state, key, body, sources, names)
+    produced = await state.images.edit(ctx, key, body, sources, names)
     return _edited(produced)
 
 
@@ -174,7 +174,7 @@ async def edit_image(request: Request, ctx: Context, key: InferenceCaller,
 async def generate_image(body: GenerateRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
     started = time.perf_counter()
-    produced = await service.generate(ctx, state, key, body)
+    produced = await state.images.generate(ctx, key, body)
     if body.return_binary:
         return Response(produced.images[0], media_type=produced.media_type)
     return json_response(ctx, service.generate_payload(body, produced, started), compress=True)
@@ -184,8 +184,8 @@ async def generate_image(body: GenerateRequest, ctx: Context, key: InferenceCall
              summary="Generate an image (chat-completion convention)")
 async def openai_generations(body: OpenAIImageRequest, ctx: Context, key: InferenceCaller,
                              state: State) -> Response:
-    produced = await service.generate(ctx, state, key,
-                                      service.native_generation(state, body))
+    produced = await state.images.generate(ctx, key,
+                                      state.images.native_generation(body))
     encoded = base64.b64encode(produced.images[0]).decode("ascii")
     item = ({"url": f"data:{produced.media_type};base64,{encoded}"}
             if body.response_format == "url" else {"b64_json": encoded})

@@ -12,7 +12,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
-from serve_app.jobs import service as jobs
 from serve_app.pipeline.respond import json_response
 from serve_app.schemas.video import (
     JobRequest,
@@ -20,7 +19,6 @@ from serve_app.schemas.video import (
     QuoteVideoRequest,
     RetrieveRequest,
 )
-from serve_app.video import service
 
 router = APIRouter(tags=["Video"])
 
@@ -33,13 +31,13 @@ _PROCESSING = {"application/json": {"schema": {"type": "object", "properties": {
 @router.post("/video/quote", dependencies=[JsonBody], summary="Price of a video job")
 async def quote_video(body: QuoteVideoRequest, ctx: Context, key: InferenceCaller,
                       state: State) -> Response:
-    return json_response(ctx, await service.quote(state, body))
+    return json_response(ctx, await state.video.quote(body))
 
 
 @router.post("/video/queue", dependencies=[JsonBody], summary="Queue a video job")
 async def queue_video(body: QueueVideoRequest, request: Request, ctx: Context,
                       key: InferenceCaller, state: State) -> Response:
-    return json_response(ctx, await service.queue(request, ctx, state, key, body))
+    return json_response(ctx, await state.video.queue(request, ctx, key, body))
 
 
 @router.post("/video/retrieve", dependencies=[JsonBody], summary="Status or video of a job",
@@ -48,7 +46,7 @@ async def queue_video(body: QueueVideoRequest, request: Request, ctx: Context,
                                                          "format": "binary"}}}}})
 async def retrieve_video(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return await jobs.retrieve(ctx, state, key, body, "video")
+    return await state.job_service.retrieve(ctx, key, body, "video")
 
 
 @router.get("/video/retrieve", summary="Status or video of a job (query form)",
@@ -59,8 +57,8 @@ async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Co
                                   key: InferenceCaller, state: State) -> Response:
     """The spec names `GET /video/retrieve`; the published interface has the POST. Both
     answer alike; the GET only reads (deleting is the POST's `delete_media_on_completion`)."""
-    return await jobs.retrieve(ctx, state, key, RetrieveRequest(**query.model_dump()),
-                               "video")
+    return await state.job_service.retrieve(ctx, key, RetrieveRequest(**query.model_dump()),
+                                           "video")
 
 
 @router.get("/video/download/{queue_id}", summary="A finished video by its delivery URL",
@@ -69,10 +67,10 @@ async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Co
 async def download_video(queue_id: str, expires: int, signature: str,
                          state: State) -> Response:
     """The queue result's `download_url`: no API key, valid for 24 hours."""
-    return await jobs.download(state, queue_id, expires, signature)
+    return await state.job_service.download(queue_id, expires, signature)
 
 
 @router.post("/video/complete", dependencies=[JsonBody], summary="Delete a job's video")
 async def complete_video(body: JobRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
-    return json_response(ctx, await jobs.complete(state, key, body, "video"))
+    return json_response(ctx, await state.job_service.complete(key, body, "video"))

@@ -9,29 +9,56 @@ from serve_app.audio.service import pick_voice
 from serve_app.auth.key_store import KeyRecord
 from serve_app.catalog import CatalogModel
 from serve_app.errors import invalid_request
-from serve_app.jobs.service import queue_job
+from serve_app.jobs.service import JobService
 from serve_app.pipeline.context import RequestContext
+from serve_app.routing import ModelRouter
 from serve_app.schemas.audio import (
     QueueAudioRequest,
     QuoteAudioRequest,
     VoiceChangerQuoteRequest,
 )
-from serve_app.state import GatewayState
 
 DEFAULT_PROMPT_LIMIT = 5000
 
 
-def quote(state: GatewayState, body: QuoteAudioRequest) -> dict[str, float]:
-    model = state.router.resolve(body.model, "music").model
-    cost = audio_cost(model, duration_seconds=parse_seconds(body.duration_seconds),
-                      character_count=body.character_count)
-    return {"quote": quote_usd(cost)}
+class QueuedAudio:
+    """Queued audio: quotes from the catalog, and jobs queued at their price."""
 
+    def __init__(self, router: ModelRouter, job_service: JobService) -> None:
+        self.router = router
+        self.job_service = job_service
 
-def voice_changer_quote(state: GatewayState, body: VoiceChangerQuoteRequest
-                        ) -> dict[str, float]:
-    model = state.router.resolve(body.model, "music").model
-    return {"quote": quote_usd(voice_change_cost(model, parse_seconds(body.duration_seconds)))}
+    def quote(self, body: QuoteAudioRequest) -> dict[str, float]:
+        model = self.router.resolve(body.model, "music").model
+        cost = audio_cost(model, duration_seconds=parse_seconds(body.duration_seconds),
+                          character_count=body.character_count)
+        return {"quote": quote_usd(cost)}
+
+    def voice_changer_quote(self, body: VoiceChangerQuoteRequest
+                            ) -> dict[str, float]:
+        model = self.router.resolve(body.model, "music").model
+        return {"quote": quote_usd(voice_change_cost(model, parse_seconds(body.duration_seconds)))}
+
+    async def queue(self, ctx: RequestContext, key: KeyRecord,
+                    body: QueueAudioRequest) -> dict[str, str]:
+        routed = self.router.resolve(body.model, "music")
+        model = routed.model
+        if model.operation == "voice-change":
+            raise invalid_request(f"{model.id} is a voice-changer model; it is not queued here",
+                                  "model")
+        self.router.handle(model)
+        limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
+        if len(body.prompt) > limit:
+            raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} takes at "
+                                  f"most {limit}", "prompt")
+        _unsupported(model, body)
+        seconds = parse_seconds(body.duration_seconds)
+        cost = audio_cost(model, duration_seconds=seconds, character_count=len(body.prompt))
+        params = {"prompt": body.prompt, "voice": _voice(model, body.voice),
+                  "speed": body.speed or 1.0, "format": model.default_format or "mp3",
+                  "duration_seconds": seconds}
+        job = await self.job_service.queue_job(ctx, key, routed, "audio", cost, params, {})
+        return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}
 
 
 def _voice(model: CatalogModel, requested: str | None) -> str:
@@ -51,23 +78,3 @@ def _unsupported(model: CatalogModel, body: QueueAudioRequest) -> None:
             raise invalid_request(f"{model.id} does not support {field}", field)
 
 
-async def queue(ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                body: QueueAudioRequest) -> dict[str, str]:
-    routed = state.router.resolve(body.model, "music")
-    model = routed.model
-    if model.operation == "voice-change":
-        raise invalid_request(f"{model.id} is a voice-changer model; it is not queued here",
-                              "model")
-    state.router.handle(model)
-    limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
-    if len(body.prompt) > limit:
-        raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} takes at "
-                              f"most {limit}", "prompt")
-    _unsupported(model, body)
-    seconds = parse_seconds(body.duration_seconds)
-    cost = audio_cost(model, duration_seconds=seconds, character_count=len(body.prompt))
-    params = {"prompt": body.prompt, "voice": _voice(model, body.voice),
-              "speed": body.speed or 1.0, "format": model.default_format or "mp3",
-              "duration_seconds": seconds}
-    job = await queue_job(ctx, state, key, routed, "audio", cost, params, {})
-    return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}

@@ -13,14 +13,15 @@ from typing import Any
 
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import price
-from serve_app.catalog import CatalogModel
+from serve_app.catalog import Catalog, CatalogModel
 from serve_app.errors import ApiError, invalid_request
 from serve_app.model_calls import call_model, stream_model
 from serve_app.pipeline import respond
+from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge
+from serve_app.routing import ModelRouter
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
-from serve_app.state import GatewayState
 
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac",
                  "flac": "audio/flac", "wav": "audio/wav", "pcm": "audio/pcm"}
@@ -74,28 +75,63 @@ def _format(model: CatalogModel, requested: str | None) -> str:
     return fmt
 
 
-async def speak(ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                body: SpeechRequest) -> Speech:
-    """Start the speech of `body.input`; the first piece is ready when this returns, so a
-    failure to start is an error answer, not a broken stream."""
-    routed = state.router.resolve(body.model, "tts")
-    model = routed.model
-    voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
-    cost = price(model, {"speech_characters": len(body.input)})
-    charge = await state.admission.admit(ctx, key, model, 0, cost)
-    try:
-        handle = state.router.handle(model)
-        respond.model_headers(ctx, model, routed.router)
-        with ctx.step("model"):
-            stream = stream_model(handle.speak, model.id, model.id, body.input, voice,
-                                  body.speed, fmt)
-            await anext(stream)  # {"sample_rate"}: the voice is loaded and known
-            first = await anext(stream, b"")
-    except BaseException:
-        await charge.release()
-        raise
-    return Speech(model, CONTENT_TYPES[fmt], _settled(charge, cost, first, stream), stream,
-                  charge)
+class AudioService:
+    """Speech and transcription: the model, admission, one call, the settlement."""
+
+    def __init__(self, router: ModelRouter, catalog: Catalog, admission: Admission) -> None:
+        self.router = router
+        self.catalog = catalog
+        self.admission = admission
+
+    async def speak(self, ctx: RequestContext, key: KeyRecord,
+                    body: SpeechRequest) -> Speech:
+        """Start the speech of `body.input`; the first piece is ready when this returns, so a
+        failure to start is an error answer, not a broken stream."""
+        routed = self.router.resolve(body.model, "tts")
+        model = routed.model
+        voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
+        cost = price(model, {"speech_characters": len(body.input)})
+        charge = await self.admission.admit(ctx, key, model, 0, cost)
+        try:
+            handle = self.router.handle(model)
+            respond.model_headers(ctx, model, routed.router)
+            with ctx.step("model"):
+                stream = stream_model(handle.speak, model.id, model.id, body.input, voice,
+                                      body.speed, fmt)
+                await anext(stream)  # {"sample_rate"}: the voice is loaded and known
+                first = await anext(stream, b"")
+        except BaseException:
+            await charge.release()
+            raise
+        return Speech(model, CONTENT_TYPES[fmt], _settled(charge, cost, first, stream), stream,
+                      charge)
+
+    async def transcribe(self, ctx: RequestContext, key: KeyRecord,
+                         body: TranscriptionRequest, audio: bytes) -> dict[str, Any]:
+        routed = self.router.resolve(body.model, "asr")
+        model = routed.model
+        most = int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
+        charge = await self.admission.admit(ctx, key, model, 0,
+                                             price(model, {"audio_seconds": most}))
+        try:
+            handle = self.router.handle(model)
+            respond.model_headers(ctx, model, routed.router)
+            with ctx.step("model"):
+                out = await call_model(handle.transcribe, model.id, model.id, audio,
+                                       body.language, body.timestamps)
+            ctx.record("replica", out["replica_ms"])
+        except BaseException:
+            await charge.release()
+            raise
+        seconds = max(1, math.ceil(out["duration"]))
+        await charge.settle(price(model, {"audio_seconds": seconds}))
+        return out
+
+    def voices(self, model_name: str | None) -> list[dict[str, str]]:
+        """The voices of one speech model, or of all of them."""
+        models = [self.router.resolve(model_name, "tts").model] if model_name else \
+            self.catalog.of_type("tts")
+        return [{"id": voice, "name": voice, "model": m.id} for m in models for voice in m.voices]
 
 
 async def _settled(charge: Charge, cost: Any, first: bytes,
@@ -111,28 +147,6 @@ async def _settled(charge: Charge, cost: Any, first: bytes,
         done = True
     finally:
         await charge.settle(cost if done else None)
-
-
-async def transcribe(ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                     body: TranscriptionRequest, audio: bytes) -> dict[str, Any]:
-    routed = state.router.resolve(body.model, "asr")
-    model = routed.model
-    most = int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
-    charge = await state.admission.admit(ctx, key, model, 0,
-                                         price(model, {"audio_seconds": most}))
-    try:
-        handle = state.router.handle(model)
-        respond.model_headers(ctx, model, routed.router)
-        with ctx.step("model"):
-            out = await call_model(handle.transcribe, model.id, model.id, audio,
-                                   body.language, body.timestamps)
-        ctx.record("replica", out["replica_ms"])
-    except BaseException:
-        await charge.release()
-        raise
-    seconds = max(1, math.ceil(out["duration"]))
-    await charge.settle(price(model, {"audio_seconds": seconds}))
-    return out
 
 
 def transcription_payload(body: TranscriptionRequest, out: dict[str, Any]) -> dict[str, Any]:
@@ -152,8 +166,3 @@ def transcription_payload(body: TranscriptionRequest, out: dict[str, Any]) -> di
     return payload
 
 
-def voices(state: GatewayState, model_name: str | None) -> list[dict[str, str]]:
-    """The voices of one speech model, or of all of them."""
-    models = [state.router.resolve(model_name, "tts").model] if model_name else \
-        state.catalog.of_type("tts")
-    return [{"id": voice, "name": voice, "model": m.id} for m in models for voice in m.voices]

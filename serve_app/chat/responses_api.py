@@ -12,9 +12,8 @@ from typing import Any
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.service import (
     ChatPlan,
+    ChatService,
     chunks_with_first,
-    run_unary,
-    start_model_stream,
 )
 from serve_app.errors import ApiError
 from serve_app.schemas.chat import ChatCompletionRequest
@@ -24,7 +23,6 @@ from serve_app.schemas.responses import (
     NamedTool,
     ResponsesRequest,
 )
-from serve_app.state import GatewayState
 
 
 def _parts(content: Any) -> str | list[dict[str, Any]]:
@@ -117,9 +115,9 @@ def _response(plan: ChatPlan, model_id: str, output: list[dict[str, Any]], statu
             "usage": _usage(plan) if status == "completed" else None}
 
 
-async def respond(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
+async def respond(plan: ChatPlan, chat_service: ChatService) -> dict[str, Any]:
     created = int(time.time())
-    chat = await run_unary(plan, state)
+    chat = await chat_service.run_unary(plan)
     message = chat["choices"][0]["message"]
     output = [_call_item(c) for c in message.get("tool_calls") or []]
     if message.get("content") is not None:
@@ -132,8 +130,9 @@ def _event(kind: str, seq: int, **fields: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def stream_response(plan: ChatPlan, state: GatewayState) -> tuple[str, AsyncIterator[str]]:
-    routed, stream, first = await start_model_stream(plan, state)
+async def stream_response(plan: ChatPlan, chat_service: ChatService
+                          ) -> tuple[str, AsyncIterator[str]]:
+    routed, stream, first = await chat_service.start_model_stream(plan)
     plan.answered_by = routed
     return routed.model.id, _events(plan, routed.model.id, chunks_with_first(first, stream))
 

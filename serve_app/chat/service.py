@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from sqlalchemy.engine import Engine
+
 from deployments.streaming import coalesce
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
-from serve_app.catalog import CatalogModel
+from serve_app.catalog import Catalog, CatalogModel
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.prompt import (
@@ -22,7 +24,7 @@ from serve_app.chat.prompt import (
     engine_messages,
     last_user_text,
 )
-from serve_app.chat.web import WebDocument, WebUnavailable, find_urls
+from serve_app.chat.web import WebDocument, WebTools, WebUnavailable, find_urls
 from serve_app.control.characters import find_character
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, UnsupportedFeature
@@ -30,9 +32,8 @@ from serve_app.model_calls import ModelFailed, complete_model, stream_model
 from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge
-from serve_app.routing import RoutedModel
+from serve_app.routing import ModelRouter, RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
-from serve_app.state import GatewayState
 
 T = TypeVar("T")
 
@@ -183,119 +184,185 @@ def _output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | No
     return fmt.json_schema.schema_ if fmt.json_schema else None
 
 
-async def _character_prompt(state: GatewayState, slug: str) -> str:
-    character = await run_in_session(state.engine,
-                                     lambda session: find_character(session, slug))
-    return character.system_prompt
+class ChatService:
+    """Chat between the router and the text deployments: admitted (pipeline/admission.py),
+    planned (model, fallbacks, prompt, sampling), answered unary or streamed."""
 
+    def __init__(self, router: ModelRouter, catalog: Catalog, web: WebTools, database: Engine,
+                 admission: Admission) -> None:
+        self.router = router
+        self.catalog = catalog
+        self.web = web
+        self.database = database
+        self.admission = admission
 
-async def _web_context(state: GatewayState, plan: ChatPlan) -> None:
-    params, text = plan.params, last_user_text(plan.req)
-    if params.enable_web_scraping:
-        urls = find_urls(text)
-        if urls:
-            plan.web_documents = await state.web.scrape(urls)
-            plan.scraped_urls = len(plan.web_documents)
-    if plan.web_documents or params.enable_web_search == "off":
-        return  # scraped pages take the place of a search
-    if not state.web.search_available:
-        if params.enable_web_search == "on":
-            raise UnsupportedFeature("Web search is not configured on this server",
-                                     "service_parameters")
-        return
-    try:
-        plan.web_documents = await state.web.search(text[:500])
-    except WebUnavailable as exc:
-        if params.enable_web_search == "on":
-            raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
+    async def _character_prompt(self, slug: str) -> str:
+        character = await run_in_session(self.database,
+                                         lambda session: find_character(session, slug))
+        return character.system_prompt
+
+    async def _web_context(self, plan: ChatPlan) -> None:
+        params, text = plan.params, last_user_text(plan.req)
+        if params.enable_web_scraping:
+            urls = find_urls(text)
+            if urls:
+                plan.web_documents = await self.web.scrape(urls)
+                plan.scraped_urls = len(plan.web_documents)
+        if plan.web_documents or params.enable_web_search == "off":
+            return  # scraped pages take the place of a search
+        if not self.web.search_available:
+            if params.enable_web_search == "on":
+                raise UnsupportedFeature("Web search is not configured on this server",
+                                         "service_parameters")
+            return
+        try:
+            plan.web_documents = await self.web.search(text[:500])
+        except WebUnavailable as exc:
+            if params.enable_web_search == "on":
+                raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
+
+    async def plan(self, ctx: RequestContext, key: KeyRecord,
+                   req: ChatCompletionRequest) -> ChatPlan:
+        """Validate, admit and plan. The limiter decides as soon as the model is known, and the
+        request is checked against the model meanwhile: a refusal by the limits (429) comes before
+        any error of the request. The hold (for the model and its fallbacks) is taken once the
+        request is known to be valid, before any work (characters, web search, the model)."""
+        primary = self.router.resolve(req.model, "text")
+        pending = self.admission.start(ctx, key, primary.model, prompt_estimate(req),
+                                  feature_budget=True)
+        try:
+            candidates = [primary] + [self.router.resolve(f.model, "text")
+                                      for f in req.fallbacks or []]
+            params = _service_parameters(req, primary.suffix_params)
+            req = req.model_copy(update={"service_parameters": params})
+            check_capabilities(req, primary.model)
+            mode = tool_calls.tool_mode(req)
+        except BaseException as exc:
+            await pending.abandon(exc)
+            raise
+        plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
+                        engine_request={}, tool_mode=mode)
+        plan.charge = await pending.hold([c.model for c in candidates], plan.max_units)
+        try:
+            comp = Composition(citations=params.enable_web_citations)
+            if params.include_service_system_prompt:
+                comp.service_prompt = self.catalog.service_system_prompt
+            if params.character_slug:
+                comp.character_prompt = await self._character_prompt(params.character_slug)
+            if mode != "none":
+                comp.tools_prompt = tool_calls.tools_system_prompt(req)
+            if params.enable_web_scraping or params.enable_web_search != "off":
+                await self._web_context(plan)
+            comp.web_documents = plan.web_documents
+            plan.engine_request = {
+                "request_id": ctx.request_id,
+                "messages": engine_messages(req, comp),
+                "sampling": _sampling(req, primary),
+                "json_schema": _output_schema(req, mode),
+                "chat_template_kwargs":
+                    {"enable_thinking": False} if params.disable_thinking else {},
+                "prompt_cache_key": req.prompt_cache_key,
+            }
+        except BaseException as exc:
+            # Nothing ran on the model: the hold goes back (a missing character, a failed
+            # web search, a client that left).
+            await plan.release()
+            if isinstance(exc, UnsupportedFeature):
+                self.admission.unsupported_feature(ctx, key)
+            raise
+        return plan
+
+    async def _first_that_answers(
+            self, plan: ChatPlan,
+            call: Callable[[Any, RoutedModel, dict[str, Any]], Awaitable[T]]
+    ) -> tuple[RoutedModel, T]:
+        """`call(handle, model, engine request)` on each model in fallback order, until one
+        answers: a model that fails or is unavailable (503) passes the request on."""
+        last_error: ApiError | None = None
+        for routed in plan.candidates:
+            try:
+                handle = self.router.handle(routed.model)
+                request = dict(plan.engine_request, sampling=_sampling(plan.req, routed))
+                return routed, await call(handle, routed, request)
+            except ModelFailed as exc:
+                last_error = exc
+            except ApiError as exc:
+                if exc.status != 503:
+                    raise
+                last_error = exc
+        assert last_error is not None
+        raise last_error
+
+    async def start_model_stream(self, plan: ChatPlan) -> tuple[
+            RoutedModel, AsyncIterator[dict[str, Any]], dict[str, Any]]:
+        """The first model (in fallback order) that starts answering, its stream and its
+        first chunk."""
+        async def start(handle: Any, routed: RoutedModel, request: dict[str, Any]):
+            stream = stream_model(handle.generate, routed.model.id, routed.model.id, request)
+            return stream, await anext(stream)
+
+        routed, (stream, first) = await self._first_that_answers(plan, start)
+        return routed, stream, first
+
+    async def run_unary(self, plan: ChatPlan) -> dict[str, Any]:
+        routed, chunks = await self._first_that_answers(
+            plan, lambda handle, routed, request: complete_model(
+                handle.complete, routed.model.id, routed.model.id, request))
+        plan.answered_by = routed
+        texts: dict[int, str] = {}
+        finish: dict[int, str | None] = {}
+        logprobs: dict[int, list] = {}
+        for chunk in chunks:
+            if "usage" in chunk:
+                plan.usage.record(chunk["usage"])
+                continue
+            plan.usage.saw(chunk)
+            i = chunk["index"]
+            texts[i] = texts.get(i, "") + chunk["text"]
+            if chunk.get("logprobs") is not None:
+                logprobs.setdefault(i, []).extend(chunk["logprobs"])
+            if chunk.get("finish_reason"):
+                finish[i] = chunk["finish_reason"]
+        choices = []
+        for i in sorted(texts):
+            f = plan.output_filter()
+            content = f.feed(texts[i]) + f.flush()
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            reason = finish.get(i) or "stop"
+            if plan.tool_mode != "none":
+                calls = tool_calls.parse_calls(content, plan.known_tools)
+                if calls:
+                    message = {"role": "assistant", "content": None, "tool_calls": calls}
+                    reason = "tool_calls"
+            if plan.params.return_search_results_as_documents and plan.web_documents:
+                message.setdefault("tool_calls", []).append(tool_calls.new_call(
+                    "web_search_documents", {"documents": _citations(plan)}))
+            choices.append({"index": i, "message": message, "logprobs": _choice_logprobs(
+                logprobs.get(i)), "finish_reason": reason})
+        response: dict[str, Any] = {
+            "id": f"chatcmpl-{plan.request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": routed.model.id,
+            "choices": choices,
+            "usage": plan.usage.as_dict(),
+            "system_fingerprint": None,
+        }
+        if plan.web_documents:
+            response["service_parameters"] = {"web_search_citations": _citations(plan)}
+        return response
+
+    async def open_stream(self, plan: ChatPlan) -> tuple[RoutedModel, AsyncIterator[str]]:
+        """Start the model (fallbacks included) before the response starts, so that a failure
+        to start is still an ordinary error response; then stream the rest as SSE events."""
+        routed, stream, first = await self.start_model_stream(plan)
+        plan.answered_by = routed
+        return routed, _sse_events(plan, routed, chunks_with_first(first, stream))
 
 
 def prompt_estimate(req: ChatCompletionRequest) -> int:
     """Tokens of a prompt before it is tokenised: about four bytes per token."""
     return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
-
-
-async def plan_chat(req: ChatCompletionRequest, state: GatewayState, ctx: RequestContext,
-                    key: KeyRecord, admission: Admission) -> ChatPlan:
-    """Validate, admit and plan. The limiter decides as soon as the model is known, and the
-    request is checked against the model meanwhile: a refusal by the limits (429) comes before
-    any error of the request. The hold (for the model and its fallbacks) is taken once the
-    request is known to be valid, before any work (characters, web search, the model)."""
-    primary = state.router.resolve(req.model, "text")
-    pending = admission.start(ctx, key, primary.model, prompt_estimate(req),
-                              feature_budget=True)
-    try:
-        candidates = [primary] + [state.router.resolve(f.model, "text")
-                                  for f in req.fallbacks or []]
-        params = _service_parameters(req, primary.suffix_params)
-        req = req.model_copy(update={"service_parameters": params})
-        check_capabilities(req, primary.model)
-        mode = tool_calls.tool_mode(req)
-    except BaseException as exc:
-        await pending.abandon(exc)
-        raise
-    plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
-                    engine_request={}, tool_mode=mode)
-    plan.charge = await pending.hold([c.model for c in candidates], plan.max_units)
-    try:
-        comp = Composition(citations=params.enable_web_citations)
-        if params.include_service_system_prompt:
-            comp.service_prompt = state.catalog.service_system_prompt
-        if params.character_slug:
-            comp.character_prompt = await _character_prompt(state, params.character_slug)
-        if mode != "none":
-            comp.tools_prompt = tool_calls.tools_system_prompt(req)
-        if params.enable_web_scraping or params.enable_web_search != "off":
-            await _web_context(state, plan)
-        comp.web_documents = plan.web_documents
-        plan.engine_request = {
-            "request_id": ctx.request_id,
-            "messages": engine_messages(req, comp),
-            "sampling": _sampling(req, primary),
-            "json_schema": _output_schema(req, mode),
-            "chat_template_kwargs": {"enable_thinking": False} if params.disable_thinking else {},
-            "prompt_cache_key": req.prompt_cache_key,
-        }
-    except BaseException as exc:
-        # Nothing ran on the model: the hold goes back (a missing character, a failed
-        # web search, a client that left).
-        await plan.release()
-        if isinstance(exc, UnsupportedFeature):
-            admission.unsupported_feature(ctx, key)
-        raise
-    return plan
-
-
-async def _first_that_answers(plan: ChatPlan, state: GatewayState,
-                              call: Callable[[Any, RoutedModel, dict[str, Any]], Awaitable[T]]
-                              ) -> tuple[RoutedModel, T]:
-    """`call(handle, model, engine request)` on each model in fallback order, until one
-    answers: a model that fails or is unavailable (503) passes the request on."""
-    last_error: ApiError | None = None
-    for routed in plan.candidates:
-        try:
-            handle = state.router.handle(routed.model)
-            request = dict(plan.engine_request, sampling=_sampling(plan.req, routed))
-            return routed, await call(handle, routed, request)
-        except ModelFailed as exc:
-            last_error = exc
-        except ApiError as exc:
-            if exc.status != 503:
-                raise
-            last_error = exc
-    assert last_error is not None
-    raise last_error
-
-
-async def start_model_stream(plan: ChatPlan, state: GatewayState
-                       ) -> tuple[RoutedModel, AsyncIterator[dict[str, Any]], dict[str, Any]]:
-    """The first model (in fallback order) that starts answering, its stream and first chunk."""
-    async def start(handle: Any, routed: RoutedModel, request: dict[str, Any]):
-        stream = stream_model(handle.generate, routed.model.id, routed.model.id, request)
-        return stream, await anext(stream)
-
-    routed, (stream, first) = await _first_that_answers(plan, state, start)
-    return routed, stream, first
 
 
 def chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
@@ -324,67 +391,9 @@ def _citations(plan: ChatPlan) -> list[dict[str, str]]:
     return [d.as_dict() for d in plan.web_documents]
 
 
-async def run_unary(plan: ChatPlan, state: GatewayState) -> dict[str, Any]:
-    routed, chunks = await _first_that_answers(
-        plan, state, lambda handle, routed, request: complete_model(
-            handle.complete, routed.model.id, routed.model.id, request))
-    plan.answered_by = routed
-    texts: dict[int, str] = {}
-    finish: dict[int, str | None] = {}
-    logprobs: dict[int, list] = {}
-    for chunk in chunks:
-        if "usage" in chunk:
-            plan.usage.record(chunk["usage"])
-            continue
-        plan.usage.saw(chunk)
-        i = chunk["index"]
-        texts[i] = texts.get(i, "") + chunk["text"]
-        if chunk.get("logprobs") is not None:
-            logprobs.setdefault(i, []).extend(chunk["logprobs"])
-        if chunk.get("finish_reason"):
-            finish[i] = chunk["finish_reason"]
-    choices = []
-    for i in sorted(texts):
-        f = plan.output_filter()
-        content = f.feed(texts[i]) + f.flush()
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        reason = finish.get(i) or "stop"
-        if plan.tool_mode != "none":
-            calls = tool_calls.parse_calls(content, plan.known_tools)
-            if calls:
-                message = {"role": "assistant", "content": None, "tool_calls": calls}
-                reason = "tool_calls"
-        if plan.params.return_search_results_as_documents and plan.web_documents:
-            message.setdefault("tool_calls", []).append(tool_calls.new_call(
-                "web_search_documents", {"documents": _citations(plan)}))
-        choices.append({"index": i, "message": message, "logprobs": _choice_logprobs(
-            logprobs.get(i)), "finish_reason": reason})
-    response: dict[str, Any] = {
-        "id": f"chatcmpl-{plan.request_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": routed.model.id,
-        "choices": choices,
-        "usage": plan.usage.as_dict(),
-        "system_fingerprint": None,
-    }
-    if plan.web_documents:
-        response["service_parameters"] = {"web_search_citations": _citations(plan)}
-    return response
-
-
 def _sse(payload: dict[str, Any] | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
-
-
-async def open_stream(plan: ChatPlan, state: GatewayState
-                      ) -> tuple[RoutedModel, AsyncIterator[str]]:
-    """Start the model (fallbacks included) before the response starts, so that a failure to
-    start is still an ordinary error response; then stream the rest as SSE events."""
-    routed, stream, first = await start_model_stream(plan, state)
-    plan.answered_by = routed
-    return routed, _sse_events(plan, routed, chunks_with_first(first, stream))
 
 
 async def _sse_events(plan: ChatPlan, routed: RoutedModel,

@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from fastapi import Request, Response
 from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from serve_app.auth.key_store import KeyRecord
@@ -43,7 +44,7 @@ from serve_app.billing.pricing import Cost, price
 from serve_app.catalog import CatalogModel
 from serve_app.crypto import idempotency
 from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
-from serve_app.crypto.networks import Network, NodeConfig, load_nodes
+from serve_app.crypto.networks import Network, NodeConfig
 from serve_app.db.engine import run_in_session
 from serve_app.db.tables import LedgerLine, utcnow
 from serve_app.errors import ApiError, nest_errors
@@ -51,10 +52,11 @@ from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.money import NANOS_PER_UNIT
 from serve_app.pipeline.context import RequestContext
-from serve_app.settings import Settings
 
 if TYPE_CHECKING:
-    from serve_app.state import GatewayState
+    from serve_app.billing.writer import BatchWriter
+    from serve_app.limits.service import RateLimits
+    from serve_app.pipeline.admission import Admission
 
 logger = logging.getLogger("serve_app.crypto")
 
@@ -254,12 +256,12 @@ class CreditWindow:
         return int(session.execute(
             select(func.coalesce(func.sum(per_request.c.credits), 0))).scalar_one())
 
-    async def used(self, state: GatewayState, account_id: str) -> int:
+    async def used(self, database: Engine, now: datetime, account_id: str) -> int:
         reading = self._readings.get(account_id)
         if reading is None or time.monotonic() - reading[0] > self.read_ttl_s:
-            since = state.billing.clock() - CREDIT_WINDOW
+            since = now - CREDIT_WINDOW
             credits = await run_in_session(
-                state.engine, lambda s: self._settled_since(s, account_id, since))
+                database, lambda s: self._settled_since(s, account_id, since))
             if len(self._readings) > 100_000:
                 self._readings.clear()
             reading = self._readings[account_id] = [time.monotonic(), credits]
@@ -282,18 +284,20 @@ class CreditWindow:
 class CryptoRpc:
     """The networks offered and the proxy; one per replica, with one shared HTTP client."""
 
-    def __init__(self, config: NodeConfig, *,
+    def __init__(self, config: NodeConfig, *, admission: Admission, limits: RateLimits,
+                 writer: BatchWriter, database: Engine, clock: Callable[[], datetime],
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
+        self.admission = admission
+        self.limits = limits
+        self.writer = writer
+        self.database = database
+        self.clock = clock
         self.credits = CreditWindow()
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._models = {slug: rpc_model(network, config.price_per_credit_usd)
                         for slug, network in config.networks.items()}
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> CryptoRpc:
-        return cls(load_nodes(settings.crypto_rpc_nodes))
 
     @property
     def networks(self) -> list[str]:
@@ -328,10 +332,10 @@ class CryptoRpc:
 
     # The caps.
 
-    async def _caps(self, state: GatewayState, key: KeyRecord, max_credits: int) -> None:
+    async def _caps(self, key: KeyRecord, max_credits: int) -> None:
         """The per-minute request cap, then the daily credit cap (429 each)."""
         rpm = self.config.requests_per_minute
-        outcome = await state.limits.count_account(key.account_id, "crypto_rpc", rpm)
+        outcome = await self.limits.count_account(key.account_id, "crypto_rpc", rpm)
         if outcome.code != OK:
             reset = math.ceil((outcome.window_ms + WINDOW_MS) / 1000)
             message = (f"Crypto RPC rate limit exceeded: at most {rpm} requests per minute "
@@ -343,7 +347,7 @@ class CryptoRpc:
                                     "X-RateLimit-Reset": str(reset)},
                            extra={"customMessage": message})
         cap = self.config.credits_per_day
-        used = await self.credits.used(state, key.account_id)
+        used = await self.credits.used(self.database, self.clock(), key.account_id)
         if used + max_credits > cap:
             message = (f"Crypto RPC credit limit exceeded: at most {cap} credits per rolling "
                        f"24 hours per account (the daily credit cap); {used} used, this request "
@@ -396,17 +400,17 @@ class CryptoRpc:
                                  "a JSON-RPC response")
         return answer
 
-    async def proxy(self, request: Request, ctx: RequestContext, state: GatewayState,
-                    key: KeyRecord, slug: str) -> Response:
+    async def proxy(self, request: Request, ctx: RequestContext, key: KeyRecord,
+                    slug: str) -> Response:
         network = self.network(slug)
         body = await request.body()
         rpc = parse_request(body, network)
         idempotency_key = request.headers.get("idempotency-key")
         if idempotency_key is None:
-            return await self._forward(ctx, state, key, slug, network, rpc)
+            return await self._forward(ctx, key, slug, network, rpc)
         idempotency_key = idempotency.check_key(idempotency_key)
         digest, now = idempotency.body_digest(body), utcnow()
-        writer = state.billing.writer
+        writer = self.writer
         replay = await writer.run(lambda s: idempotency.claim(
             s, key.account_id, idempotency_key, digest, now))
         if replay is not None:
@@ -414,7 +418,7 @@ class CryptoRpc:
                 "X-Venice-RPC-Credits": str(replay.credits),
                 "X-Venice-RPC-Cost-USD": replay.cost_usd, "Idempotent-Replayed": "true"})
         try:
-            answer = await self._forward(ctx, state, key, slug, network, rpc)
+            answer = await self._forward(ctx, key, slug, network, rpc)
         except BaseException:
             await writer.run(lambda s: idempotency.drop(s, key.account_id, idempotency_key))
             raise
@@ -423,12 +427,12 @@ class CryptoRpc:
             int(answer.headers["X-Venice-RPC-Credits"]), answer.headers["X-Venice-RPC-Cost-USD"]))
         return answer
 
-    async def _forward(self, ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                       slug: str, network: Network, rpc: RpcRequest) -> Response:
+    async def _forward(self, ctx: RequestContext, key: KeyRecord, slug: str, network: Network,
+                       rpc: RpcRequest) -> Response:
         model = self.model(slug)
-        charge = await state.admission.admit(
+        charge = await self.admission.admit(
             ctx, key, model, 0, price(model, {LINE_TYPE: rpc.max_credits}),
-            limit=lambda: self._caps(state, key, rpc.max_credits))
+            limit=lambda: self._caps(key, rpc.max_credits))
         self.credits.start(key.account_id, rpc.max_credits)
         spent = 0
         try:

@@ -16,14 +16,15 @@ from urllib.parse import quote
 
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, image_cost
-from serve_app.catalog import CatalogModel, ImageOperation
+from serve_app.catalog import Catalog, CatalogModel, ImageOperation
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images import sizing
 from serve_app.images.inputs import ImageInput, inspect_image
 from serve_app.model_calls import call_model, stream_model
 from serve_app.pipeline import respond
+from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
-from serve_app.routing import RoutedModel
+from serve_app.routing import ModelRouter, RoutedModel
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
     GenerateRequest,
@@ -31,7 +32,6 @@ from serve_app.schemas.images import (
     OpenAIImageRequest,
     UpscaleRequest,
 )
-from serve_app.state import GatewayState
 
 ENHANCE_SYSTEM_PROMPT = (
     "You rewrite instructions for an image model. Make the user's instruction clear and "
@@ -53,92 +53,220 @@ class Produced:
     timing: dict[str, float] = field(default_factory=dict)
 
 
-def model_for(state: GatewayState, operation: ImageOperation, name: str | None) -> RoutedModel:
-    """The model of an image operation: by name (id, alias or trait), or the operation's
-    default model when the endpoint takes no model (upscale, background removal)."""
-    if name is None or name == "default":
-        models = state.catalog.for_operation(operation)
-        if not models:
-            raise ApiError(503, f"No model serves image {operation} on this platform",
-                           code="MODEL_OFFLINE")
-        return RoutedModel(model=models[0], router="direct" if name is None else "alias")
-    routed = state.router.resolve(name)
-    if routed.model.operation != operation:
-        raise invalid_request(f"model {routed.model.id!r} cannot serve image {operation}; "
-                              f"use one of {_ids(state, operation)}", "model")
-    return routed
+class ImageService:
+    """Image requests between the router and the image deployments: the model, admission,
+    the inputs, one call, the settlement of what it did cost."""
 
+    def __init__(self, catalog: Catalog, router: ModelRouter, admission: Admission) -> None:
+        self.catalog = catalog
+        self.router = router
+        self.admission = admission
 
-def _ids(state: GatewayState, operation: ImageOperation) -> str:
-    return ", ".join(m.id for m in state.catalog.for_operation(operation)) or "(none)"
+    def model_for(self, operation: ImageOperation, name: str | None) -> RoutedModel:
+        """The model of an image operation: by name (id, alias or trait), or the operation's
+        default model when the endpoint takes no model (upscale, background removal)."""
+        if name is None or name == "default":
+            models = self.catalog.for_operation(operation)
+            if not models:
+                raise ApiError(503, f"No model serves image {operation} on this platform",
+                               code="MODEL_OFFLINE")
+            return RoutedModel(model=models[0], router="direct" if name is None else "alias")
+        routed = self.router.resolve(name)
+        if routed.model.operation != operation:
+            raise invalid_request(f"model {routed.model.id!r} cannot serve image {operation}; "
+                                  f"use one of {self._ids(operation)}", "model")
+        return routed
 
+    def _ids(self, operation: ImageOperation) -> str:
+        return ", ".join(m.id for m in self.catalog.for_operation(operation)) or "(none)"
 
-async def _charged(ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                   routed: RoutedModel, max_cost: Cost,
-                   work: Callable[[], Awaitable[tuple[Produced, Cost]]]) -> Produced:
-    """Limits and hold, then `work`; settle its cost, or release the hold if it fails."""
-    model = routed.model
-    charge = await state.admission.admit(ctx, key, model, 0, max_cost)
-    try:
-        state.router.handle(model)  # 503 before reading anything when the model is offline
-        respond.model_headers(ctx, model, routed.router)
-        produced, cost = await work()
-    except BaseException:
-        await charge.release()
-        raise
-    await charge.settle(cost)
-    return produced
+    async def _charged(self, ctx: RequestContext, key: KeyRecord,
+                       routed: RoutedModel, max_cost: Cost,
+                       work: Callable[[], Awaitable[tuple[Produced, Cost]]]) -> Produced:
+        """Limits and hold, then `work`; settle its cost, or release the hold if it fails."""
+        model = routed.model
+        charge = await self.admission.admit(ctx, key, model, 0, max_cost)
+        try:
+            self.router.handle(model)  # 503 before reading anything when the model is offline
+            respond.model_headers(ctx, model, routed.router)
+            produced, cost = await work()
+        except BaseException:
+            await charge.release()
+            raise
+        await charge.settle(cost)
+        return produced
 
+    async def _run(self, ctx: RequestContext, model: CatalogModel,
+                   inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
+        handle = self.router.handle(model)
+        params = {**params, "_fields": [i.field for i in inputs]}
+        started = time.perf_counter()
+        with ctx.step("model"):
+            out = await call_model(handle.run, model.id, model.id, [i.data for i in inputs],
+                                   params, fmt)
+        ctx.record("replica", out["replica_ms"])
+        total = (time.perf_counter() - started) * 1000
+        return Produced(model, out["images"], f"image/{fmt}", out["width"], out["height"],
+                        out["blurred"], timing={"inferenceDuration": out["replica_ms"],
+                                                "inferenceQueueTime": max(0.0, total
+                                                                          - out["replica_ms"])})
 
-async def _run(ctx: RequestContext, state: GatewayState, model: CatalogModel,
-               inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
-    handle = state.router.handle(model)
-    params = {**params, "_fields": [i.field for i in inputs]}
-    started = time.perf_counter()
-    with ctx.step("model"):
-        out = await call_model(handle.run, model.id, model.id, [i.data for i in inputs],
-                               params, fmt)
-    ctx.record("replica", out["replica_ms"])
-    total = (time.perf_counter() - started) * 1000
-    return Produced(model, out["images"], f"image/{fmt}", out["width"], out["height"],
-                    out["blurred"], timing={"inferenceDuration": out["replica_ms"],
-                                            "inferenceQueueTime": max(0.0, total
-                                                                      - out["replica_ms"])})
+    async def upscale(self, ctx: RequestContext, key: KeyRecord, body: UpscaleRequest,
+                      source: Callable[[], Awaitable[bytes]]) -> Produced:
+        routed = self.model_for("upscale", None)
+        model = routed.model
+
+        async def work() -> tuple[Produced, Cost]:
+            data = await source()
+            image = inspect_image(data, "image", min_pixels=sizing.UPSCALE_MIN_PIXELS)
+            scale = sizing.effective_scale(image.width, image.height, body.scale)
+            params = {"scale": scale, "creativity": body.clamped_creativity}
+            produced = await self._run(ctx, model, [image], params, "png")
+            ctx.headers["x-service-upscale-factor"] = f"{scale:g}"
+            return produced, image_cost(model, scale=scale)
+
+        return await self._charged(ctx, key, routed, image_cost(model, scale=body.scale),
+                              work)
+
+    async def remove_background(self, ctx: RequestContext, key: KeyRecord,
+                                body: BackgroundRemoveRequest,
+                                source: Callable[[], Awaitable[bytes]]) -> Produced:
+        routed = self.model_for("background-remove", None)
+        model = routed.model
+
+        async def work() -> tuple[Produced, Cost]:
+            image = inspect_image(await source(), "image", max_pixels=sizing.EDIT_MAX_PIXELS)
+            return await self._run(ctx, model, [image], {}, "png"), image_cost(model)
+
+        return await self._charged(ctx, key, routed, image_cost(model), work)
+
+    async def _enhanced(self, ctx: RequestContext, prompt: str) -> str | None:
+        """The rewritten prompt, also sent URL-encoded in `x-service-enhanced-prompt`; None when
+        no rewrite came back (then it is not charged)."""
+        with ctx.step("enhance"):
+            enhanced = await self.enhance_prompt(ctx.request_id, prompt)
+        if enhanced:
+            ctx.headers["x-service-enhanced-prompt"] = quote(enhanced, safe="")
+        return enhanced
+
+    async def enhance_prompt(self, request_id: str, prompt: str) -> str | None:
+        """The prompt rewritten by the default text model, or None when no text model answers
+        (then nothing is charged for it)."""
+        try:
+            routed = self.router.resolve("default", "text")
+            handle = self.router.handle(routed.model)
+        except ApiError:
+            return None
+        engine_request = {
+            "request_id": f"{request_id}-enhance",
+            "messages": [{"role": "system", "content": ENHANCE_SYSTEM_PROMPT},
+                         {"role": "user", "content": prompt}],
+            "sampling": {"max_tokens": ENHANCE_MAX_TOKENS, "temperature": 0.2, "n": 1},
+            "json_schema": None,
+            "chat_template_kwargs": {},
+            "prompt_cache_key": None,
+        }
+        text = ""
+        try:
+            async for chunk in stream_model(handle.generate, routed.model.id, routed.model.id,
+                                            engine_request):
+                text += chunk.get("text", "")
+        except ApiError:
+            return None
+        text = " ".join(text.split())
+        return text or None
+
+    async def edit(self, ctx: RequestContext, key: KeyRecord, body: MultiEditRequest,
+                   sources: list[Callable[[], Awaitable[bytes]]], fields: list[str]) -> Produced:
+        routed = self.model_for("edit", body.model_name)
+        model = routed.model
+        _edit_limits(model, body, len(sources))
+        quality = _quality(model, body.quality)
+        resolution = sizing.resolution_of(model, body.resolution)
+        enhance = _wants_enhancement(model, body.enhance_prompt)
+        max_cost = image_cost(model, resolution=resolution, quality=quality,
+                              input_images=len(sources), enhanced=enhance)
+
+        async def work() -> tuple[Produced, Cost]:
+            inputs = [inspect_image(await read(), name, min_pixels=sizing.EDIT_MIN_PIXELS,
+                                    max_pixels=sizing.EDIT_MAX_PIXELS)
+                      for read, name in zip(sources, fields, strict=True)]
+            size = sizing.output_size(model, body.aspect_ratio, resolution, inputs[0].width,
+                                      inputs[0].height)
+            fmt = {"jpg": "jpeg"}.get(body.output_format or "", body.output_format) or \
+                sizing.default_output_format(size.resolution)
+            enhanced = await self._enhanced(ctx, body.prompt) if enhance else None
+            params = {"prompt": enhanced or body.prompt, "width": size.width, "height": size.height,
+                      "safe_mode": body.safe_mode, "seed": None, "steps": _steps(model, None),
+                      "optimize_prompt": not body.disable_prompt_optimization_thinking
+                      if model.capabilities.get("supportsOptimizePromptThinking") else None}
+            produced = await self._run(ctx, model, inputs, params, fmt)
+            respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
+            return produced, image_cost(model, resolution=size.resolution, quality=quality,
+                                        input_images=len(inputs), enhanced=enhanced is not None)
+
+        return await self._charged(ctx, key, routed, max_cost, work)
+
+    def styled_prompt(self, prompt: str, style: str | None) -> str:
+        if style is None:
+            return prompt
+        styles = {s.lower(): s for s in self.catalog.image_styles}
+        if style.lower() not in styles:
+            raise invalid_request(f"style_preset {style!r} is not one of GET /image/styles",
+                                  "style_preset")
+        return f"{prompt}, in {styles[style.lower()]} style"
+
+    async def generate(self, ctx: RequestContext, key: KeyRecord,
+                       body: GenerateRequest) -> Produced:
+        routed = self.model_for("generate", body.model)
+        model = routed.model
+        _check_prompt_length(model, body.prompt)
+        prompt = self.styled_prompt(body.prompt, body.style_preset)
+        resolution = body.resolution if body.resolution in model.pricing.get(
+            "resolutions", {}) else None
+        quality = _quality(model, body.quality)
+        enhance = _wants_enhancement(model, body.enhance_prompt)
+        max_cost = image_cost(model, outputs=body.variants, resolution=resolution,
+                              quality=quality, enhanced=enhance)
+
+        async def work() -> tuple[Produced, Cost]:
+            enhanced = await self._enhanced(ctx, prompt) if enhance else None
+            params = {"prompt": enhanced or prompt, "negative_prompt": body.negative_prompt,
+                      "width": sizing.fit_divisor(body.width, model),
+                      "height": sizing.fit_divisor(body.height, model),
+                      "steps": _steps(model, body.steps), "cfg_scale": body.cfg_scale or 7.5,
+                      # 0, the published default, means "not given": a random seed
+                      "seed": body.seed or None, "variants": body.variants,
+                      "safe_mode": body.safe_mode}
+            produced = await self._run(ctx, model, [], params, body.format)
+            respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
+            return produced, image_cost(model, outputs=len(produced.images),
+                                        resolution=resolution, quality=quality,
+                                        enhanced=enhanced is not None)
+
+        return await self._charged(ctx, key, routed, max_cost, work)
+
+    def native_generation(self, body: OpenAIImageRequest) -> GenerateRequest:
+        """`/images/generations` as the native generation request: its size within the native
+        bound (1280 px a side), its moderation as safe mode; another API's model name is the
+        default image model, as published."""
+        width, height = (1024, 1024) if body.size in (None, "auto") else (
+            int(part) for part in body.size.split("x"))
+        if max(width, height) > 1280:
+            width, height = (round(width * 1280 / max(width, height)),
+                             round(height * 1280 / max(width, height)))
+        model = body.model or "default"
+        if model != "default" and self.catalog.find(model) is None:
+            model = "default"
+        return GenerateRequest(model=model, prompt=body.prompt, width=width, height=height,
+                               format=body.output_format or "png",
+                               safe_mode=body.moderation != "low")
 
 
 # ---- upscale -----------------------------------------------------------------------------
 
-async def upscale(ctx: RequestContext, state: GatewayState, key: KeyRecord, body: UpscaleRequest,
-                  source: Callable[[], Awaitable[bytes]]) -> Produced:
-    routed = model_for(state, "upscale", None)
-    model = routed.model
-
-    async def work() -> tuple[Produced, Cost]:
-        data = await source()
-        image = inspect_image(data, "image", min_pixels=sizing.UPSCALE_MIN_PIXELS)
-        scale = sizing.effective_scale(image.width, image.height, body.scale)
-        params = {"scale": scale, "creativity": body.clamped_creativity}
-        produced = await _run(ctx, state, model, [image], params, "png")
-        ctx.headers["x-service-upscale-factor"] = f"{scale:g}"
-        return produced, image_cost(model, scale=scale)
-
-    return await _charged(ctx, state, key, routed, image_cost(model, scale=body.scale),
-                          work)
-
 
 # ---- background removal ------------------------------------------------------------------
-
-async def remove_background(ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                            body: BackgroundRemoveRequest,
-                            source: Callable[[], Awaitable[bytes]]) -> Produced:
-    routed = model_for(state, "background-remove", None)
-    model = routed.model
-
-    async def work() -> tuple[Produced, Cost]:
-        image = inspect_image(await source(), "image", max_pixels=sizing.EDIT_MAX_PIXELS)
-        return await _run(ctx, state, model, [image], {}, "png"), image_cost(model)
-
-    return await _charged(ctx, state, key, routed, image_cost(model), work)
 
 
 # ---- edits -------------------------------------------------------------------------------
@@ -173,139 +301,13 @@ def _wants_enhancement(model: CatalogModel, asked: bool) -> bool:
     return bool(asked and model.pricing.get("enhancePrompt") is not None)
 
 
-async def _enhanced(ctx: RequestContext, state: GatewayState, prompt: str) -> str | None:
-    """The rewritten prompt, also sent URL-encoded in `x-service-enhanced-prompt`; None when
-    no rewrite came back (then it is not charged)."""
-    with ctx.step("enhance"):
-        enhanced = await enhance_prompt(state, ctx.request_id, prompt)
-    if enhanced:
-        ctx.headers["x-service-enhanced-prompt"] = quote(enhanced, safe="")
-    return enhanced
-
-
-async def enhance_prompt(state: GatewayState, request_id: str, prompt: str) -> str | None:
-    """The prompt rewritten by the default text model, or None when no text model answers
-    (then nothing is charged for it)."""
-    try:
-        routed = state.router.resolve("default", "text")
-        handle = state.router.handle(routed.model)
-    except ApiError:
-        return None
-    engine_request = {
-        "request_id": f"{request_id}-enhance",
-        "messages": [{"role": "system", "content": ENHANCE_SYSTEM_PROMPT},
-                     {"role": "user", "content": prompt}],
-        "sampling": {"max_tokens": ENHANCE_MAX_TOKENS, "temperature": 0.2, "n": 1},
-        "json_schema": None,
-        "chat_template_kwargs": {},
-        "prompt_cache_key": None,
-    }
-    text = ""
-    try:
-        async for chunk in stream_model(handle.generate, routed.model.id, routed.model.id,
-                                        engine_request):
-            text += chunk.get("text", "")
-    except ApiError:
-        return None
-    text = " ".join(text.split())
-    return text or None
-
-
-async def edit(ctx: RequestContext, state: GatewayState, key: KeyRecord, body: MultiEditRequest,
-               sources: list[Callable[[], Awaitable[bytes]]], fields: list[str]) -> Produced:
-    routed = model_for(state, "edit", body.model_name)
-    model = routed.model
-    _edit_limits(model, body, len(sources))
-    quality = _quality(model, body.quality)
-    resolution = sizing.resolution_of(model, body.resolution)
-    enhance = _wants_enhancement(model, body.enhance_prompt)
-    max_cost = image_cost(model, resolution=resolution, quality=quality,
-                          input_images=len(sources), enhanced=enhance)
-
-    async def work() -> tuple[Produced, Cost]:
-        inputs = [inspect_image(await read(), name, min_pixels=sizing.EDIT_MIN_PIXELS,
-                                max_pixels=sizing.EDIT_MAX_PIXELS)
-                  for read, name in zip(sources, fields, strict=True)]
-        size = sizing.output_size(model, body.aspect_ratio, resolution, inputs[0].width,
-                                  inputs[0].height)
-        fmt = {"jpg": "jpeg"}.get(body.output_format or "", body.output_format) or \
-            sizing.default_output_format(size.resolution)
-        enhanced = await _enhanced(ctx, state, body.prompt) if enhance else None
-        params = {"prompt": enhanced or body.prompt, "width": size.width, "height": size.height,
-                  "safe_mode": body.safe_mode, "seed": None, "steps": _steps(model, None),
-                  "optimize_prompt": not body.disable_prompt_optimization_thinking
-                  if model.capabilities.get("supportsOptimizePromptThinking") else None}
-        produced = await _run(ctx, state, model, inputs, params, fmt)
-        respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
-        return produced, image_cost(model, resolution=size.resolution, quality=quality,
-                                    input_images=len(inputs), enhanced=enhanced is not None)
-
-    return await _charged(ctx, state, key, routed, max_cost, work)
-
-
 # ---- generation --------------------------------------------------------------------------
-
-def styled_prompt(state: GatewayState, prompt: str, style: str | None) -> str:
-    if style is None:
-        return prompt
-    styles = {s.lower(): s for s in state.catalog.image_styles}
-    if style.lower() not in styles:
-        raise invalid_request(f"style_preset {style!r} is not one of GET /image/styles",
-                              "style_preset")
-    return f"{prompt}, in {styles[style.lower()]} style"
 
 
 def _steps(model: CatalogModel, requested: int | None) -> int:
     steps = model.constraints.get("steps") or {}
     default, most = int(steps.get("default", 8)), int(steps.get("max", 50))
     return min(requested or default, most)
-
-
-async def generate(ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                   body: GenerateRequest) -> Produced:
-    routed = model_for(state, "generate", body.model)
-    model = routed.model
-    _check_prompt_length(model, body.prompt)
-    prompt = styled_prompt(state, body.prompt, body.style_preset)
-    resolution = body.resolution if body.resolution in model.pricing.get(
-        "resolutions", {}) else None
-    quality = _quality(model, body.quality)
-    enhance = _wants_enhancement(model, body.enhance_prompt)
-    max_cost = image_cost(model, outputs=body.variants, resolution=resolution,
-                          quality=quality, enhanced=enhance)
-
-    async def work() -> tuple[Produced, Cost]:
-        enhanced = await _enhanced(ctx, state, prompt) if enhance else None
-        params = {"prompt": enhanced or prompt, "negative_prompt": body.negative_prompt,
-                  "width": sizing.fit_divisor(body.width, model),
-                  "height": sizing.fit_divisor(body.height, model),
-                  "steps": _steps(model, body.steps), "cfg_scale": body.cfg_scale or 7.5,
-                  # 0, the published default, means "not given": a random seed
-                  "seed": body.seed or None, "variants": body.variants, "safe_mode": body.safe_mode}
-        produced = await _run(ctx, state, model, [], params, body.format)
-        respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
-        return produced, image_cost(model, outputs=len(produced.images),
-                                    resolution=resolution, quality=quality,
-                                    enhanced=enhanced is not None)
-
-    return await _charged(ctx, state, key, routed, max_cost, work)
-
-
-def native_generation(state: GatewayState, body: OpenAIImageRequest) -> GenerateRequest:
-    """`/images/generations` as the native generation request: its size within the native
-    bound (1280 px a side), its moderation as safe mode; another API's model name is the
-    default image model, as published."""
-    width, height = (1024, 1024) if body.size in (None, "auto") else (
-        int(part) for part in body.size.split("x"))
-    if max(width, height) > 1280:
-        width, height = (round(width * 1280 / max(width, height)),
-                         round(height * 1280 / max(width, height)))
-    model = body.model or "default"
-    if model != "default" and state.catalog.find(model) is None:
-        model = "default"
-    return GenerateRequest(model=model, prompt=body.prompt, width=width, height=height,
-                           format=body.output_format or "png",
-                           safe_mode=body.moderation != "low")
 
 
 def generate_payload(body: GenerateRequest, produced: Produced,

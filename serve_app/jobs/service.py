@@ -11,21 +11,24 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from fastapi import Request, Response
+from sqlalchemy.engine import Engine
 
 from serve_app.auth.key_store import KeyRecord
 from serve_app.billing.pricing import Cost
-from serve_app.catalog import CatalogModel
-from serve_app.control.jobs import OPEN_STATUSES, JobView, input_key
+from serve_app.catalog import Catalog, CatalogModel
+from serve_app.control.jobs import OPEN_STATUSES, JobQueue, JobView, input_key
+from serve_app.control.result_store import ResultStore
 from serve_app.db.bootstrap import DOWNLOAD_SECRET, ensure_secret
 from serve_app.db.engine import run_in_session
 from serve_app.db.tables import JobStatus, MediaJob, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
+from serve_app.jobs.runner import JobRunner
 from serve_app.pipeline import respond
+from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
-from serve_app.routing import RoutedModel
+from serve_app.routing import ModelRouter, RoutedModel
 from serve_app.schemas.video import JobRequest, RetrieveRequest
-from serve_app.state import GatewayState
 
 # The catalog type of each kind of job's models (`default` means that type's default).
 MODEL_TYPE_OF_KIND = {"video": "video", "audio": "music"}
@@ -39,50 +42,135 @@ class InputFile:
     media_type: str
 
 
-async def queue_job(ctx: RequestContext, state: GatewayState, key: KeyRecord, routed: RoutedModel,
-                    kind: str, cost: Cost, params: dict, inputs: dict[str, InputFile]
-                    ) -> JobView:
-    """Hold `cost`, keep the inputs, write the job; the runner takes it from there. Nothing is
-    kept or held when any step fails."""
-    model = routed.model
-    state.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
-    charge = await state.admission.admit(ctx, key, model, 0, cost)
-    job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
-                   account_id=key.account_id, api_key_id=key.id if not key.wallet_address
-                   else None, wallet_address=key.wallet_address, params=params,
-                   cost_lines=[[line.line_type, line.units, line.nanos,
-                                line.price_per_unit_usd] for line in cost.lines])
-    job.inputs = {name: input_key(job.queue_id, name) for name in inputs}
+class JobService:
+    """Queued media jobs as the routes see them: queue (admitted, inputs kept, row written),
+    retrieve, download by signed link, complete."""
 
-    async def write() -> JobView:
-        for name, file in inputs.items():
-            await state.results.put(job.inputs[name], file.data, file.media_type)
-        return await state.jobs.add(job)
+    def __init__(self, router: ModelRouter, catalog: Catalog, admission: Admission,
+                 jobs: JobQueue, results: ResultStore, job_runner: JobRunner,
+                 database: Engine) -> None:
+        self.router = router
+        self.catalog = catalog
+        self.admission = admission
+        self.jobs = jobs
+        self.results = results
+        self.job_runner = job_runner
+        self.database = database
 
-    # The write finishes even when the client leaves meanwhile, so that its outcome is known:
-    # a job its client never heard of is withdrawn (nobody could retrieve it), then released.
-    writing = asyncio.ensure_future(write())
-    try:
-        with ctx.step("queue"):
-            view = await asyncio.shield(writing)
-    except BaseException as exc:
-        with contextlib.suppress(BaseException):
-            await writing
-            if isinstance(exc, asyncio.CancelledError):
-                await state.jobs.withdraw(job.queue_id, "The client left before the job "
-                                                        "was queued; nothing was charged")
-        await charge.release()
+    async def queue_job(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
+                        kind: str, cost: Cost, params: dict, inputs: dict[str, InputFile]
+                        ) -> JobView:
+        """Hold `cost`, keep the inputs, write the job; the runner takes it from there. Nothing is
+        kept or held when any step fails."""
+        model = routed.model
+        self.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
+        charge = await self.admission.admit(ctx, key, model, 0, cost)
+        job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
+                       account_id=key.account_id, api_key_id=key.id if not key.wallet_address
+                       else None, wallet_address=key.wallet_address, params=params,
+                       cost_lines=[[line.line_type, line.units, line.nanos,
+                                    line.price_per_unit_usd] for line in cost.lines])
+        job.inputs = {name: input_key(job.queue_id, name) for name in inputs}
+
+        async def write() -> JobView:
+            for name, file in inputs.items():
+                await self.results.put(job.inputs[name], file.data, file.media_type)
+            return await self.jobs.add(job)
+
+        # The write finishes even when the client leaves meanwhile, so that its outcome is known:
+        # a job its client never heard of is withdrawn (nobody could retrieve it), then released.
+        writing = asyncio.ensure_future(write())
+        try:
+            with ctx.step("queue"):
+                view = await asyncio.shield(writing)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                await writing
+                if isinstance(exc, asyncio.CancelledError):
+                    await self.jobs.withdraw(job.queue_id, "The client left before the job "
+                                                            "was queued; nothing was charged")
+            await charge.release()
+            for stored in job.inputs.values():
+                with contextlib.suppress(Exception):
+                    await self.results.delete(stored)
+            raise
+        respond.model_headers(ctx, model, routed.router)
+        self.job_runner.wake()
+        return view
+
+    async def download_secret(self) -> str:
+        return await run_in_session(self.database, lambda s: ensure_secret(s, DOWNLOAD_SECRET))
+
+    async def download(self, queue_id: str, expires: int,
+                       signature: str) -> Response:
+        """A finished job's media through its signed delivery URL (no API key)."""
+        if not downloads.is_valid(await self.download_secret(), queue_id, expires, signature):
+            raise ApiError(403, "This download link is invalid or has expired; retrieve the job "
+                                "again with your API key", code="UNAUTHORIZED")
+        job = await self.jobs.get(queue_id)
+        if job is None or job.status != JobStatus.COMPLETED or job.media_deleted \
+                or not job.result_key:
+            raise ApiError(404, f"The media of request {queue_id!r} is not available: it is not "
+                                "finished yet, or was deleted", code="MEDIA_NOT_FOUND")
+        media = await self.results.get(job.result_key)
+        if media is None:
+            raise ApiError(404, f"The media of request {queue_id!r} was deleted",
+                           code="MEDIA_NOT_FOUND")
+        return _media_response(job, media)
+
+    async def _own_job(self, key: KeyRecord, body: JobRequest,
+                       kind: str) -> tuple[JobView, CatalogModel]:
+        """The caller's job of this kind; any other queue id is unknown to them (404)."""
+        job = await self.jobs.get(body.queue_id)
+        if job is None or job.kind != kind or job.account_id != key.account_id:
+            raise ApiError(404, f"No {kind} request {body.queue_id!r}: it is unknown, expired or "
+                                "deleted", code="MEDIA_NOT_FOUND")
+        model = self.catalog.find(body.model, MODEL_TYPE_OF_KIND[kind])  # ids, aliases, traits
+        if model is None or model.id != job.model_id:
+            raise invalid_request(f"queue_id {body.queue_id!r} was queued for model "
+                                  f"{job.model_id!r}, not {body.model!r}", "model")
+        return job, model
+
+    async def retrieve(self, ctx: RequestContext, key: KeyRecord,
+                       body: RetrieveRequest, kind: str) -> Response:
+        """The job's status and timing while it runs; its media once it is done (deleted then
+        when asked); its error if it failed."""
+        job, model = await self._own_job(key, body, kind)
+        respond.model_headers(ctx, model, "direct")
+        if job.status in OPEN_STATUSES:
+            average = await self.jobs.p80_execution_ms(job.model_id)
+            return respond.json_response(ctx, {
+                "status": "PROCESSING",
+                "average_execution_time": round(average or DEFAULT_EXECUTION_MS),
+                "execution_duration": round(_ms_since(job.created_at))})
+        if job.status == JobStatus.FAILED:
+            raise ApiError(job.error_status or 500, job.error or "The generation failed",
+                           code=job.error_code or "INFERENCE_FAILED")
+        media = None if job.media_deleted or not job.result_key else \
+            await self.results.get(job.result_key)
+        if media is None:
+            raise ApiError(404, f"The media of {kind} request {job.queue_id!r} was deleted",
+                           code="MEDIA_NOT_FOUND")
+        if body.delete_media_on_completion:
+            await self._delete_media(job)
+        return _media_response(job, media)
+
+    async def _delete_media(self, job: JobView) -> None:
+        await self.jobs.mark_deleted(job.queue_id)
+        if job.result_key:
+            await self.results.delete(job.result_key)
         for stored in job.inputs.values():
-            with contextlib.suppress(Exception):
-                await state.results.delete(stored)
-        raise
-    respond.model_headers(ctx, model, routed.router)
-    state.job_runner.wake()
-    return view
+            await self.results.delete(stored)
 
-
-async def download_secret(state: GatewayState) -> str:
-    return await run_in_session(state.engine, lambda s: ensure_secret(s, DOWNLOAD_SECRET))
+    async def complete(self, key: KeyRecord, body: JobRequest,
+                       kind: str) -> dict:
+        """Delete a finished job's media from the store (once it was downloaded)."""
+        job, _ = await self._own_job(key, body, kind)
+        if job.status in OPEN_STATUSES:
+            raise invalid_request(f"{kind} request {job.queue_id!r} is still being made; "
+                                  "retrieve it once it is complete", "queue_id")
+        await self._delete_media(job)
+        return {"success": True}
 
 
 def delivery_url(request: Request, public_api_url: str | None, secret: str,
@@ -94,71 +182,14 @@ def delivery_url(request: Request, public_api_url: str | None, secret: str,
     return downloads.download_url(base, secret, queue_id)
 
 
-async def download(state: GatewayState, queue_id: str, expires: int,
-                   signature: str) -> Response:
-    """A finished job's media through its signed delivery URL (no API key)."""
-    if not downloads.is_valid(await download_secret(state), queue_id, expires, signature):
-        raise ApiError(403, "This download link is invalid or has expired; retrieve the job "
-                            "again with your API key", code="UNAUTHORIZED")
-    job = await state.jobs.get(queue_id)
-    if job is None or job.status != JobStatus.COMPLETED or job.media_deleted \
-            or not job.result_key:
-        raise ApiError(404, f"The media of request {queue_id!r} is not available: it is not "
-                            "finished yet, or was deleted", code="MEDIA_NOT_FOUND")
-    media = await state.results.get(job.result_key)
-    if media is None:
-        raise ApiError(404, f"The media of request {queue_id!r} was deleted",
-                       code="MEDIA_NOT_FOUND")
-    return _media_response(job, media)
-
-
 def _media_response(job: JobView, media: bytes) -> Response:
     return Response(media, media_type=job.media_type or "application/octet-stream",
                     headers={"Content-Disposition":
                              f'attachment; filename="{job.queue_id}{_suffix(job)}"'})
 
 
-async def _own_job(state: GatewayState, key: KeyRecord, body: JobRequest,
-                   kind: str) -> tuple[JobView, CatalogModel]:
-    """The caller's job of this kind; any other queue id is unknown to them (404)."""
-    job = await state.jobs.get(body.queue_id)
-    if job is None or job.kind != kind or job.account_id != key.account_id:
-        raise ApiError(404, f"No {kind} request {body.queue_id!r}: it is unknown, expired or "
-                            "deleted", code="MEDIA_NOT_FOUND")
-    model = state.catalog.find(body.model, MODEL_TYPE_OF_KIND[kind])  # ids, aliases, traits
-    if model is None or model.id != job.model_id:
-        raise invalid_request(f"queue_id {body.queue_id!r} was queued for model "
-                              f"{job.model_id!r}, not {body.model!r}", "model")
-    return job, model
-
-
 def _ms_since(start: datetime) -> float:
     return max(0.0, (utcnow() - start).total_seconds() * 1000)
-
-
-async def retrieve(ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                   body: RetrieveRequest, kind: str) -> Response:
-    """The job's status and timing while it runs; its media once it is done (deleted then
-    when asked); its error if it failed."""
-    job, model = await _own_job(state, key, body, kind)
-    respond.model_headers(ctx, model, "direct")
-    if job.status in OPEN_STATUSES:
-        average = await state.jobs.p80_execution_ms(job.model_id)
-        return respond.json_response(ctx, {
-            "status": "PROCESSING",
-            "average_execution_time": round(average or DEFAULT_EXECUTION_MS),
-            "execution_duration": round(_ms_since(job.created_at))})
-    if job.status == JobStatus.FAILED:
-        raise ApiError(job.error_status or 500, job.error or "The generation failed",
-                       code=job.error_code or "INFERENCE_FAILED")
-    media = None if job.media_deleted or not job.result_key else \
-        await state.results.get(job.result_key)
-    if media is None:
-        raise ApiError(404, f"The media of {kind} request {job.queue_id!r} was deleted",
-                       code="MEDIA_NOT_FOUND")
-    if body.delete_media_on_completion:
-        await _delete_media(state, job)
-    return _media_response(job, media)
 
 
 def _suffix(job: JobView) -> str:
@@ -166,20 +197,3 @@ def _suffix(job: JobView) -> str:
             "audio/flac": ".flac", "audio/opus": ".opus"}.get(job.media_type or "", "")
 
 
-async def _delete_media(state: GatewayState, job: JobView) -> None:
-    await state.jobs.mark_deleted(job.queue_id)
-    if job.result_key:
-        await state.results.delete(job.result_key)
-    for stored in job.inputs.values():
-        await state.results.delete(stored)
-
-
-async def complete(state: GatewayState, key: KeyRecord, body: JobRequest,
-                   kind: str) -> dict:
-    """Delete a finished job's media from the store (once it was downloaded)."""
-    job, _ = await _own_job(state, key, body, kind)
-    if job.status in OPEN_STATUSES:
-        raise invalid_request(f"{kind} request {job.queue_id!r} is still being made; "
-                              "retrieve it once it is complete", "queue_id")
-    await _delete_media(state, job)
-    return {"success": True}

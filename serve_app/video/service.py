@@ -18,11 +18,11 @@ from fastapi import Request
 from serve_app.auth.key_store import KeyRecord
 from serve_app.catalog import CatalogModel
 from serve_app.errors import ApiError, invalid_request
-from serve_app.images.inputs import inspect_image
-from serve_app.jobs.service import InputFile, delivery_url, download_secret, queue_job
+from serve_app.images.inputs import ImageSourceReader, inspect_image
+from serve_app.jobs.service import InputFile, JobService, delivery_url
 from serve_app.pipeline.context import RequestContext
+from serve_app.routing import ModelRouter
 from serve_app.schemas.video import QueueVideoRequest, QuoteVideoRequest
-from serve_app.state import GatewayState
 from serve_app.video.probe import probe
 from serve_app.video.quotes import SourceVideo, VideoAsk, plan_video
 
@@ -48,12 +48,92 @@ MAX_REFERENCE_TOTAL_SECONDS = 150.0
 MIN_IMAGE_PIXELS = 64 * 64
 
 
-def video_model(state: GatewayState, name: str) -> Any:
-    routed = state.router.resolve(name, "video")
-    if routed.model.operation not in MEDIA_FIELDS:
-        raise ApiError(500, f"the catalog gives video model {routed.model.id} no operation",
-                       code="UNKNOWN_ERROR")
-    return routed
+class VideoService:
+    """Video quotes and queued video jobs: the model, the checks, the inputs fetched and
+    probed, then the job queued at its quoted price."""
+
+    def __init__(self, router: ModelRouter, image_sources: ImageSourceReader,
+                 job_service: JobService, public_api_url: str | None) -> None:
+        self.router = router
+        self.image_sources = image_sources
+        self.job_service = job_service
+        self.public_api_url = public_api_url
+
+    def video_model(self, name: str) -> Any:
+        routed = self.router.resolve(name, "video")
+        if routed.model.operation not in MEDIA_FIELDS:
+            raise ApiError(500, f"the catalog gives video model {routed.model.id} no operation",
+                           code="UNKNOWN_ERROR")
+        return routed
+
+    async def _video(self, value: str, field: str) -> tuple[bytes, SourceVideo]:
+        data = await self.image_sources.read(value, field, allow_urls=True, media="video")
+        return data, await probe(data, field)
+
+    async def quote(self, body: QuoteVideoRequest) -> dict[str, float]:
+        model = self.video_model(body.model).model
+        source = None
+        if body.video_url is not None:
+            if "video_url" not in MEDIA_FIELDS[model.operation]:
+                raise invalid_request(f"{model.id} takes no video_url", "video_url")
+            _, source = await self._video(body.video_url, "video_url")
+        return {"quote": plan_video(model, _ask(body), source).quote_usd}
+
+    async def _inputs(self, model: CatalogModel, body: QueueVideoRequest
+                      ) -> tuple[dict[str, InputFile], SourceVideo | None]:
+        """The media the job needs, fetched, size-capped and checked from their headers."""
+        inputs: dict[str, InputFile] = {}
+        source = None
+        if body.image_url:
+            data = await self.image_sources.read(body.image_url, "image_url", allow_urls=True)
+            image = inspect_image(data, "image_url", min_pixels=MIN_IMAGE_PIXELS)
+            inputs["image"] = InputFile(data, f"image/{image.format.lower()}")
+        if body.video_url:
+            data, source = await self._video(body.video_url, "video_url")
+            inputs["video"] = InputFile(data, "video/mp4")
+        if body.reference_video_urls:
+            clips = []
+            for i, url in enumerate(body.reference_video_urls):
+                field = f"reference_video_urls[{i}]"
+                data, clip = await self._video(url, field)
+                low, high = REFERENCE_CLIP_SECONDS
+                if not low <= clip.seconds <= high:
+                    raise invalid_request(f"the clip is {clip.seconds:g} s; reference clips must "
+                                          f"be {low:g} to {high:g} s", field)
+                clips.append(clip)
+                inputs[f"reference-{i}"] = InputFile(data, "video/mp4")
+            total = sum(c.seconds for c in clips)
+            if total > MAX_REFERENCE_TOTAL_SECONDS:
+                raise invalid_request(f"the reference clips last {total:g} s together; at most "
+                                      f"{MAX_REFERENCE_TOTAL_SECONDS:g} s", "reference_video_urls")
+            source = SourceVideo(total, clips[0].width, clips[0].height, clips[0].fps)
+        return inputs, source
+
+    async def queue(self, request: Request, ctx: RequestContext, key: KeyRecord,
+                    body: QueueVideoRequest) -> dict[str, str]:
+        routed = self.video_model(body.model)
+        model = routed.model
+        self.router.handle(model)  # 503 before fetching anything when the model is offline
+        _check_prompt(model, body)
+        _check_media_fields(model, body)
+        _check_consent(model, body)
+        inputs, source = await self._inputs(model, body)
+        plan = plan_video(model, _ask(body), source)
+        params = {"prompt": body.prompt, "negative_prompt": body.negative_prompt,
+                  "seconds": plan.seconds, "width": plan.width, "height": plan.height,
+                  "fps": plan.fps, "audio": plan.audio, "seed": 0,
+                  "upscale_factor": body.upscale_factor
+                  or model.constraints.get("default_upscale_factor", 2),
+                  "target_fps": body.target_fps, "slowdown_factor": body.slowdown_factor,
+                  "enhancement_model": body.enhancement_model, "creativity": body.creativity}
+        # read before queueing: once the job is queued, nothing may fail the answer
+        secret = await self.job_service.download_secret() if model.is_private else None
+        job = await self.job_service.queue_job(ctx, key, routed, "video", plan.cost, params, inputs)
+        queued = {"model": model.id, "queue_id": job.queue_id}
+        if secret is not None:  # the spec: a short-lived delivery URL, for private models only
+            queued["download_url"] = delivery_url(request, self.public_api_url, secret,
+                                                  job.queue_id)
+        return queued
 
 
 def _ask(body: QuoteVideoRequest | QueueVideoRequest) -> VideoAsk:
@@ -62,21 +142,6 @@ def _ask(body: QuoteVideoRequest | QueueVideoRequest) -> VideoAsk:
         upscale_factor=body.upscale_factor, enhancement_model=body.enhancement_model,
         target_fps=body.target_fps, slowdown_factor=body.slowdown_factor, audio=body.audio,
         reference_video_total_duration=getattr(body, "reference_video_total_duration", None))
-
-
-async def _video(state: GatewayState, value: str, field: str) -> tuple[bytes, SourceVideo]:
-    data = await state.image_sources.read(value, field, allow_urls=True, media="video")
-    return data, await probe(data, field)
-
-
-async def quote(state: GatewayState, body: QuoteVideoRequest) -> dict[str, float]:
-    model = video_model(state, body.model).model
-    source = None
-    if body.video_url is not None:
-        if "video_url" not in MEDIA_FIELDS[model.operation]:
-            raise invalid_request(f"{model.id} takes no video_url", "video_url")
-        _, source = await _video(state, body.video_url, "video_url")
-    return {"quote": plan_video(model, _ask(body), source).quote_usd}
 
 
 def _check_prompt(model: CatalogModel, body: QueueVideoRequest) -> None:
@@ -145,59 +210,3 @@ def _check_consent(model: CatalogModel, body: QueueVideoRequest) -> None:
     })
 
 
-async def _inputs(state: GatewayState, model: CatalogModel, body: QueueVideoRequest
-                  ) -> tuple[dict[str, InputFile], SourceVideo | None]:
-    """The media the job needs, fetched, size-capped and checked from their headers."""
-    inputs: dict[str, InputFile] = {}
-    source = None
-    if body.image_url:
-        data = await state.image_sources.read(body.image_url, "image_url", allow_urls=True)
-        image = inspect_image(data, "image_url", min_pixels=MIN_IMAGE_PIXELS)
-        inputs["image"] = InputFile(data, f"image/{image.format.lower()}")
-    if body.video_url:
-        data, source = await _video(state, body.video_url, "video_url")
-        inputs["video"] = InputFile(data, "video/mp4")
-    if body.reference_video_urls:
-        clips = []
-        for i, url in enumerate(body.reference_video_urls):
-            field = f"reference_video_urls[{i}]"
-            data, clip = await _video(state, url, field)
-            low, high = REFERENCE_CLIP_SECONDS
-            if not low <= clip.seconds <= high:
-                raise invalid_request(f"the clip is {clip.seconds:g} s; reference clips must "
-                                      f"be {low:g} to {high:g} s", field)
-            clips.append(clip)
-            inputs[f"reference-{i}"] = InputFile(data, "video/mp4")
-        total = sum(c.seconds for c in clips)
-        if total > MAX_REFERENCE_TOTAL_SECONDS:
-            raise invalid_request(f"the reference clips last {total:g} s together; at most "
-                                  f"{MAX_REFERENCE_TOTAL_SECONDS:g} s", "reference_video_urls")
-        source = SourceVideo(total, clips[0].width, clips[0].height, clips[0].fps)
-    return inputs, source
-
-
-async def queue(request: Request, ctx: RequestContext, state: GatewayState, key: KeyRecord,
-                body: QueueVideoRequest) -> dict[str, str]:
-    routed = video_model(state, body.model)
-    model = routed.model
-    state.router.handle(model)  # 503 before fetching anything when the model is offline
-    _check_prompt(model, body)
-    _check_media_fields(model, body)
-    _check_consent(model, body)
-    inputs, source = await _inputs(state, model, body)
-    plan = plan_video(model, _ask(body), source)
-    params = {"prompt": body.prompt, "negative_prompt": body.negative_prompt,
-              "seconds": plan.seconds, "width": plan.width, "height": plan.height,
-              "fps": plan.fps, "audio": plan.audio, "seed": 0,
-              "upscale_factor": body.upscale_factor
-              or model.constraints.get("default_upscale_factor", 2),
-              "target_fps": body.target_fps, "slowdown_factor": body.slowdown_factor,
-              "enhancement_model": body.enhancement_model, "creativity": body.creativity}
-    # read before queueing: once the job is queued, nothing may fail the answer
-    secret = await download_secret(state) if model.is_private else None
-    job = await queue_job(ctx, state, key, routed, "video", plan.cost, params, inputs)
-    queued = {"model": model.id, "queue_id": job.queue_id}
-    if secret is not None:  # the spec: a short-lived delivery URL, for private models only
-        queued["download_url"] = delivery_url(request, state.settings.public_api_url, secret,
-                                              job.queue_id)
-    return queued

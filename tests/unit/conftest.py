@@ -5,21 +5,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from serve_app.catalog import load_catalog
 from serve_app.cli import run as cli
 from serve_app.db.bootstrap import bootstrap
 from serve_app.gateway import create_prefixed_app
-from serve_app.settings import Settings
-from serve_app.state import GatewayState
+from serve_app.services import GatewayServices
+from serve_app.settings import PROJECT_ROOT, Settings
+from tests.fakes import FakeDeployment, fake_deployments
 
 
 @dataclass
 class Gateway:
     client: TestClient
-    state: GatewayState
+    state: GatewayServices
     admin_key: str
     account_id: str
     settings: Settings
@@ -38,9 +41,12 @@ class Gateway:
         return resp.json()["data"]
 
 
-def make_gateway(settings: Settings) -> Iterator[Gateway]:
+def make_gateway(settings: Settings, handles: dict[str, Any] | None = None
+                 ) -> Iterator[Gateway]:
+    """The gateway on `settings`; `handles`: its model deployments by name (tests/fakes), none
+    by default (every model offline)."""
     result = bootstrap(settings)
-    state = GatewayState.create(settings)
+    state = GatewayServices.build(settings, handles=handles)
     with TestClient(create_prefixed_app(state)) as client:
         yield Gateway(client, state, result.generated_admin_key or settings.admin_api_key,
                       result.account_id, settings)
@@ -55,3 +61,24 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
 def pg_gateway(database_url: str, tmp_path: Path) -> Iterator[Gateway]:
     """The gateway on each database kind (SQLite and PostgreSQL)."""
     yield from make_gateway(Settings(data_dir=tmp_path, database_url=database_url))
+
+
+@pytest.fixture
+def gateway_catalog() -> Path:
+    """The catalog of `fake_gateway` (a test module or conftest may override it)."""
+    return PROJECT_ROOT / "configs" / "models.yaml"
+
+
+@pytest.fixture
+def fakes(gateway_catalog: Path) -> dict[str, FakeDeployment]:
+    """A fake deployment for each deployment of the catalog (tests/fakes), by name."""
+    return fake_deployments(load_catalog(gateway_catalog))
+
+
+@pytest.fixture
+def fake_gateway(tmp_path: Path, gateway_catalog: Path,
+                 fakes: dict[str, FakeDeployment]) -> Iterator[Gateway]:
+    """The gateway with its models served by `fakes`: requests run through admission, the
+    model and settlement, in process."""
+    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
+                                     model_catalog=gateway_catalog), handles=fakes)

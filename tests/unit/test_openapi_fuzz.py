@@ -25,8 +25,8 @@ from schemathesis.core.failures import Failure
 
 from serve_app.db.bootstrap import bootstrap
 from serve_app.gateway import create_prefixed_app
+from serve_app.services import GatewayServices
 from serve_app.settings import Settings
-from serve_app.state import GatewayState
 
 ADMIN_KEY = "fuzz-admin-key-0123456789abcdef"
 EXAMPLES = 10  # per operation and mode (valid, invalid input): about 800 requests in all
@@ -39,12 +39,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[tuple[str, GatewayState]]:
+def server(tmp_path_factory) -> Iterator[tuple[str, GatewayServices]]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("fuzz"), admin_api_key=ADMIN_KEY,
                         initial_credit_usd=10, rate_limit_backend="local")
     bootstrap(settings)
     port = _free_port()
-    state = GatewayState.create(settings)
+    state = GatewayServices.build(settings)
     config = uvicorn.Config(create_prefixed_app(state),
                             host="127.0.0.1", port=port, log_level="error", lifespan="on")
     running = uvicorn.Server(config)
@@ -70,7 +70,7 @@ def no_server_error(ctx, response, case) -> bool | None:
     return None
 
 
-def test_no_route_answers_500_or_outside_its_schema(server: tuple[str, GatewayState]):
+def test_no_route_answers_500_or_outside_its_schema(server: tuple[str, GatewayServices]):
     # Operations are walked here rather than with schemathesis' pytest plugin, which does not
     # load under this pytest; each runs Hypothesis' examples the same way.
     server, state = server

@@ -1,4 +1,7 @@
-"""What one ingress replica holds: settings, catalog, database, key cache, model router."""
+"""The composition root of one Gateway replica: `GatewayServices.build` makes every service
+with the collaborators it needs, as constructor arguments. Only the routers' dependencies
+(api/deps.py) and the application builders (gateway.py, app.py) read the container; no
+service below them sees it."""
 
 from __future__ import annotations
 
@@ -20,10 +23,16 @@ from serve_app.chat.web import WebTools
 from serve_app.control.jobs import JobQueue
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
 from serve_app.control.result_store import ResultStore, open_result_store
+from serve_app.audio.jobs import QueuedAudio
+from serve_app.audio.service import AudioService
+from serve_app.chat.service import ChatService
+from serve_app.crypto.networks import load_nodes
 from serve_app.crypto.service import CryptoRpc
 from serve_app.db.engine import make_engine
 from serve_app.embeddings.service import Embedder
 from serve_app.images.inputs import ImageSourceReader, image_fetcher
+from serve_app.images.service import ImageService
+from serve_app.jobs.service import JobService
 from serve_app.jobs.runner import JobRunner
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
@@ -32,6 +41,7 @@ from serve_app.net_guard import GuardedFetcher
 from serve_app.pipeline.admission import Admission
 from serve_app.routing import ModelRouter
 from serve_app.settings import Settings
+from serve_app.video.service import VideoService
 
 
 def limiter_backend(settings: Settings) -> LimiterBackend:
@@ -52,7 +62,7 @@ def limiter_backend(settings: Settings) -> LimiterBackend:
 
 
 @dataclass
-class GatewayState:
+class GatewayServices:
     settings: Settings
     catalog: Catalog
     engine: Engine
@@ -72,17 +82,23 @@ class GatewayState:
     jobs: JobQueue
     results: ResultStore
     job_runner: JobRunner
+    chat: ChatService
+    images: ImageService
+    audio: AudioService
+    job_service: JobService
+    queued_audio: QueuedAudio
+    video: VideoService
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
-    def create(
+    def build(
         cls,
         settings: Settings,
         *,
         handles: dict[str, Any] | None = None,
         key_events: KeyEvents | None = None,
         catalog: Catalog | None = None,
-    ) -> GatewayState:
+    ) -> GatewayServices:
         catalog = catalog or load_catalog(settings.model_catalog)
         engine = make_engine(settings.resolved_database_url)
         router = ModelRouter(catalog, handles or {})
@@ -92,6 +108,13 @@ class GatewayState:
         results = open_result_store(settings.result_store_url, settings.data_dir)
         limits = RateLimits(limiter_backend(settings), engine,
                             tiers=load_tiers(settings.rate_limit_tiers))
+        admission = Admission(limits, billing)
+        web = WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
+                       settings.web_search_url, settings.web_search_api_key)
+        image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
+        job_runner = JobRunner(jobs, results, billing, catalog, router,
+                               slots_per_deployment=settings.job_slots_per_deployment)
+        job_service = JobService(router, catalog, admission, jobs, results, job_runner, engine)
         return cls(
             settings=settings,
             catalog=catalog,
@@ -99,23 +122,29 @@ class GatewayState:
             keys=KeyStore(engine, ttl_s=settings.key_cache_ttl_s),
             key_events=key_events or LocalKeyEvents(),
             router=router,
-            web=WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
-                         settings.web_search_url, settings.web_search_api_key),
+            web=web,
             billing=billing,
             limits=limits,
-            admission=Admission(limits, billing),
+            admission=admission,
             embedder=Embedder(router, settings.embedding_calls_in_flight,
                               settings.embedding_min_texts_beside),
-            image_sources=ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts)),
-            crypto_rpc=CryptoRpc.from_settings(settings),
+            image_sources=image_sources,
+            crypto_rpc=CryptoRpc(load_nodes(settings.crypto_rpc_nodes), admission=admission,
+                                 limits=limits, writer=billing.writer, database=engine,
+                                 clock=billing.clock),
             wallets=WalletAuth(billing.writer, sign_in_domains(settings)),
             payments=payments,
             top_ups=TopUps(billing, payments, settings.x402_facilitator_url,
                            listen_hosts=listening_hosts(settings)),
             jobs=jobs,
             results=results,
-            job_runner=JobRunner(jobs, results, billing, catalog, router,
-                                 slots_per_deployment=settings.job_slots_per_deployment),
+            job_runner=job_runner,
+            chat=ChatService(router, catalog, web, engine, admission),
+            images=ImageService(catalog, router, admission),
+            audio=AudioService(router, catalog, admission),
+            job_service=job_service,
+            queued_audio=QueuedAudio(router, job_service),
+            video=VideoService(router, image_sources, job_service, settings.public_api_url),
         )
 
     async def start(self) -> None:
