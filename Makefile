@@ -50,10 +50,12 @@ run: $(STAMP) $(CONSOLE) system-libs
 
 test: $(STAMP) $(CONSOLE) browser system-libs
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk"; exit 1; }

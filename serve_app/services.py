@@ -13,27 +13,27 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from serve_app.audio.jobs import QueuedAudio
+from serve_app.audio.service import AudioService
 from serve_app.auth.key_store import KeyStore
 from serve_app.auth.wallets import WalletAuth, sign_in_domains
 from serve_app.auth.x402.requirements import PaymentConfig
 from serve_app.billing.service import Billing
 from serve_app.billing.topups import TopUps, listening_hosts
 from serve_app.catalog import Catalog, load_catalog
+from serve_app.chat.service import ChatService
 from serve_app.chat.web import WebTools
 from serve_app.control.jobs import JobQueue
 from serve_app.control.key_events import KeyEvents, LocalKeyEvents
 from serve_app.control.result_store import ResultStore, open_result_store
-from serve_app.audio.jobs import QueuedAudio
-from serve_app.audio.service import AudioService
-from serve_app.chat.service import ChatService
 from serve_app.crypto.networks import load_nodes
 from serve_app.crypto.service import CryptoRpc
 from serve_app.db.engine import make_engine
 from serve_app.embeddings.service import Embedder
 from serve_app.images.inputs import ImageSourceReader, image_fetcher
 from serve_app.images.service import ImageService
-from serve_app.jobs.service import JobService
 from serve_app.jobs.runner import JobRunner
+from serve_app.jobs.service import JobService
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.service import RateLimits
@@ -59,6 +59,16 @@ def limiter_backend(settings: Settings) -> LimiterBackend:
     if choice == "ray":
         return RayLimiter()
     return LocalLimiter()
+
+
+def dev_solana_fee_payer(settings: Settings) -> str | None:
+    """With the development facilitator, Solana's fee payer defaults to its own; it is
+    imported only when configured."""
+    if settings.x402_facilitator_url != "dev" or not settings.x402_pay_to_solana:
+        return None
+    from serve_app.auth.x402.dev_facilitator import DEV_SOLANA_FEE_PAYER
+
+    return DEV_SOLANA_FEE_PAYER
 
 
 @dataclass
@@ -103,7 +113,8 @@ class GatewayServices:
         engine = make_engine(settings.resolved_database_url)
         router = ModelRouter(catalog, handles or {})
         billing = Billing(settings.resolved_database_url)
-        payments = PaymentConfig.from_settings(settings)
+        payments = PaymentConfig.from_settings(
+            settings, default_solana_fee_payer=dev_solana_fee_payer(settings))
         jobs = JobQueue(engine, lease=timedelta(seconds=settings.job_lease_s))
         results = open_result_store(settings.result_store_url, settings.data_dir)
         limits = RateLimits(limiter_backend(settings), engine,

@@ -204,18 +204,13 @@ class PaymentConfig:
         set_(self, "min_top_up_usd", minimum)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> PaymentConfig:
-        """With the development facilitator, Solana's fee payer defaults to its own."""
-        fee_payer = settings.x402_solana_fee_payer
-        if (settings.x402_facilitator_url == "dev" and settings.x402_pay_to_solana
-                and not fee_payer):
-            from .dev_facilitator import DEV_SOLANA_FEE_PAYER
-
-            fee_payer = DEV_SOLANA_FEE_PAYER
+    def from_settings(cls, settings: Any, *, default_solana_fee_payer: str | None = None
+                      ) -> PaymentConfig:
+        """`default_solana_fee_payer`: the facilitator's own, when the settings name none."""
         return cls(
             pay_to_evm=settings.x402_pay_to_evm,
             pay_to_solana=settings.x402_pay_to_solana,
-            solana_fee_payer=fee_payer,
+            solana_fee_payer=settings.x402_solana_fee_payer or default_solana_fee_payer,
             min_top_up_usd=settings.x402_min_top_up_usd,
         )
 

@@ -24,7 +24,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
@@ -33,8 +33,10 @@ from solders.pubkey import Pubkey
 from solders.signature import Signature
 from solders.transaction import VersionedTransaction
 
-from .payload import PaymentPayload
 from .requirements import SCHEME_EXACT, USDC_DECIMALS, VerifiedPayment, invalid_payment
+
+if TYPE_CHECKING:  # payload.py reads transfer amounts from here
+    from .payload import PaymentPayload
 
 COMPUTE_BUDGET_PROGRAM = Pubkey.from_string("ComputeBudget111111111111111111111111111111")
 TOKEN_PROGRAM = Pubkey.from_string("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA")
