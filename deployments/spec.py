@@ -21,9 +21,6 @@ class ServedModel(Protocol):
     def engine(self) -> str: ...
 
     @property
-    def deployment(self) -> str: ...
-
-    @property
     def engine_options(self) -> dict[str, Any]: ...
 
     def weights_spec(self, data_dir: Path) -> str | None:

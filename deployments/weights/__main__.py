@@ -29,7 +29,6 @@ class CatalogEntry:
 
     id: str
     engine: str = ""
-    deployment: str = ""
     weights: str | None = None
     engine_options: dict[str, Any] = field(default_factory=dict)
 
@@ -39,8 +38,7 @@ class CatalogEntry:
 
 def read_catalog(path: Path) -> list[CatalogEntry]:
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return [CatalogEntry(id=m["id"], engine=m.get("engine", ""),
-                         deployment=m.get("deployment", ""), weights=m.get("weights"),
+    return [CatalogEntry(id=m["id"], engine=m.get("engine", ""), weights=m.get("weights"),
                          engine_options=dict(m.get("engine_options") or {}))
             for m in raw.get("models", [])]
 
