@@ -91,8 +91,9 @@ class ServiceHeadersMiddleware:
         token = request_id_var.set(request_id)
         accept_encoding = ""
         for name, value in scope.get("headers", ()):
-            if name == b"accept-encoding":
+            if name == b"accept-encoding":  # the first, as Starlette's headers read it
                 accept_encoding = value.decode("latin-1")
+                break
         ctx = RequestContext(request_id, accept_encoding)
         state["request_id"] = request_id
         state["context"] = ctx

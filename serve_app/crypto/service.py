@@ -430,12 +430,20 @@ class CryptoRpc:
     async def _forward(self, ctx: RequestContext, key: KeyRecord, slug: str, network: Network,
                        rpc: RpcRequest) -> Response:
         model = self.model(slug)
-        charge = await self.admission.admit(
-            ctx, key, model, 0, price(model, {LINE_TYPE: rpc.max_credits}),
-            limit=lambda: self._caps(key, rpc.max_credits))
-        self.credits.start(key.account_id, rpc.max_credits)
+        counted = False
+
+        async def caps() -> None:
+            # the credits count as in flight from the moment the cap admits them, so that
+            # concurrent calls see them while this one's hold is written
+            nonlocal counted
+            await self._caps(key, rpc.max_credits)
+            self.credits.start(key.account_id, rpc.max_credits)
+            counted = True
+
         spent = 0
         try:
+            charge = await self.admission.admit(
+                ctx, key, model, 0, price(model, {LINE_TYPE: rpc.max_credits}), limit=caps)
             try:
                 with ctx.step("upstream"):
                     raw = await self._fetch(network, json.dumps(rpc.payload).encode())
@@ -448,7 +456,8 @@ class CryptoRpc:
             await charge.settle(cost)
             spent = credits
         finally:
-            self.credits.finish(key.account_id, rpc.max_credits, spent)
+            if counted:
+                self.credits.finish(key.account_id, rpc.max_credits, spent)
         return Response(raw, media_type="application/json",
                         headers={"X-Venice-RPC-Credits": str(credits),
                                  "X-Venice-RPC-Cost-USD": cost_usd(cost)})

@@ -57,9 +57,10 @@ class LimitState:
 
 
 class RateLimited(ApiError):
-    """429 for a per-minute limit, with the count its headers report."""
+    """429 for a per-minute limit, with the count its headers report (None: the model has
+    no request limit, so no headers)."""
 
-    def __init__(self, message: str, state: LimitState) -> None:
+    def __init__(self, message: str, state: LimitState | None) -> None:
         super().__init__(429, message, code="RATE_LIMIT_EXCEEDED")
         self.state = state
 
@@ -186,10 +187,7 @@ class RateLimits:
             self._log(key, model.id, limits.tier, kind)
             metrics().limiter.inc(tags={"outcome": "refused_budget"})
             raise self._budget_error(kind, outcome, model.id)
-        if not limits.requests_per_minute:
-            metrics().limiter.inc(tags={"outcome": "admitted"})
-            return None
-        state = _limit_state(limits, outcome, now, key)
+        state = _limit_state(limits, outcome, now, key) if limits.requests_per_minute else None
         if outcome.code != OK:
             kind = "RPM" if outcome.code == OVER_REQUESTS else "TPM"
             self._log(key, model.id, limits.tier, kind)
@@ -201,6 +199,8 @@ class RateLimits:
                               f"{model.id} with this {_caller(key)}; retry after the reset in "
                               "x-ratelimit-reset-requests", state)
         metrics().limiter.inc(tags={"outcome": "admitted"})
+        if state is None:
+            return None
         return Ticket(self, bucket, outcome.window_ms, tokens, state)
 
     @staticmethod

@@ -51,10 +51,11 @@ class Admission:
         """Start the limiter's decision for `model` (`tokens`: the prompt's estimate);
         `feature_budget`: unsupported features count toward their own budget (chat).
         `limit` replaces the model's limits with another check."""
+        if limit is not None:  # its failures count toward the key's model-less budget
+            return PendingAdmission(self, ctx, key, asyncio.ensure_future(limit()), False)
         ctx.limit_model = model.id
-        beside = limit is None and self.limits.has_room(key, model, tokens)
-        deciding = limit() if limit is not None else self._decide(
-            ctx, key, model, tokens, feature_budget)
+        beside = self.limits.has_room(key, model, tokens)
+        deciding = self._decide(ctx, key, model, tokens, feature_budget)
         return PendingAdmission(self, ctx, key, asyncio.ensure_future(deciding), beside)
 
     async def admit(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel,
@@ -68,7 +69,8 @@ class Admission:
         try:
             respond.rate_limit_headers(ctx, await self.limits.admit_key_creation(key))
         except RateLimited as refused:
-            respond.rate_limit_headers(ctx, refused.state)
+            if refused.state is not None:
+                respond.rate_limit_headers(ctx, refused.state)
             raise
 
     def unsupported_feature(self, ctx: RequestContext, key: KeyRecord) -> None:
@@ -81,7 +83,8 @@ class Admission:
         try:
             ticket = await self.limits.admit(key, model, tokens, feature_budget=feature_budget)
         except RateLimited as refused:
-            respond.rate_limit_headers(ctx, refused.state)
+            if refused.state is not None:
+                respond.rate_limit_headers(ctx, refused.state)
             raise
         if ticket is not None:
             respond.rate_limit_headers(ctx, ticket.state)
