@@ -12,7 +12,10 @@ every call it got, and can be switched to fail:
     text.fail_with(crashed())                          # the engine raised: 500 INFERENCE_FAILED
     text.fail_with(reported(503, "busy", code="X"))    # the engine's own report, sent as data
     text.fail_with(at_capacity(), model_id="chat-a")   # only for one of its models
+    text.fail_with(crashed(), after_pieces=2)          # a stream that breaks after 2 pieces
     text.recover()
+    text.pause()   # calls wait (work in flight, as a test sees it) until
+    text.resume()
 
 `fake_deployments(catalog)` builds one fake per deployment of a catalog (text, embedding, image
 and video families), to hand to `GatewayState.create(handles=...)`.
@@ -24,6 +27,7 @@ import asyncio
 import hashlib
 import io
 import re
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -140,7 +144,10 @@ class FakeDeployment:
         # real deployments' answer, `not_served`: a 404 as data).
         self.models = set(models) if models is not None else None
         self.calls: list[Call] = []
-        self._failures: dict[str | None, Failure] = {}
+        self._failures: dict[str | None, tuple[Failure, int]] = {}
+        # Set while calls may run; a test thread clears it (`pause`) to hold calls in flight.
+        self._running = threading.Event()
+        self._running.set()
 
     def __getattr__(self, name: str) -> _Method:
         if name in type(self).METHODS:
@@ -153,14 +160,29 @@ class FakeDeployment:
 
     # -- switches --
 
-    def fail_with(self, failure: Failure, *, model_id: str | None = None) -> None:
+    def fail_with(self, failure: Failure, *, model_id: str | None = None,
+                  after_pieces: int = 0) -> None:
         """Fail every later call (for `model_id` only, when given) with `failure`: an exception
         raised where Serve would raise it, or an error dict (`reported(...)`) answered as
-        data."""
-        self._failures[model_id] = failure
+        data. `after_pieces`: a stream fails only after sending that many pieces (a unary
+        call fails at once)."""
+        self._failures[model_id] = (failure, after_pieces)
 
     def recover(self) -> None:
         self._failures.clear()
+
+    def pause(self) -> None:
+        """Hold every call that starts from now on until `resume` (from the test's thread:
+        the gateway's event loop keeps running meanwhile)."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def _wait_while_paused(self) -> None:
+        await asyncio.sleep(0)
+        while not self._running.is_set():
+            await asyncio.sleep(0.005)
 
     # -- what the tests read --
 
@@ -169,8 +191,8 @@ class FakeDeployment:
 
     # -- the machinery --
 
-    def _failure_for(self, model_id: Any) -> Failure | None:
-        return self._failures.get(model_id, self._failures.get(None))
+    def _failure_for(self, model_id: Any) -> tuple[Failure | None, int]:
+        return self._failures.get(model_id, self._failures.get(None, (None, 0)))
 
     def _not_served(self, model_id: Any) -> dict[str, Any] | None:
         if self.models is None or model_id in self.models:
@@ -182,24 +204,28 @@ class FakeDeployment:
         self.calls.append(Call(name, args, stream))
         impl = getattr(self, f"_{name}")
         model_id = args[0] if args else None
-        refusal = self._failure_for(model_id)
+        refusal, after_pieces = self._failure_for(model_id)
         if refusal is None:
-            refusal = self._not_served(model_id)
+            refusal, after_pieces = self._not_served(model_id), 0
         if stream:
             async def streamed() -> AsyncIterator[Any]:
-                await asyncio.sleep(0)
+                await self._wait_while_paused()
+                sent = 0
+                if refusal is None or after_pieces:
+                    async for piece in impl(*args):
+                        if refusal is not None and sent == after_pieces:
+                            break
+                        yield piece
+                        sent += 1
                 if isinstance(refusal, BaseException):
                     raise refusal
                 if refusal is not None:
                     yield refusal
-                    return
-                async for piece in impl(*args):
-                    yield piece
 
             return _ResponseGenerator(streamed)
 
         async def unary() -> Any:
-            await asyncio.sleep(0)
+            await self._wait_while_paused()
             if isinstance(refusal, BaseException):
                 raise refusal
             if refusal is not None:

@@ -69,6 +69,12 @@ class Books:
             account = s.get(Account, account_id or self.gateway.account_id)
             return account.usd_balance_nanos + account.diem_balance_nanos
 
+    def held(self, request_id: str) -> int | None:
+        """What the open hold of a request holds (None: it has none)."""
+        with self._session() as s:
+            hold = s.get(Reservation, request_id)
+            return None if hold is None else hold.usd_nanos + hold.diem_nanos
+
     def open_holds(self) -> int:
         with self._session() as s:
             return s.exec(select(func.count()).select_from(Reservation)).one()

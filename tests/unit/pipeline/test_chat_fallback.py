@@ -133,3 +133,24 @@ def test_a_bad_request_reported_by_the_engine_is_not_passed_to_the_fallback(
     assert fakes["text-s"].calls == []
     assert books.entries() == 0
     assert books.open_holds() == 0
+
+
+@pytest.mark.parametrize("failure", [crashed(), reported(500, "the engine gave up")],
+                         ids=["crashed", "reported-500"])
+def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_charges_nothing(
+        fake_gateway, fakes, key, books, failure):
+    fakes["text-xs"].fail_with(failure, after_pieces=2)
+    before = books.balance_nanos()
+
+    resp = _chat(fake_gateway, key, stream=True)
+
+    assert resp.status_code == 200  # the stream had started
+    sent = events(resp.text)
+    assert sent[-1] == DONE
+    assert sent[-2] == {"error": "Inference failed" if isinstance(failure, Exception)
+                        else "the engine gave up", "code": "INFERENCE_FAILED"}
+    assert content(sent[:-2])  # what came before the failure was sent
+    assert fakes["text-s"].calls == []  # too late for a fallback
+    assert books.entries() == 0
+    assert books.balance_nanos() == before
+    assert books.open_holds() == 0

@@ -1,0 +1,124 @@
+"""Embeddings through admission, the embedding deployment and settlement."""
+
+from __future__ import annotations
+
+import base64
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from tests.fakes import FakeEmbeddingDeployment, at_capacity
+from tests.unit.pipeline.books import per_million
+
+INPUT_USD = 5  # embed-small (catalog.yaml), USD per million tokens
+DIMENSIONS = 64
+TEXTS = ["a quick brown fox", "jumps over the lazy dog today"]
+
+
+def _embed(gateway, key: str, **body):
+    return gateway.client.post("/api/v1/embeddings", headers=gateway.auth(key),
+                               json={"model": "embed-small", "input": TEXTS, **body})
+
+
+def test_embeddings_answer_one_unit_vector_of_the_models_dimensions_per_input(
+        fake_gateway, fakes, key):
+    resp = _embed(fake_gateway, key)
+
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "list" and body["model"] == "embed-small"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    vectors = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    assert vectors.shape == (2, DIMENSIONS)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    fake = fakes["embedding"]
+    assert np.allclose(vectors[1], fake.vector("embed-small", TEXTS[1]), atol=1e-6)
+    (call,) = fake.calls
+    assert call.args == ("embed-small", TEXTS)
+    assert resp.headers["x-service-model-id"] == "embed-small"
+    assert resp.headers["x-service-balance-usd"] == "10"
+
+
+def test_embeddings_are_charged_for_the_measured_tokens(fake_gateway, key, books):
+    before = books.balance_nanos()
+
+    resp = _embed(fake_gateway, key)
+
+    assert resp.status_code == 200, resp.text
+    tokens = sum(FakeEmbeddingDeployment.tokens_of(t) for t in TEXTS)
+    assert resp.json()["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    charge = books.only_charge(resp.headers["cf-ray"])
+    assert charge.model_id == "embed-small"
+    assert charge.lines == {"input": (tokens, per_million(INPUT_USD, tokens))}
+    assert books.balance_nanos() == before - charge.total_nanos
+    assert books.open_holds() == 0
+
+
+def test_an_input_longer_than_the_model_reads_is_charged_only_what_it_read(fake_gateway, fakes,
+                                                                           key, books):
+    long_text = "word " * 400  # 402 tokens; the model reads its first max_seq_length
+
+    resp = fake_gateway.client.post("/api/v1/embeddings", headers=fake_gateway.auth(key),
+                                    json={"model": "embed-small", "input": long_text})
+
+    assert resp.status_code == 200, resp.text
+    read = fakes["embedding"].max_seq_length
+    assert resp.json()["usage"]["prompt_tokens"] == read
+    assert books.only_charge(resp.headers["cf-ray"]).lines == {
+        "input": (read, per_million(INPUT_USD, read))}
+
+
+def test_embeddings_shortened_to_the_asked_dimensions_stay_unit_length(fake_gateway, key):
+    resp = _embed(fake_gateway, key, dimensions=16, encoding_format="base64")
+
+    assert resp.status_code == 200, resp.text
+    for item in resp.json()["data"]:
+        vector = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+        assert vector.shape == (16,)
+        assert np.linalg.norm(vector) == pytest.approx(1, abs=1e-5)
+
+
+def test_embeddings_failing_model_charges_nothing_and_releases_the_hold(fake_gateway, fakes,
+                                                                        key, books):
+    fakes["embedding"].fail_with(at_capacity())
+    before = books.balance_nanos()
+
+    resp = _embed(fake_gateway, key)
+
+    assert resp.status_code == 503
+    assert resp.json()["code"] == "MODEL_AT_CAPACITY"
+    assert books.entries() == 0
+    assert books.balance_nanos() == before
+    assert books.open_holds() == 0
+
+
+def test_concurrent_requests_share_model_calls_and_each_is_charged_its_own_tokens(
+        fake_gateway, fakes, key, books):
+    fake = fakes["embedding"]
+    fake.pause()  # the first call waits: the requests behind it queue up meanwhile
+    inputs = [[f"text {i} " * (i + 1)] * (i + 1) for i in range(6)]
+
+    def embed(texts: list[str]):
+        return fake_gateway.client.post("/api/v1/embeddings", headers=fake_gateway.auth(key),
+                                        json={"model": "embed-small", "input": texts})
+
+    with ThreadPoolExecutor(len(inputs)) as pool:
+        answers = [pool.submit(embed, texts) for texts in inputs]
+        deadline = time.monotonic() + 10
+        while books.open_holds() < len(inputs):  # every request admitted and waiting
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        fake.resume()
+        answers = [a.result() for a in answers]
+
+    assert len(fake.calls) < len(inputs)
+    for texts, resp in zip(inputs, answers, strict=True):
+        assert resp.status_code == 200, resp.text
+        tokens = sum(FakeEmbeddingDeployment.tokens_of(t) for t in texts)
+        assert resp.json()["usage"]["prompt_tokens"] == tokens
+        assert len(resp.json()["data"]) == len(texts)
+        assert books.only_charge(resp.headers["cf-ray"]).lines == {
+            "input": (tokens, per_million(INPUT_USD, tokens))}
+    assert books.open_holds() == 0
