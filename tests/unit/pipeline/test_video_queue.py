@@ -103,3 +103,16 @@ def test_a_video_job_that_fails_answers_its_error_and_charges_nothing(fake_gatew
     assert books.charges(queued.headers["cf-ray"]) == []
     assert books.balance_nanos() == before
     assert books.open_holds() == 0
+
+
+def test_a_made_video_is_delivered_by_its_download_url_without_a_key(fake_gateway, fakes,
+                                                                      key):
+    queued = _post(fake_gateway, key, "queue", JOB)
+    done = _retrieve_when_done(fake_gateway, key, queued.json()["queue_id"])
+    assert done.status_code == 200, done.text
+
+    download = fake_gateway.client.get(queued.json()["download_url"])
+
+    assert download.status_code == 200
+    assert download.headers["content-type"] == "video/mp4"
+    assert download.content == fakes["video-generation"].made[0]
