@@ -48,10 +48,13 @@ install: $(STAMP) $(CONSOLE) system-libs
 run: $(STAMP) $(CONSOLE) system-libs
 	$(BIN)/python -m serve_app.launch
 
+# The in-process tier and the Ray tier run as two pytest processes: the unit tests never share
+# a process with a Ray driver (one of them once crashed in C inside such a process).
 test: $(STAMP) $(CONSOLE) browser system-libs
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest
+	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/integration
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
