@@ -253,7 +253,7 @@ def embedding_engine_figures(seconds: float = 4.0) -> tuple[float, float]:
     torch threads the deployment gives it, in this process."""
     from deployments.engines.embedding import SentenceTransformersEngine
     from deployments.weights.store import resolve_weights
-    from serve_app.catalog import load_catalog
+    from serve_app.models.catalog import load_catalog
 
     model = load_catalog(CATALOG).find(EMBEDDER, "embedding")
     engine = SentenceTransformersEngine(str(resolve_weights(model.weights)),

@@ -83,7 +83,7 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     env = {"DATA_DIR": str(data_dir), "ADMIN_API_KEY": ADMIN_KEY}
     os.environ.update(env)
-    from serve_app.db.bootstrap import bootstrap
+    from serve_app.accounts.provisioning import bootstrap
     from serve_app.settings import Settings
 
     bootstrap(Settings())

@@ -17,10 +17,10 @@ from ray.serve.deployment import Application
 
 from deployments.registry import MODEL_DEPLOYMENTS, bind
 from deployments.weights.registry import check_weights
-from serve_app.catalog import load_catalog
-from serve_app.control.key_events import KeyEventHub, ServeKeyEvents
-from serve_app.db.bootstrap import bootstrap
+from serve_app.accounts.key_events import KeyEventHub, ServeKeyEvents
+from serve_app.accounts.provisioning import bootstrap
 from serve_app.gateway import create_prefixed_app
+from serve_app.models.catalog import load_catalog
 from serve_app.services import GatewayServices
 from serve_app.settings import Settings
 

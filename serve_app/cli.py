@@ -11,12 +11,10 @@ from decimal import Decimal, InvalidOperation
 from sqlalchemy import update
 from sqlmodel import Session, select
 
-from serve_app.auth.key_store import mark_account_keys_changed
-from serve_app.auth.wallets import find_or_create_wallet_account, normalize_address
-from serve_app.billing import topups
-from serve_app.control import api_keys as service
-from serve_app.control import characters
-from serve_app.db.bootstrap import bootstrap
+from serve_app import characters
+from serve_app.accounts import keys as service
+from serve_app.accounts.key_store import mark_account_keys_changed
+from serve_app.accounts.provisioning import bootstrap
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
 from serve_app.errors import ApiError
@@ -25,6 +23,8 @@ from serve_app.money import as_number, to_nanos
 from serve_app.schemas.api_keys import CreateApiKeyRequest
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 from serve_app.settings import Settings
+from serve_app.wallets import topups
+from serve_app.wallets.sign_in import find_or_create_wallet_account, normalize_address
 
 
 def _account_id(session: Session, given: str | None) -> str:

@@ -28,7 +28,6 @@ from serve_app.api import (
     video,
     x402,
 )
-from serve_app.auth import payment_required
 from serve_app.billing.ledger import InsufficientBalance
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.errors import error_response, install_error_handlers
@@ -41,6 +40,7 @@ from serve_app.middleware import (
 from serve_app.pipeline.context import RequestContext
 from serve_app.services import GatewayServices
 from serve_app.version import service_version
+from serve_app.wallets import payment_required
 
 API_PREFIX = "/api/v1"
 

@@ -27,8 +27,8 @@ import httpx
 import yaml
 
 from deployments.weights.registry import weights_to_build
-from serve_app.catalog import Catalog, load_catalog
-from serve_app.db.bootstrap import bootstrap
+from serve_app.accounts.provisioning import bootstrap
+from serve_app.models.catalog import Catalog, load_catalog
 from serve_app.process_tree import ray_processes, reap
 from serve_app.settings import PROJECT_ROOT, Settings
 

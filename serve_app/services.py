@@ -13,35 +13,35 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from serve_app.accounts.key_events import KeyEvents, LocalKeyEvents
+from serve_app.accounts.key_store import KeyStore
 from serve_app.audio.jobs import QueuedAudio
-from serve_app.audio.service import AudioService
-from serve_app.auth.key_store import KeyStore
-from serve_app.auth.wallets import WalletAuth, sign_in_domains
-from serve_app.auth.x402.requirements import PaymentConfig
-from serve_app.billing.service import Billing
-from serve_app.billing.topups import TopUps, listening_hosts
-from serve_app.catalog import Catalog, load_catalog
-from serve_app.chat.service import ChatService
+from serve_app.audio.serving import AudioService
+from serve_app.billing.holds import Billing
+from serve_app.chat.serving import ChatService
 from serve_app.chat.web import WebTools
-from serve_app.control.jobs import JobQueue
-from serve_app.control.key_events import KeyEvents, LocalKeyEvents
-from serve_app.control.result_store import ResultStore, open_result_store
 from serve_app.crypto.networks import load_nodes
-from serve_app.crypto.service import CryptoRpc
+from serve_app.crypto.serving import CryptoRpc
 from serve_app.db.engine import make_engine
-from serve_app.embeddings.service import Embedder
+from serve_app.embeddings.serving import Embedder
 from serve_app.images.inputs import ImageSourceReader, image_fetcher
-from serve_app.images.service import ImageService
+from serve_app.images.serving import ImageService
+from serve_app.jobs.requests import JobService
 from serve_app.jobs.runner import JobRunner
-from serve_app.jobs.service import JobService
+from serve_app.jobs.store import ResultStore, open_result_store
+from serve_app.jobs.table import JobQueue
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
-from serve_app.limits.service import RateLimits
+from serve_app.limits.rate_limits import RateLimits
+from serve_app.models.catalog import Catalog, load_catalog
+from serve_app.models.router import ModelRouter
 from serve_app.net_guard import GuardedFetcher
 from serve_app.pipeline.admission import Admission
-from serve_app.routing import ModelRouter
 from serve_app.settings import Settings
-from serve_app.video.service import VideoService
+from serve_app.video.serving import VideoService
+from serve_app.wallets.sign_in import WalletAuth, sign_in_domains
+from serve_app.wallets.topups import TopUps, listening_hosts
+from serve_app.wallets.x402.requirements import PaymentConfig
 
 
 def limiter_backend(settings: Settings) -> LimiterBackend:
@@ -66,7 +66,7 @@ def dev_solana_fee_payer(settings: Settings) -> str | None:
     imported only when configured."""
     if settings.x402_facilitator_url != "dev" or not settings.x402_pay_to_solana:
         return None
-    from serve_app.auth.x402.dev_facilitator import DEV_SOLANA_FEE_PAYER
+    from serve_app.wallets.x402.dev_facilitator import DEV_SOLANA_FEE_PAYER
 
     return DEV_SOLANA_FEE_PAYER
 

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # The web console's built files (console/dist, `npm run build`), served under /console.
     console_dir: Path = PROJECT_ROOT / "console" / "dist"
     # Where queued jobs keep their inputs and results: unset, DATA_DIR/results; a directory;
-    # or s3://bucket/prefix?endpoint=http://host:9000 (serve_app/control/result_store.py).
+    # or s3://bucket/prefix?endpoint=http://host:9000 (serve_app/jobs/store.py).
     result_store_url: str | None = None
     # The API's public base as clients reach it (e.g. https://api.example.com/api/v1), for links
     # the server hands out (a video's download_url); unset: the base of the request's own URL,

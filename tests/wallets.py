@@ -21,7 +21,7 @@ from x402.mechanisms.evm.exact.register import register_exact_evm_client
 from x402.mechanisms.svm.exact.register import register_exact_svm_client
 from x402.mechanisms.svm.signers import KeypairSigner
 
-from serve_app.auth.siwx import BASE_CHAIN_ID, SOLANA_MAINNET_CHAIN_ID
+from serve_app.wallets.siwx import BASE_CHAIN_ID, SOLANA_MAINNET_CHAIN_ID
 
 
 @dataclass

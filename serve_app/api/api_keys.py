@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Response
 from sqlmodel import col, select
 
+from serve_app.accounts import keys as service
 from serve_app.api.deps import AdminKey, Context, CurrentKey, JsonBody, State, run_db
 from serve_app.billing.windows import next_epoch
-from serve_app.control import api_keys as service
 from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
 from serve_app.limits.policy import api_tier_id

@@ -15,7 +15,7 @@ from starlette.formparsers import MultiPartException
 from starlette.types import Receive, Scope, Send
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
-from serve_app.audio import service
+from serve_app.audio import serving as service
 from serve_app.errors import ApiError, invalid_request, payload_too_large
 from serve_app.pipeline.respond import json_response
 from serve_app.schemas.audio import (

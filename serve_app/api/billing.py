@@ -9,11 +9,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from sqlmodel import Session
 
+from serve_app.accounts.provisioning import CURSOR_SECRET, ensure_secret
 from serve_app.api.deps import AdminKey, Context, State, run_db
 from serve_app.billing import ledger
 from serve_app.billing.analytics import usage_analytics
 from serve_app.billing.history import Walk, decode_cursor, encode_cursor, line_record, page, to_csv
-from serve_app.db.bootstrap import CURSOR_SECRET, ensure_secret
 from serve_app.errors import ApiError, invalid_request
 from serve_app.money import as_number
 from serve_app.pipeline.respond import json_response

@@ -8,8 +8,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
+from serve_app import characters
 from serve_app.api.deps import Context, CurrentKey, JsonBody, OperatorKey, State, run_db
-from serve_app.control import characters
 from serve_app.pipeline.respond import json_response
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 

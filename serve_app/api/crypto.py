@@ -1,5 +1,5 @@
 """`/crypto/rpc/*`: the networks offered (public) and the JSON-RPC proxy (billed per credit);
-the work is in serve_app/crypto/service.py."""
+the work is in serve_app/crypto/serving.py."""
 
 from __future__ import annotations
 

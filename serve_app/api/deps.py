@@ -11,16 +11,16 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request
 from sqlmodel import Session
 
-from serve_app.auth import payment_required
-from serve_app.auth.key_store import KeyRecord
-from serve_app.auth.wallets import siwx_header
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.holds import RemainingCredit
 from serve_app.billing.ledger import Balances
-from serve_app.billing.service import RemainingCredit
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.pipeline import respond
 from serve_app.pipeline.context import RequestContext
 from serve_app.services import GatewayServices
+from serve_app.wallets import payment_required
+from serve_app.wallets.sign_in import siwx_header
 
 T = TypeVar("T")
 

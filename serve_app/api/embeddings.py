@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.billing.pricing import price
-from serve_app.embeddings.service import encode, max_tokens, shape
+from serve_app.embeddings.serving import encode, max_tokens, shape
 from serve_app.errors import invalid_request
 from serve_app.pipeline import respond
 from serve_app.schemas.embeddings import EmbeddingRequest

@@ -7,8 +7,8 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
-from serve_app.chat.responses_api import respond as respond_with
-from serve_app.chat.responses_api import stream_response, to_chat_request
+from serve_app.chat.response_objects import respond as respond_with
+from serve_app.chat.response_objects import stream_response, to_chat_request
 from serve_app.pipeline import respond
 from serve_app.schemas.responses import ResponsesRequest
 

@@ -9,13 +9,13 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlmodel import Session
 
 from serve_app.api.deps import Context, State, current_key, remaining_credit, run_db
-from serve_app.auth.payment_required import suggested_top_up
-from serve_app.auth.wallets import normalize_address, siwx_header
-from serve_app.billing.topups import parse_amount, payment_header
-from serve_app.billing.wallet_history import wallet_balance, wallet_transactions
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.money import from_nanos
 from serve_app.pipeline.respond import json_response
+from serve_app.wallets.history import wallet_balance, wallet_transactions
+from serve_app.wallets.payment_required import suggested_top_up
+from serve_app.wallets.sign_in import normalize_address, siwx_header
+from serve_app.wallets.topups import parse_amount, payment_header
 
 router = APIRouter(prefix="/x402", tags=["x402"])
 

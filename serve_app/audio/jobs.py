@@ -4,14 +4,14 @@ deployment (a Piper voice reads the prompt for speech models)."""
 
 from __future__ import annotations
 
-from serve_app.audio.quotes import audio_cost, parse_seconds, quote_usd, voice_change_cost
-from serve_app.audio.service import pick_voice
-from serve_app.auth.key_store import KeyRecord
-from serve_app.catalog import CatalogModel
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.audio.serving import pick_voice
+from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd, voice_change_cost
 from serve_app.errors import invalid_request
-from serve_app.jobs.service import JobService
+from serve_app.jobs.requests import JobService
+from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext
-from serve_app.routing import ModelRouter
 from serve_app.schemas.audio import (
     QueueAudioRequest,
     QuoteAudioRequest,

@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from sqlmodel import Session, col
 
 from serve_app.billing.pricing import ANALYTICS_MODEL_TYPE, LINE_TYPES, unit_type_of
-from serve_app.catalog import Catalog
 from serve_app.db.tables import ApiKey, UsageDaily
+from serve_app.models.catalog import Catalog
 from serve_app.money import as_number
 
 TOP = 8

@@ -18,7 +18,6 @@ from sqlmodel import Session
 
 from serve_app.billing.pricing import Cost, sku, unit_type
 from serve_app.billing.windows import epoch_day, window_start
-from serve_app.control.jobs import open_job_request_ids
 from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import (
     Account,
@@ -26,6 +25,7 @@ from serve_app.db.tables import (
     KeySpendWindow,
     Reservation,
     UsageDaily,
+    open_job_request_ids,
 )
 from serve_app.errors import ApiError
 from serve_app.money import NANOS_PER_UNIT

@@ -8,10 +8,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.catalog import CatalogModel
 from serve_app.chat.files import extract_file_text
 from serve_app.chat.web import WebDocument
 from serve_app.errors import UnsupportedFeature
+from serve_app.models.catalog import CatalogModel
 from serve_app.schemas.chat import (
     AudioPart,
     ChatCompletionRequest,

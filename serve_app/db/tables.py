@@ -18,7 +18,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
 )
-from sqlmodel import Field, SQLModel
+from sqlmodel import Field, SQLModel, col, select
 
 from serve_app.domain import DEFAULT_RATE_LIMIT_TIER, ApiKeyType, LimitPeriod, ModelPrivacy
 
@@ -335,6 +335,10 @@ class JobStatus(StrEnum):
     FAILED = "FAILED"
 
 
+# The states of a job that still holds its reservation.
+OPEN_STATUSES = (JobStatus.QUEUED.value, JobStatus.PROCESSING.value)
+
+
 class MediaJob(SQLModel, table=True):
     """One queued video or audio generation (`/video/queue`, `/audio/queue`).
 
@@ -372,3 +376,8 @@ class MediaJob(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
     started_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
     finished_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+
+
+def open_job_request_ids():
+    """A subquery of the reservations that open jobs hold: the hold sweeper leaves them."""
+    return select(MediaJob.request_id).where(col(MediaJob.status).in_(OPEN_STATUSES))

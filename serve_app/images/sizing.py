@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from serve_app.catalog import CatalogModel
 from serve_app.errors import invalid_request
+from serve_app.models.catalog import CatalogModel
 
 UPSCALE_MIN_PIXELS = 65_536
 UPSCALE_MAX_OUTPUT_PIXELS = 16_777_216

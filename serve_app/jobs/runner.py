@@ -31,16 +31,16 @@ from typing import Any
 
 from sqlalchemy import true
 
+from serve_app.billing.holds import Billing, Hold
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost, PricedLine
-from serve_app.billing.service import Billing, Hold
-from serve_app.catalog import Catalog, CatalogModel
-from serve_app.control.jobs import JobQueue, JobView, result_key
-from serve_app.control.result_store import ResultStore
 from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
-from serve_app.model_calls import call_model
-from serve_app.routing import ModelRouter
+from serve_app.jobs.store import ResultStore
+from serve_app.jobs.table import JobQueue, JobView, result_key
+from serve_app.models.calls import call_model
+from serve_app.models.catalog import Catalog, CatalogModel
+from serve_app.models.router import ModelRouter
 
 logger = logging.getLogger("serve_app.jobs")
 

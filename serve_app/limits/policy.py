@@ -20,8 +20,8 @@ from pydantic import (
     model_validator,
 )
 
-from serve_app.catalog import CatalogModel
 from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
+from serve_app.models.catalog import CatalogModel
 
 logger = logging.getLogger("serve_app.limits")
 

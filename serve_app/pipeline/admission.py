@@ -24,12 +24,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from serve_app.auth.key_store import KeyRecord
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.holds import Billing, Hold, check_privacy, payer_of
 from serve_app.billing.pricing import Cost, price
-from serve_app.billing.service import Billing, Hold, check_privacy, payer_of
-from serve_app.catalog import CatalogModel
 from serve_app.errors import UnsupportedFeature
-from serve_app.limits.service import RateLimited, RateLimits, Ticket
+from serve_app.limits.rate_limits import RateLimited, RateLimits, Ticket
+from serve_app.models.catalog import CatalogModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge

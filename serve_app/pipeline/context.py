@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from serve_app.timing import StepTimes
 
 if TYPE_CHECKING:
-    from serve_app.auth.key_store import KeyRecord
+    from serve_app.accounts.key_store import KeyRecord
 
 
 class LateHeader(Protocol):

@@ -13,8 +13,8 @@ import orjson
 from fastapi import Response
 
 from serve_app.billing.ledger import Balances
-from serve_app.catalog import CatalogModel
-from serve_app.limits.service import LimitState
+from serve_app.limits.rate_limits import LimitState
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import from_nanos
 from serve_app.pipeline.context import LateHeader, RequestContext
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import io
 
+from serve_app.billing.pricing.video import SourceVideo
 from serve_app.errors import ApiError
-from serve_app.video.quotes import SourceVideo
 
 ACCEPTED_CONTAINERS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm")
 MAX_SOURCE_PIXELS = 3840 * 2160

@@ -1,6 +1,6 @@
 """Fake model deployments that answer the Gateway the way Serve's `DeploymentHandle`s do.
 
-The Gateway calls a deployment as `await handle.<method>.remote(*args)` (serve_app/model_calls.py
+The Gateway calls a deployment as `await handle.<method>.remote(*args)` (serve_app/models/calls.py
 `call_model`) or iterates `handle.<method>.options(stream=True).remote(*args)` (`stream_model`),
 and reads `deployment_name` for its metrics. Each fake here has those, answers with the shapes
 the real deployment (deployments/*.py) sends, deterministically and in microseconds, records
@@ -501,7 +501,7 @@ _FAMILY_OF_TYPE: dict[str, type[FakeDeployment]] = {
 
 
 def fake_deployments(catalog: Any) -> dict[str, FakeDeployment]:
-    """One fake per deployment of `catalog` (a serve_app.catalog.Catalog) whose models are
+    """One fake per deployment of `catalog` (a serve_app.models.catalog.Catalog) whose models are
     text, embedding, image or video models, by deployment name; each holds the catalog's
     models of its deployment (embeddings with their catalog dimensions). Deployments of other
     families (speech, music) are left out: their models are offline."""

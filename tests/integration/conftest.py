@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from deployments.registry import AUDIO_DEPLOYMENTS, IMAGE_DEPLOYMENTS, VIDEO_DEPLOYMENTS
-from serve_app.auth.x402 import dev_facilitator
 from serve_app.process_tree import ray_processes, reap
+from serve_app.wallets.x402 import dev_facilitator
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
 from tests.integration.web_server import FakeWeb
 

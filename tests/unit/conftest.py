@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from serve_app.catalog import load_catalog
+from serve_app.accounts.provisioning import bootstrap
 from serve_app.cli import run as cli
-from serve_app.db.bootstrap import bootstrap
 from serve_app.gateway import create_prefixed_app
+from serve_app.models.catalog import load_catalog
 from serve_app.services import GatewayServices
 from serve_app.settings import PROJECT_ROOT, Settings
 from tests.fakes import FakeDeployment, fake_deployments

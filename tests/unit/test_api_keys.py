@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlmodel import Session
 
-from serve_app.auth.secrets import hash_secret
-from serve_app.control.api_keys import MAX_ACTIVE_KEYS
+from serve_app.accounts.keys import MAX_ACTIVE_KEYS
+from serve_app.accounts.secrets import hash_secret
 from serve_app.db.tables import ApiKey
 
 CREATE_FIELDS = {"apiKey", "id", "apiKeyType", "description", "consumptionLimit",

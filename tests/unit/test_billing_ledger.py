@@ -14,10 +14,9 @@ import pytest
 from sqlalchemy import func
 from sqlmodel import Session, select
 
+from serve_app.billing.holds import HOLDER_TIMEOUT, Billing
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
-from serve_app.billing.service import HOLDER_TIMEOUT, Billing
-from serve_app.catalog import load_catalog
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import (
     Account,
@@ -28,6 +27,7 @@ from serve_app.db.tables import (
     UsageDaily,
 )
 from serve_app.errors import ApiError
+from serve_app.models.catalog import load_catalog
 from serve_app.money import to_nanos
 from serve_app.settings import PROJECT_ROOT
 

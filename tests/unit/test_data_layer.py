@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import event, inspect
 from sqlmodel import Session, select
 
-from serve_app.auth.key_store import KeyStore
+from serve_app.accounts.key_store import KeyStore
+from serve_app.accounts.provisioning import bootstrap
 from serve_app.cli import run as cli
-from serve_app.db.bootstrap import bootstrap
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, ApiKey
 from serve_app.errors import ApiError

@@ -14,12 +14,12 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
+from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
-from serve_app.billing.service import Billing
-from serve_app.catalog import CatalogModel
 from serve_app.db.engine import is_database_outage, make_engine, migrate
 from serve_app.db.tables import LedgerEntry, Reservation
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import to_nanos
 from serve_app.settings import Settings
 from tests.conftest import _PG_REASON, POSTGRES_URL, drop_postgres_schema, new_postgres_schema
@@ -89,7 +89,7 @@ def test_a_settle_during_a_restart_waits_for_the_database_and_is_written_once(pr
     url, proxy = proxied_url
     direct = url.replace(f"127.0.0.1:{proxy.port}",
                          POSTGRES_URL.split("@", 1)[1].split("/", 1)[0])
-    from serve_app.db.bootstrap import bootstrap
+    from serve_app.accounts.provisioning import bootstrap
 
     account = bootstrap(Settings(database_url=direct, initial_credit_usd=10)).account_id
 

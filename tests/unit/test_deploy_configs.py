@@ -83,8 +83,8 @@ def test_local_config_runs_on_cpus_only_and_fits_two_cores():
 
 
 def test_make_run_loads_the_chat_engine_alone_first_then_the_whole_local_config():
-    from serve_app.catalog import load_catalog
     from serve_app.launch import deferred_deployments, first_stage
+    from serve_app.models.catalog import load_catalog
 
     config = _load(CONFIGS / "local.yaml")
     deferred = deferred_deployments(config, load_catalog(CONFIGS / "models.yaml"))
@@ -172,7 +172,7 @@ def test_kuberay_rayservice_deploys_the_production_applications():
 
 @pytest.mark.parametrize("name", ["local.yaml", "production.yaml"])
 def test_every_model_deployment_of_a_config_has_catalog_models_or_is_skipped(name):
-    from serve_app.catalog import load_catalog
+    from serve_app.models.catalog import load_catalog
 
     catalog = load_catalog(CONFIGS / "models.yaml")
     args = AppArgs.model_validate(_load(CONFIGS / name)["applications"][0]["args"])

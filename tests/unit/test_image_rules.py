@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.billing.pricing import image_cost, upscale_tier
-from serve_app.catalog import CatalogModel
+from serve_app.billing.pricing.images import image_cost, upscale_tier
 from serve_app.errors import ApiError
 from serve_app.images import sizing
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT
 
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from serve_app.catalog import CatalogModel
 from serve_app.errors import ApiError
-from serve_app.model_calls import ModelFailed, call_model, complete_model
+from serve_app.models.calls import ModelFailed, call_model, complete_model
+from serve_app.models.catalog import CatalogModel
 
 
 class _Method:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serve_app.catalog import Catalog
 from serve_app.errors import ApiError
-from serve_app.routing import ModelRouter, split_model_suffix
+from serve_app.models.catalog import Catalog
+from serve_app.models.router import ModelRouter, split_model_suffix
 
 
 def test_models_are_listed_without_a_key_in_the_published_shape(gateway):

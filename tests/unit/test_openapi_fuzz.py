@@ -23,7 +23,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import response_schema_conformance
 from schemathesis.core.failures import Failure
 
-from serve_app.db.bootstrap import bootstrap
+from serve_app.accounts.provisioning import bootstrap
 from serve_app.gateway import create_prefixed_app
 from serve_app.services import GatewayServices
 from serve_app.settings import Settings

@@ -15,10 +15,10 @@ import yaml
 from alembic import command
 from sqlalchemy import text
 
-from serve_app.auth.key_store import KeyStore
-from serve_app.auth.secrets import generate_secret, hash_secret
+from serve_app.accounts.key_store import KeyStore
+from serve_app.accounts.provisioning import bootstrap
+from serve_app.accounts.secrets import generate_secret, hash_secret
 from serve_app.cli import run as cli
-from serve_app.db.bootstrap import bootstrap
 from serve_app.db.engine import alembic_config, make_engine, migrate
 from serve_app.limits.policy import DEFAULT_LIMITS, load_tiers
 from serve_app.settings import Settings

@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from serve_app.catalog import CatalogModel
 from serve_app.limits.backends import LocalLimiter
 from serve_app.limits.policy import limits_for
+from serve_app.models.catalog import CatalogModel
 from tests.limiter_scenarios import SCENARIOS
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -159,8 +159,8 @@ def test_fetched_urls_never_reach_private_networks(gateway: Gateway, url: str):
 def test_only_the_guard_fetches_client_urls():
     """Modules that open HTTP connections: the guard (client URLs), and the operator's own
     configured services (x402 facilitator, crypto RPC nodes), never a client's URL."""
-    allowed = {"serve_app/net_guard.py", "serve_app/auth/x402/facilitator.py",
-               "serve_app/crypto/service.py"}
+    allowed = {"serve_app/net_guard.py", "serve_app/wallets/x402/facilitator.py",
+               "serve_app/crypto/serving.py"}
     clients = set()
     for path in (PROJECT_ROOT / "serve_app").rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -28,8 +28,9 @@ from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentRequired
 from x402.schemas.hooks import PaymentRequiredContext
 
-from serve_app.auth import siwx
-from serve_app.auth.siwx import (
+from serve_app.errors import ApiError
+from serve_app.wallets import siwx
+from serve_app.wallets.siwx import (
     BASE_CHAIN_ID,
     SOLANA_MAINNET_CHAIN_ID,
     SignIn,
@@ -38,7 +39,6 @@ from serve_app.auth.siwx import (
     discovery_extension,
     verify,
 )
-from serve_app.errors import ApiError
 
 DOMAIN = "api.example.com"
 URI = f"https://{DOMAIN}/api/v1/chat/completions"

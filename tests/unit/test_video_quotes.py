@@ -7,11 +7,11 @@ from decimal import Decimal
 
 import pytest
 
-from serve_app.audio.quotes import audio_cost, parse_seconds, voice_change_cost
-from serve_app.catalog import CatalogModel, load_catalog
+from serve_app.billing.pricing.audio import audio_cost, parse_seconds, voice_change_cost
+from serve_app.billing.pricing.video import SourceVideo, VideoAsk, frame_size, plan_video
 from serve_app.errors import ApiError
+from serve_app.models.catalog import CatalogModel, load_catalog
 from serve_app.settings import PROJECT_ROOT
-from serve_app.video.quotes import SourceVideo, VideoAsk, frame_size, plan_video
 
 CATALOG = load_catalog(PROJECT_ROOT / "configs" / "models.yaml")
 TEST_CATALOG = load_catalog(PROJECT_ROOT / "tests" / "integration" / "catalog.yaml")

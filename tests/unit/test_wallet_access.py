@@ -19,9 +19,9 @@ from eth_account import Account
 from solders.keypair import Keypair
 from sqlalchemy import update
 
-from serve_app.auth.x402 import BASE_NETWORK, BASE_USDC, SOLANA_NETWORK, dev_facilitator
 from serve_app.db.tables import Account as AccountRow
 from serve_app.settings import Settings
+from serve_app.wallets.x402 import BASE_NETWORK, BASE_USDC, SOLANA_NETWORK, dev_facilitator
 from tests.rpc_node import RpcNode
 from tests.unit.conftest import Gateway, make_gateway
 from tests.wallets import Wallet, challenge_of, signed_in

@@ -47,7 +47,9 @@ from x402.schemas import (
     ResourceInfo,
 )
 
-from serve_app.auth.x402 import (
+from serve_app.errors import ApiError, error_response
+from serve_app.settings import Settings
+from serve_app.wallets.x402 import (
     BASE_NETWORK,
     BASE_USDC,
     MAX_HEADER_BYTES,
@@ -68,14 +70,12 @@ from serve_app.auth.x402 import (
     verify_payment,
     verify_solana,
 )
-from serve_app.auth.x402.solana import (
+from serve_app.wallets.x402.solana import (
     COMPUTE_BUDGET_PROGRAM,
     MEMO_PROGRAM,
     TOKEN_PROGRAM,
     associated_token_account,
 )
-from serve_app.errors import ApiError, error_response
-from serve_app.settings import Settings
 from tests.x402_fakes import FakeSolanaRpc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # x402's sync Solana client

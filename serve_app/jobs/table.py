@@ -21,11 +21,17 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, and_, or_, true, update
 from sqlmodel import Session, col, select
 
-from serve_app.db.tables import JobStatus, MediaJob, Reservation, as_utc, utcnow
+from serve_app.db.tables import (
+    OPEN_STATUSES,
+    JobStatus,
+    MediaJob,
+    Reservation,
+    as_utc,
+    utcnow,
+)
 
 T = TypeVar("T")
 
-OPEN_STATUSES = (JobStatus.QUEUED.value, JobStatus.PROCESSING.value)
 # A runner renews its lease every third of this; a lease that ran out means the runner died.
 LEASE = timedelta(seconds=30)
 # A job is tried this many times (a runner that died counts as a try) before it fails.
@@ -254,8 +260,3 @@ def input_key(queue_id: str, name: str) -> str:
 def result_key(queue_id: str) -> str:
     """Where a job's media is kept in the result store."""
     return f"jobs/{queue_id}/result"
-
-
-def open_job_request_ids():
-    """A subquery of the reservations that open jobs hold: the hold sweeper leaves them."""
-    return select(MediaJob.request_id).where(col(MediaJob.status).in_(OPEN_STATUSES))

@@ -39,9 +39,8 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from serve_app.auth.key_store import KeyRecord
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
-from serve_app.catalog import CatalogModel
 from serve_app.crypto import idempotency
 from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
 from serve_app.crypto.networks import Network, NodeConfig
@@ -50,12 +49,13 @@ from serve_app.db.tables import LedgerLine, utcnow
 from serve_app.errors import ApiError, nest_errors
 from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT
 from serve_app.pipeline.context import RequestContext
 
 if TYPE_CHECKING:
     from serve_app.billing.writer import BatchWriter
-    from serve_app.limits.service import RateLimits
+    from serve_app.limits.rate_limits import RateLimits
     from serve_app.pipeline.admission import Admission
 
 logger = logging.getLogger("serve_app.crypto")

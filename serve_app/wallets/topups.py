@@ -25,9 +25,16 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlmodel import Session
 
-from serve_app.auth.payment_required import encode_header, resource
-from serve_app.auth.wallets import find_or_create_wallet_account, first_header
-from serve_app.auth.x402 import (
+from serve_app.billing.holds import Billing
+from serve_app.billing.ledger import Balances
+from serve_app.db.engine import dialect_insert
+from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
+from serve_app.errors import ApiError, invalid_request
+from serve_app.money import NANOS_PER_UNIT, from_nanos
+from serve_app.net_guard import is_loopback
+from serve_app.wallets.payment_required import encode_header, resource
+from serve_app.wallets.sign_in import find_or_create_wallet_account, first_header
+from serve_app.wallets.x402 import (
     FacilitatorClient,
     PaymentConfig,
     SettleResult,
@@ -38,14 +45,7 @@ from serve_app.auth.x402 import (
     match_requirement,
     verify_payment,
 )
-from serve_app.auth.x402.requirements import X402_VERSION
-from serve_app.billing.ledger import Balances
-from serve_app.billing.service import Billing
-from serve_app.db.engine import dialect_insert
-from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
-from serve_app.errors import ApiError, invalid_request
-from serve_app.money import NANOS_PER_UNIT, from_nanos
-from serve_app.net_guard import is_loopback
+from serve_app.wallets.x402.requirements import X402_VERSION
 
 logger = logging.getLogger("serve_app.billing")
 
@@ -208,7 +208,7 @@ class TopUps:
         if self._facilitator is None:
             url = self._facilitator_url
             if url == "dev":
-                from serve_app.auth.x402.dev_facilitator import start_in_thread
+                from serve_app.wallets.x402.dev_facilitator import start_in_thread
 
                 url, self._stop_dev = start_in_thread(
                     host="127.0.0.1", solana_fee_payer=self.config.solana_fee_payer)

@@ -20,8 +20,7 @@ from eth_utils import to_checksum_address
 from sqlalchemy import delete, select
 from sqlmodel import Session
 
-from serve_app.auth import siwx
-from serve_app.auth.key_store import KeyRecord
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.writer import BatchWriter
 from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, AccountKind, SiwxNonce, new_id, utcnow
@@ -29,6 +28,7 @@ from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
 from serve_app.errors import ApiError
 from serve_app.net_guard import is_loopback
 from serve_app.settings import Settings
+from serve_app.wallets import siwx
 
 logger = logging.getLogger("serve_app.auth")
 

@@ -19,8 +19,11 @@ from typing import Any
 
 from fastapi import Request
 
-from serve_app.auth import siwx
-from serve_app.auth.x402.requirements import (
+from serve_app.db.tables import utcnow
+from serve_app.errors import ApiError
+from serve_app.money import from_nanos
+from serve_app.wallets import siwx
+from serve_app.wallets.x402.requirements import (
     BASE_NETWORK,
     SOLANA_NETWORK,
     USDC_DECIMALS,
@@ -28,9 +31,6 @@ from serve_app.auth.x402.requirements import (
     PaymentConfig,
     accepts,
 )
-from serve_app.db.tables import utcnow
-from serve_app.errors import ApiError
-from serve_app.money import from_nanos
 
 SUGGESTED_TOP_UP_USD = Decimal(10)
 RESOURCE_DESCRIPTION = "Inference API"

@@ -20,7 +20,7 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from serve_app.auth.secrets import hash_secret
+from serve_app.accounts.secrets import hash_secret
 from serve_app.db.tables import Account, ApiKey, ApiKeyType, as_utc, utcnow
 from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
 from serve_app.errors import ApiError, authentication_failed

@@ -18,8 +18,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from serve_app.auth.key_store import KeyRecord
-from serve_app.catalog import CatalogModel
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST
 from serve_app.db.tables import RateLimitEvent
 from serve_app.errors import ApiError
@@ -36,6 +35,7 @@ from serve_app.limits.policy import (
     limits_for,
 )
 from serve_app.metrics import metrics
+from serve_app.models.catalog import CatalogModel
 
 logger = logging.getLogger("serve_app.limits")
 

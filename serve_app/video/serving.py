@@ -15,16 +15,16 @@ from typing import Any
 
 from fastapi import Request
 
-from serve_app.auth.key_store import KeyRecord
-from serve_app.catalog import CatalogModel
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.pricing.video import SourceVideo, VideoAsk, plan_video
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images.inputs import ImageSourceReader, inspect_image
-from serve_app.jobs.service import InputFile, JobService, delivery_url
+from serve_app.jobs.requests import InputFile, JobService, delivery_url
+from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext
-from serve_app.routing import ModelRouter
 from serve_app.schemas.video import QueueVideoRequest, QuoteVideoRequest
 from serve_app.video.probe import probe
-from serve_app.video.quotes import SourceVideo, VideoAsk, plan_video
 
 DEFAULT_PROMPT_LIMIT = 2500
 # Media fields each operation takes.

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from serve_app.auth.secrets import generate_secret, hash_secret
+from serve_app.accounts.secrets import generate_secret, hash_secret
 from serve_app.billing.ledger import drop_windows, seed_window
 from serve_app.billing.windows import window_start
 from serve_app.db.tables import Account, ApiKey, KeySpendWindow, UsageDaily, iso_z, utcnow

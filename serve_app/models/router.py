@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.catalog import Catalog, CatalogModel
 from serve_app.errors import ApiError
+from serve_app.models.catalog import Catalog, CatalogModel
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from serve_app.auth.key_store import KeyRecord
-from serve_app.billing.pricing import Cost, image_cost
-from serve_app.catalog import Catalog, CatalogModel, ImageOperation
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.pricing import Cost
+from serve_app.billing.pricing.images import image_cost
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images import sizing
 from serve_app.images.inputs import ImageInput, inspect_image
-from serve_app.model_calls import call_model, stream_model
+from serve_app.models.calls import call_model, stream_model
+from serve_app.models.catalog import Catalog, CatalogModel, ImageOperation
+from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
-from serve_app.routing import ModelRouter, RoutedModel
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
     GenerateRequest,

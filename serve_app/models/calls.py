@@ -18,7 +18,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from serve_app.errors import ApiError, nest_errors
 from serve_app.metrics import metrics
 
-logger = logging.getLogger("serve_app.model_calls")
+logger = logging.getLogger("serve_app.models.calls")
 
 
 class ModelFailed(ApiError):

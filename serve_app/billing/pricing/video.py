@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 from typing import Any
 
-from serve_app.billing.pricing import Cost, PricedLine
-from serve_app.catalog import CatalogModel
+from serve_app.billing.pricing import Cost, PricedLine, nanos_of
 from serve_app.errors import ApiError, invalid_request
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT
 
 BASE_RATES = ("per_second", "per_second_by_resolution", "per_megapixel_second",
@@ -95,10 +95,6 @@ def _usd(entry: Any, what: str) -> Decimal:
     if entry is None:
         raise ApiError(500, f"the catalog has no price for {what}", code="UNKNOWN_ERROR")
     return Decimal(str(entry))
-
-
-def _nanos(amount: Decimal) -> int:
-    return int((amount * NANOS_PER_UNIT).to_integral_value(ROUND_CEILING))
 
 
 def _too(kind: str, message: str) -> ApiError:
@@ -351,17 +347,17 @@ def plan_video(model: CatalogModel, ask: VideoAsk,
 
     lines: list[PricedLine] = []
     if base == "per_generation":
-        lines.append(PricedLine("video_generations", 1, _nanos(rate), float(rate)))
+        lines.append(PricedLine("video_generations", 1, nanos_of(rate), float(rate)))
     else:
         units = max(1, math.ceil(billed - 1e-9))
         lines.append(PricedLine("video_seconds", units,
-                                _nanos(rate * Decimal(str(billed))), float(rate)))
+                                nanos_of(rate * Decimal(str(billed))), float(rate)))
     makes_audio = bool(constraints.get("audio")) and (
         ask.audio is not False or not constraints.get("audio_configurable"))
     if makes_audio and "audio_per_second" in pricing and seconds:
         each = _usd(pricing["audio_per_second"], "audio")
         lines.append(PricedLine("video_audio_seconds", max(1, math.ceil(seconds)),
-                                _nanos(each * Decimal(str(seconds))), float(each)))
+                                nanos_of(each * Decimal(str(seconds))), float(each)))
     out_seconds = (seconds or float(constraints.get("generation_seconds", 1))) * slowdown
     out_fps = float(ask.target_fps or fps)
     return VideoPlan(Cost(model, tuple(lines)), out_seconds, width, height, out_fps,

@@ -13,21 +13,21 @@ from datetime import datetime
 from fastapi import Request, Response
 from sqlalchemy.engine import Engine
 
-from serve_app.auth.key_store import KeyRecord
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.accounts.provisioning import DOWNLOAD_SECRET, ensure_secret
 from serve_app.billing.pricing import Cost
-from serve_app.catalog import Catalog, CatalogModel
-from serve_app.control.jobs import OPEN_STATUSES, JobQueue, JobView, input_key
-from serve_app.control.result_store import ResultStore
-from serve_app.db.bootstrap import DOWNLOAD_SECRET, ensure_secret
 from serve_app.db.engine import run_in_session
 from serve_app.db.tables import JobStatus, MediaJob, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
 from serve_app.jobs.runner import JobRunner
+from serve_app.jobs.store import ResultStore
+from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView, input_key
+from serve_app.models.catalog import Catalog, CatalogModel
+from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
-from serve_app.routing import ModelRouter, RoutedModel
 from serve_app.schemas.video import JobRequest, RetrieveRequest
 
 # The catalog type of each kind of job's models (`default` means that type's default).

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from serve_app.chat import tools as tool_calls
-from serve_app.chat.service import (
+from serve_app.chat.serving import (
     ChatPlan,
     ChatService,
     chunks_with_first,

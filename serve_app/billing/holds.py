@@ -15,16 +15,16 @@ from datetime import datetime, timedelta
 from cachetools import TTLCache
 from sqlmodel import Session
 
-from serve_app.auth.key_store import KeyRecord
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing import ledger
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost
 from serve_app.billing.writer import BatchWriter
-from serve_app.catalog import CatalogModel
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
 from serve_app.metrics import metrics
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT, from_nanos
 
 logger = logging.getLogger("serve_app.billing")

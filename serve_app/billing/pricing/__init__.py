@@ -1,4 +1,6 @@
 """Prices from the catalog: the most a request may cost (for the hold) and what it did cost.
+Per unit: tokens and the priced lines here; images (images.py), queued video (video.py) and
+queued audio (audio.py) beside it.
 
 Catalog prices are USD (and DIEM) per million tokens for text and embeddings, per image for
 image models, per thousand characters for speech, per second or minute for audio and video.
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
-from serve_app.catalog import CatalogModel
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT
 
 # line type -> (catalog pricing key, units per priced unit, unit name, usage-history label)
@@ -30,13 +32,13 @@ LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
     # transcribed, per second (`per_audio_second`).
     "speech_characters": ("input", 1_000_000, "chars", "Characters"),
     "audio_seconds": ("per_audio_second", 1, "seconds", "Audio Seconds"),
-    # Queued video jobs (serve_app/video/quotes.py prices them): seconds of video made (the
+    # Queued video jobs (serve_app/billing/pricing/video.py prices them): seconds of video made (the
     # rate depends on the model's table), a job priced per generation, its audio track.
     "video_seconds": ("per_second", 1, "seconds", "Video Seconds"),
     "video_generations": ("per_generation", 1, "generations", "Generation"),
     "video_audio_seconds": ("audio_per_second", 1, "seconds", "Audio"),
-    # Queued audio jobs (serve_app/audio/quotes.py): per thousand characters, per second, or
-    # per generation (flat, or by duration tier).
+    # Queued audio jobs (pricing/audio.py): per thousand characters, per second, or per
+    # generation (flat, or by duration tier).
     "queued_characters": ("per_thousand_characters", 1_000, "chars", "Characters"),
     "audio_output_seconds": ("per_second", 1, "seconds", "Seconds"),
     "audio_generations": ("generation", 1, "generations", "Generation"),
@@ -122,59 +124,13 @@ def sku(model: CatalogModel, line_type: str) -> str:
     return f"{model.id}-{kind}-{line_type.replace('_', '-')}-{unit}"
 
 
-def _usd(entry: object) -> Decimal | None:
+def catalog_usd(entry: object) -> Decimal | None:
+    """A catalog price (`{usd: ...}` or a bare number) as Decimal; None when absent."""
     if isinstance(entry, dict):
         entry = entry.get("usd")
     return None if entry is None else Decimal(str(entry))
 
 
-def _nanos(usd: Decimal, count: int = 1) -> int:
+def nanos_of(usd: Decimal, count: int = 1) -> int:
+    """`count` units at `usd` each, in nano-USD, rounded up."""
     return int((usd * count * NANOS_PER_UNIT).to_integral_value(ROUND_CEILING))
-
-
-def upscale_tier(model: CatalogModel, scale: float) -> str:
-    """The catalog's upscale tier (`2x`, `4x`, ...) that pays for `scale`: the smallest tier
-    at least as large, else the largest."""
-    tiers = sorted((float(name.rstrip("x")), name) for name in model.pricing.get("upscale", {}))
-    if not tiers:
-        raise ValueError(f"model {model.id} has no upscale prices")
-    for factor, name in tiers:
-        if scale <= factor + 1e-9:
-            return name
-    return tiers[-1][1]
-
-
-def image_cost(model: CatalogModel, *, outputs: int = 1, scale: float | None = None,
-               resolution: str | None = None, quality: str | None = None,
-               input_images: int = 1, enhanced: bool = False) -> Cost:
-    """The price of one image request, by the catalog's image prices:
-
-    - upscale: `pricing.upscale["2x" | "4x" ...]` by the effective scale (upscale_tier);
-    - edits: `pricing.inpaint`, or `resolutions[resolution]`, or `quality[resolution][quality]`,
-      plus `inputImages.additional` per input image beyond `inputImages.included`;
-    - generation and background removal: `pricing.generation`, or the resolution/quality
-      tables as for edits, per output image;
-    - `enhancePrompt` when a prompt rewrite was generated.
-    """
-    pricing = model.pricing
-    if model.operation == "upscale":
-        per_image = _usd(pricing["upscale"][upscale_tier(model, scale or 2)])
-    else:
-        per_image = _usd(pricing.get("inpaint" if model.operation == "edit" else "generation"))
-        if resolution is not None and resolution in pricing.get("resolutions", {}):
-            per_image = _usd(pricing["resolutions"][resolution])
-        tier = pricing.get("quality", {}).get(resolution or "1K", {})
-        if quality is not None and quality in tier:
-            per_image = _usd(tier[quality])
-    if per_image is None:
-        raise ValueError(f"model {model.id} has no price for this request")
-    lines = [PricedLine("image", outputs, _nanos(per_image, outputs), float(per_image))]
-    extra = pricing.get("inputImages")
-    if extra and input_images > int(extra.get("included", 0)):
-        count = input_images - int(extra.get("included", 0))
-        each = _usd(extra.get("additional")) or Decimal(0)
-        lines.append(PricedLine("input_images", count, _nanos(each, count), float(each)))
-    if enhanced:
-        each = _usd(pricing.get("enhancePrompt")) or Decimal(0)
-        lines.append(PricedLine("prompt_enhancement", 1, _nanos(each), float(each)))
-    return Cost(model, tuple(line for line in lines if line.nanos > 0))

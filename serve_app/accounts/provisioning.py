@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import func
 from sqlmodel import Session, select
 
-from serve_app.auth.secrets import generate_secret, hash_secret
+from serve_app.accounts.secrets import generate_secret, hash_secret
 from serve_app.db.engine import make_engine, migrate
 from serve_app.db.tables import Account, AccountKind, ApiKey, ApiKeyType, ServerSecret
 from serve_app.money import to_nanos

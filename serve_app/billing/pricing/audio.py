@@ -8,21 +8,17 @@ priced per second of the audio they change, on their own quote endpoint.
 from __future__ import annotations
 
 import math
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 from typing import Any
 
-from serve_app.billing.pricing import Cost, PricedLine
-from serve_app.catalog import CatalogModel
+from serve_app.billing.pricing import Cost, PricedLine, nanos_of
 from serve_app.errors import ApiError, invalid_request
+from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT
 
 
 def _usd(entry: Any) -> Decimal:
     return Decimal(str(entry["usd"] if isinstance(entry, dict) else entry))
-
-
-def _nanos(amount: Decimal) -> int:
-    return int((amount * NANOS_PER_UNIT).to_integral_value(ROUND_CEILING))
 
 
 def parse_seconds(value: Any, field: str = "duration_seconds") -> float | None:
@@ -66,14 +62,14 @@ def audio_cost(model: CatalogModel, *, duration_seconds: float | None,
             raise invalid_request("character_count must be greater than 0", "character_count")
         rate = _usd(pricing["per_thousand_characters"])
         line = PricedLine("queued_characters", character_count,
-                          _nanos(rate * character_count / 1000), float(rate))
+                          nanos_of(rate * character_count / 1000), float(rate))
     elif "per_second" in pricing:
         if seconds is None:
             raise invalid_request(f"duration_seconds is required for {model.id}",
                                   "duration_seconds")
         rate = _usd(pricing["per_second"])
         line = PricedLine("audio_output_seconds", max(1, math.ceil(seconds)),
-                          _nanos(rate * Decimal(str(seconds))), float(rate))
+                          nanos_of(rate * Decimal(str(seconds))), float(rate))
     elif "durations" in pricing:
         if seconds is None:
             raise invalid_request(f"duration_seconds is required for {model.id}",
@@ -86,10 +82,10 @@ def audio_cost(model: CatalogModel, *, duration_seconds: float | None,
             raise invalid_request(f"duration_seconds must be {low} to {high} for {model.id}",
                                   "duration_seconds")
         rate = _usd(tier)
-        line = PricedLine("audio_generations", 1, _nanos(rate), float(rate))
+        line = PricedLine("audio_generations", 1, nanos_of(rate), float(rate))
     elif "generation" in pricing:
         rate = _usd(pricing["generation"])
-        line = PricedLine("audio_generations", 1, _nanos(rate), float(rate))
+        line = PricedLine("audio_generations", 1, nanos_of(rate), float(rate))
     else:
         raise ApiError(500, f"the catalog gives {model.id} no audio price",
                        code="UNKNOWN_ERROR")
@@ -106,7 +102,7 @@ def voice_change_cost(model: CatalogModel, duration_seconds: float | None) -> Co
                               "change", "duration_seconds")
     rate = _usd(model.pricing["per_second"])
     return Cost(model, (PricedLine("audio_output_seconds", max(1, math.ceil(duration_seconds)),
-                                   _nanos(rate * Decimal(str(duration_seconds))),
+                                   nanos_of(rate * Decimal(str(duration_seconds))),
                                    float(rate)),))
 
 

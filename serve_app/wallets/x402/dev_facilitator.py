@@ -10,7 +10,7 @@ chain: balances, blockhashes and nonces used elsewhere are not seen.
 
 For local runs and tests only; it binds loopback addresses only:
 
-    python -m serve_app.auth.x402.dev_facilitator --host 127.0.0.1 --port 8402
+    python -m serve_app.wallets.x402.dev_facilitator --host 127.0.0.1 --port 8402
 
 `start_in_thread()` runs it in a daemon thread (`X402_FACILITATOR_URL=dev`, tests).
 """
@@ -248,7 +248,7 @@ def start_in_thread(host: str = "127.0.0.1", port: int = 0, *,
 
 def main(argv: Iterable[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m serve_app.auth.x402.dev_facilitator",
+        prog="python -m serve_app.wallets.x402.dev_facilitator",
         description="x402 development facilitator: checks payments, MOVES NO MONEY.")
     parser.add_argument("--host", default="127.0.0.1", help="a loopback address")
     parser.add_argument("--port", type=int, default=8402)

@@ -11,16 +11,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.auth.key_store import KeyRecord
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import price
-from serve_app.catalog import Catalog, CatalogModel
 from serve_app.errors import ApiError, invalid_request
-from serve_app.model_calls import call_model, stream_model
+from serve_app.models.calls import call_model, stream_model
+from serve_app.models.catalog import Catalog, CatalogModel
+from serve_app.models.router import ModelRouter
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge
-from serve_app.routing import ModelRouter
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
 
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac",

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Engine
 
 from deployments.streaming import coalesce
-from serve_app.auth.key_store import KeyRecord
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
-from serve_app.catalog import Catalog, CatalogModel
+from serve_app.characters import find_character
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.prompt import (
@@ -25,14 +25,14 @@ from serve_app.chat.prompt import (
     last_user_text,
 )
 from serve_app.chat.web import WebDocument, WebTools, WebUnavailable, find_urls
-from serve_app.control.characters import find_character
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, UnsupportedFeature
-from serve_app.model_calls import ModelFailed, complete_model, stream_model
+from serve_app.models.calls import ModelFailed, complete_model, stream_model
+from serve_app.models.catalog import Catalog, CatalogModel
+from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge
-from serve_app.routing import ModelRouter, RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 
 T = TypeVar("T")

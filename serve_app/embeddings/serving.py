@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from serve_app.catalog import CatalogModel
 from serve_app.embeddings.batcher import CallBatcher
 from serve_app.errors import invalid_request
-from serve_app.model_calls import call_model
-from serve_app.routing import ModelRouter
+from serve_app.models.calls import call_model
+from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import ModelRouter
 
 # The most tokens one input may have (the model reads the first `max_seq_length` of them).
 MAX_INPUT_TOKENS = 8192

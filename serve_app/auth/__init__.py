@@ -1,1 +1,0 @@
-"""Step 2 of a request: who is calling (Bearer API keys; wallet sign-in arrives with x402)."""

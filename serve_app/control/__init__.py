@@ -1,1 +1,0 @@
-"""Control-plane services that ingress replicas share (key change notices, limits, ledger)."""
