@@ -1,0 +1,206 @@
+"""The contract between the Gateway and the model deployments: everything that crosses Ray.
+
+Both sides import this module and nothing else of each other (the Gateway also uses
+`deployments.streaming`). Values are frozen dataclasses with slots: plain, cheap to pickle,
+compared by value. A deployment method takes the model id and one request object, and answers
+a result object, or an `EngineError` (the engine's own report of a failure, a value, so that it
+crosses Ray intact); the Gateway turns an `EngineError` into the spec's error body.
+
+Calls (deployment method: arguments -> answer):
+
+    text          generate(model_id, TextRequest) -> stream of lists of TextEvent
+                  complete(model_id, TextRequest) -> list[TextEvent] (merged per choice)
+    embedding     embed(model_id, texts: list[str]) -> Embeddings | EngineError
+    image-*       run(model_id, ImageRequest) -> ImageResult | EngineError
+    speech        speak(model_id, SpeechRequest) -> stream: SpeechStart | EngineError first,
+                                                    then bytes, an EngineError on failure
+                  synthesize(model_id, MediaJob) -> MediaResult | EngineError (queued)
+    transcription transcribe(model_id, TranscriptionRequest) -> Transcription | EngineError
+    video-*       generate(model_id, MediaJob) -> MediaResult | EngineError (queued)
+
+This module imports nothing of serve_app and nothing heavy (numpy only for type checking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# A message of a conversation as the chat template reads it: {"role", "content", ...}.
+Message = dict[str, Any]
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class EngineError:
+    """An engine's report of a failure: the HTTP status, the message, the spec's error code
+    (None: INVALID_REQUEST for a 400, INFERENCE_FAILED otherwise) and the request field at
+    fault (a 400's details)."""
+
+    status: int
+    message: str
+    code: str | None = None
+    field: str | None = None
+
+
+def not_served(model_id: str) -> EngineError:
+    """The answer of a deployment for a model it does not hold (a 404)."""
+    return EngineError(404, f"Model {model_id!r} is not served here", code="MODEL_NOT_FOUND")
+
+
+# ---- text --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to sample: None leaves a parameter to the engine's default. `max_tokens` None: as
+    many as the context leaves."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    max_tokens: int | None = None
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextRequest:
+    """One chat generation: the composed conversation, sampling, and output constraints.
+    `prompt_cache_key` makes requests of one conversation prefer one replica
+    (deployments/routing.py)."""
+
+    request_id: str
+    messages: list[Message]
+    sampling: Sampling = field(default_factory=Sampling)
+    json_schema: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
+    prompt_cache_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One choice advanced by `tokens` tokens of `text`. The first chunk of a stream carries
+    the prompt's token count (billed even if the client leaves mid-stream); the last of a
+    choice its `finish_reason`. `logprobs`: one entry per token, when asked for."""
+
+    index: int
+    text: str
+    tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """The engine's final count of a generation: the last item of its stream."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+# What a text engine yields: chunks, then its usage; or an error instead of anything else.
+TextEvent = Chunk | Usage | EngineError
+
+
+# ---- embeddings --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """Unit vectors of the texts of one call, each input's whole token count (the model read
+    at most `max_seq_length` of them), and the replica's time on the call."""
+
+    vectors: np.ndarray  # (texts, dimensions), float32
+    tokens: list[int]
+    max_seq_length: int
+    replica_ms: float
+
+
+# ---- images ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ImageRequest:
+    """Encoded input images (each with the request field it came from, for errors), the
+    engine family's parameters (scale, creativity, prompt, width, height, seed, steps, ...),
+    and the output format (png, jpeg, webp)."""
+
+    images: list[bytes]
+    fields: list[str]
+    params: dict[str, Any]
+    format: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImageResult:
+    images: list[bytes]  # encoded in the request's format
+    width: int
+    height: int
+    blurred: bool  # safe mode blurred at least one output
+    replica_ms: float
+
+
+# ---- audio -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SpeechRequest:
+    text: str
+    voice: str
+    speed: float
+    format: str  # mp3, opus, aac, flac, wav, pcm
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStart:
+    """The first item of a speech stream: the voice is loaded; audio pieces (bytes) follow."""
+
+    sample_rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptionRequest:
+    audio: bytes
+    language: str | None
+    timestamps: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Transcription:
+    """Times in seconds; `words` only when timestamps were asked for."""
+
+    text: str
+    duration: float
+    language: str | None
+    segments: list[dict[str, Any]]  # {"text", "start", "end"}
+    words: list[dict[str, Any]] | None
+    replica_ms: float
+
+
+# ---- queued media jobs -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class MediaJob:
+    """A queued job (video, queued speech): its parameters as stored in the job table and its
+    input files by name."""
+
+    params: dict[str, Any]
+    inputs: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MediaResult:
+    media: bytes
+    media_type: str
+    replica_ms: float
