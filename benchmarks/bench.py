@@ -203,16 +203,18 @@ async def engine_figures(path: Path, options: dict, tokens: int, seconds: float,
 
 
 async def _engine_streams(engine, streams: int, tokens: int) -> tuple[float, float]:
+    from deployments.protocol import Chunk, Sampling, TextRequest
+
     messages = [{"role": "user", "content": PROMPT}]
 
     async def one(i: int) -> tuple[int, float]:
         start, first, produced = time.perf_counter(), None, 0
-        request = {"request_id": f"bench-{time.time_ns()}-{i}", "messages": messages,
-                   "sampling": {"temperature": 0, "max_tokens": tokens, "n": 1}}
+        request = TextRequest(request_id=f"bench-{time.time_ns()}-{i}", messages=messages,
+                              sampling=Sampling(temperature=0, max_tokens=tokens, n=1))
         async for chunk in engine.generate(request):
-            if chunk.get("tokens"):
+            if isinstance(chunk, Chunk) and chunk.tokens:
                 first = first or time.perf_counter() - start
-                produced += chunk["tokens"]
+                produced += chunk.tokens
         return produced, first or 0.0
 
     await one(-1)
@@ -227,6 +229,8 @@ async def _engine_streams(engine, streams: int, tokens: int) -> tuple[float, flo
 
 async def _engine_short_chats(engine, concurrency: int, seconds: float) -> float:
     """1-token chats per second, `concurrency` loops."""
+    from deployments.protocol import Sampling, TextRequest
+
     messages = [{"role": "user", "content": "Say hi."}]
     count = 0
 
@@ -234,8 +238,9 @@ async def _engine_short_chats(engine, concurrency: int, seconds: float) -> float
         nonlocal count
         n = 0
         while time.perf_counter() < until:
-            request = {"request_id": f"short-{i}-{n}-{time.time_ns()}", "messages": messages,
-                       "sampling": {"temperature": 0, "max_tokens": 1, "n": 1}}
+            request = TextRequest(request_id=f"short-{i}-{n}-{time.time_ns()}",
+                                  messages=messages,
+                                  sampling=Sampling(temperature=0, max_tokens=1, n=1))
             async for _ in engine.generate(request):
                 pass
             n += 1

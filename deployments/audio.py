@@ -16,9 +16,18 @@ from typing import Any
 
 from ray import serve
 
-from deployments.base import ModelDeployment, not_served
+from deployments.base import ModelDeployment
 from deployments.engines.audio import CONTENT_TYPES, ENGINES, encode_audio
-from deployments.errors import engine_error
+from deployments.protocol import (
+    EngineError,
+    MediaJob,
+    MediaResult,
+    SpeechRequest,
+    SpeechStart,
+    Transcription,
+    TranscriptionRequest,
+    not_served,
+)
 from deployments.spec import ModelSpec
 
 _DONE = object()
@@ -70,38 +79,40 @@ class SpeechDeployment(ModelDeployment):
     def voices(self, model_id: str) -> list[str]:
         return list(self.engines[model_id].voices())
 
-    async def speak(self, model_id: str, text: str, voice: str, speed: float,
-                    fmt: str) -> AsyncIterator[Any]:
-        """Encoded audio of `text`, piece by piece as sentences are synthesized; the first
-        item is `{"sample_rate"}` (or an error), the rest are bytes."""
+    async def speak(self, model_id: str, request: SpeechRequest
+                    ) -> AsyncIterator[SpeechStart | bytes | EngineError]:
+        """Encoded audio of the request's text, piece by piece as sentences are synthesized;
+        the first item is a `SpeechStart` (or an EngineError), the rest are bytes (an
+        EngineError last when the voice cannot read the text)."""
         engine = self.engines.get(model_id)
         if engine is None:
             yield not_served(model_id)
             return
-        if voice not in engine.voices():
-            yield engine_error(400, f"voice {voice!r} is not offered by {model_id}; use one "
-                                    f"of {', '.join(engine.voices())}", field="voice")
+        if request.voice not in engine.voices():
+            yield EngineError(400, f"voice {request.voice!r} is not offered by {model_id}; "
+                                   f"use one of {', '.join(engine.voices())}", field="voice")
             return
-        yield {"sample_rate": engine.sample_rate}
+        yield SpeechStart(engine.sample_rate)
 
         def produce() -> Iterator[bytes]:
             with self._busy:
-                yield from encode_audio(engine.synthesize(text, voice, speed),
-                                        engine.sample_rate, fmt)
+                yield from encode_audio(
+                    engine.synthesize(request.text, request.voice, request.speed),
+                    engine.sample_rate, request.format)
 
         try:
             async for piece in in_thread(produce):
                 yield piece
         except ValueError as exc:  # text the voice cannot read
-            yield engine_error(400, str(exc), field="input")
+            yield EngineError(400, str(exc), field="input")
 
-    async def synthesize(self, model_id: str, params: dict[str, Any],
-                         inputs: dict[str, bytes]) -> dict[str, Any]:
-        """A queued speech job (`/audio/queue`): all of `params["prompt"]` read aloud, as one
-        file in `params["format"]`."""
+    async def synthesize(self, model_id: str, job: MediaJob) -> MediaResult | EngineError:
+        """A queued speech job (`/audio/queue`): all of its params' `prompt` read aloud, as
+        one file in their `format`."""
         engine = self.engines.get(model_id)
         if engine is None:
             return not_served(model_id)
+        params = job.params
         fmt = str(params.get("format", "mp3"))
         started = time.perf_counter()
 
@@ -115,9 +126,8 @@ class SpeechDeployment(ModelDeployment):
         try:
             media = await asyncio.to_thread(work)
         except ValueError as exc:
-            return engine_error(400, str(exc), field="prompt")
-        return {"media": media, "media_type": CONTENT_TYPES[fmt],
-                "replica_ms": (time.perf_counter() - started) * 1000}
+            return EngineError(400, str(exc), field="prompt")
+        return MediaResult(media, CONTENT_TYPES[fmt], (time.perf_counter() - started) * 1000)
 
 
 @serve.deployment
@@ -128,8 +138,8 @@ class TranscriptionDeployment(ModelDeployment):
         super().__init__(models)
         self._busy = threading.Lock()
 
-    async def transcribe(self, model_id: str, audio: bytes, language: str | None,
-                         timestamps: bool) -> dict[str, Any]:
+    async def transcribe(self, model_id: str, request: TranscriptionRequest
+                         ) -> Transcription | EngineError:
         engine = self.engines.get(model_id)
         if engine is None:
             return not_served(model_id)
@@ -137,15 +147,16 @@ class TranscriptionDeployment(ModelDeployment):
 
         def work() -> dict[str, Any]:
             with self._busy:
-                return engine.transcribe(audio, language, timestamps)
+                return engine.transcribe(request.audio, request.language, request.timestamps)
 
         try:
             out = await asyncio.to_thread(work)
         except ValueError as exc:  # audio that cannot be decoded or is too long; a language
             message = str(exc)       # the model does not know
             if message.startswith("language"):
-                return engine_error(400, message, field="language")
-            return engine_error(400, message, code="INVALID_AUDIO_FORMAT", field="file")
-        out["replica_ms"] = (time.perf_counter() - started) * 1000
-        return out
+                return EngineError(400, message, field="language")
+            return EngineError(400, message, code="INVALID_AUDIO_FORMAT", field="file")
+        return Transcription(out["text"], out["duration"], out.get("language"),
+                             out["segments"], out.get("words"),
+                             (time.perf_counter() - started) * 1000)
 

@@ -1,10 +1,10 @@
 """What every model deployment shares: the engines of the models it serves, by model id, loaded
-the same way (weights built first when the catalog says how), and the one answer for a model
-it does not serve.
+the same way (weights built first when the catalog says how).
 
 A family's deployment subclasses `ModelDeployment`, names its engines in `ENGINES` and looks
-an engine up with `self.engines.get(model_id)`, answering `not_served(model_id)` when there is
-none. Its Serve options are in configs/deployments.yaml (deployments/registry.py).
+an engine up with `self.engines.get(model_id)`, answering `not_served(model_id)`
+(deployments/protocol.py) when there is none. Its Serve options are in
+configs/deployments.yaml (deployments/registry.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from deployments.errors import engine_error
 from deployments.spec import ModelSpec
 from deployments.weights.registry import engine_weights
 
@@ -21,11 +20,6 @@ logger = logging.getLogger("deployments")
 
 # An engine class: `(weights path or None, options) -> engine`.
 EngineFactory = Callable[[str | None, dict[str, Any]], Any]
-
-
-def not_served(model_id: str) -> dict[str, Any]:
-    """The error a deployment reports for a model it does not hold (plain data, a 404)."""
-    return engine_error(404, f"Model {model_id!r} is not served here", code="MODEL_NOT_FOUND")
 
 
 def load_engines(specs: list[ModelSpec], engines: Mapping[str, EngineFactory]

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from ray import serve
 
-from deployments.base import ModelDeployment, not_served
-from deployments.engines.embedding import ENGINES, EmbeddingEngine, Embeddings
+from deployments.base import ModelDeployment
+from deployments.engines.embedding import ENGINES, EmbeddingEngine, Encoded
+from deployments.protocol import Embeddings, EngineError, not_served
 from deployments.spec import ModelSpec
 
 logger = logging.getLogger("deployments.embedding")
@@ -30,7 +30,7 @@ class EmbeddingDeployment(ModelDeployment):
         for model_id, engine in self.engines.items():
             logger.info("embedding model %s: %d dimensions", model_id, engine.dimensions)
 
-    async def embed(self, model_id: str, texts: list[str]) -> dict[str, Any]:
+    async def embed(self, model_id: str, texts: list[str]) -> Embeddings | EngineError:
         """Unit vectors of `texts` with each input's token count (the model reads the first
         `max_seq_length`). The texts may come from several requests, which the gateway
         merges: it refuses the request of an input over its per-input limit."""
@@ -38,16 +38,15 @@ class EmbeddingDeployment(ModelDeployment):
             return not_served(model_id)
         started = time.perf_counter()
         vectors, tokens = await self._encode((model_id, texts))
-        return {"vectors": vectors, "tokens": tokens,
-                "max_seq_length": self.engines[model_id].max_seq_length,
-                "replica_ms": (time.perf_counter() - started) * 1000}
+        return Embeddings(vectors, tokens, self.engines[model_id].max_seq_length,
+                          (time.perf_counter() - started) * 1000)
 
     # Whole calls are batched (the gateway already puts concurrent requests in one call; calls
     # from several gateway replicas meet here), and nothing waits for company: what queued
     # while the previous forward pass ran forms the next one.
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0)
-    async def _encode(self, calls: list[tuple[str, list[str]]]) -> list[Embeddings]:
-        out: list[Embeddings | None] = [None] * len(calls)
+    async def _encode(self, calls: list[tuple[str, list[str]]]) -> list[Encoded]:
+        out: list[Encoded | None] = [None] * len(calls)
         by_model: dict[str, list[int]] = {}
         for position, (model_id, _) in enumerate(calls):
             by_model.setdefault(model_id, []).append(position)
@@ -58,7 +57,7 @@ class EmbeddingDeployment(ModelDeployment):
             start = 0
             for p in positions:
                 end = start + len(calls[p][1])
-                out[p] = Embeddings(done.vectors[start:end], done.tokens[start:end])
+                out[p] = Encoded(done.vectors[start:end], done.tokens[start:end])
                 start = end
         return out  # type: ignore[return-value]
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from ray import serve
 
-from deployments.base import ModelDeployment, not_served
+from deployments.base import ModelDeployment
 from deployments.engines.image import ENGINES
 from deployments.engines.image_io import ImageDecodeError, decode_image, encode_image
-from deployments.errors import engine_error
+from deployments.protocol import EngineError, ImageRequest, ImageResult, not_served
 from deployments.spec import ModelSpec
 
 logger = logging.getLogger("deployments.image")
@@ -36,36 +36,32 @@ class ImageDeployment(ModelDeployment):
         # One picture at a time per replica: the engines use every thread they are given.
         self._busy = threading.Lock()
 
-    def _work(self, engine: Any, images: list[bytes], params: dict[str, Any],
-              fmt: str) -> dict[str, Any]:
-        fields = params.pop("_fields", None) or ["image"] * len(images)
-        decoded = [decode_image(data, field) for data, field in zip(images, fields, strict=True)]
+    def _work(self, engine: Any, request: ImageRequest) -> tuple[list[bytes], int, int, bool]:
+        fields = request.fields or ["image"] * len(request.images)
+        decoded = [decode_image(data, field)
+                   for data, field in zip(request.images, fields, strict=True)]
         with self._busy:
-            outputs = engine.run(decoded, params)
-        return {
-            "images": [encode_image(image, fmt) for image in outputs],
-            "width": outputs[0].width,
-            "height": outputs[0].height,
-            "blurred": any(image.info.get("blurred") for image in outputs),
-        }
+            outputs = engine.run(decoded, dict(request.params))
+        return ([encode_image(image, request.format) for image in outputs], outputs[0].width,
+                outputs[0].height, any(image.info.get("blurred") for image in outputs))
 
-    async def run(self, model_id: str, images: list[bytes], params: dict[str, Any],
-                  fmt: str) -> dict[str, Any]:
-        """Decode `images`, run the model's engine with `params`, encode each output as
-        `fmt` (png, jpeg, webp). A bad input is reported as data (a 400 for the client)."""
+    async def run(self, model_id: str, request: ImageRequest) -> ImageResult | EngineError:
+        """Decode the request's images, run the model's engine with its params, encode each
+        output in its format (png, jpeg, webp). A bad input is reported as an EngineError (a
+        400 for the client)."""
         engine = self.engines.get(model_id)
         if engine is None:
             return not_served(model_id)
         started = time.perf_counter()
         try:
-            out = await asyncio.to_thread(self._work, engine, images, dict(params), fmt)
+            images, width, height, blurred = await asyncio.to_thread(self._work, engine, request)
         except ImageDecodeError as exc:
-            return engine_error(exc.status, str(exc), code=exc.code, field=exc.field)
+            return EngineError(exc.status, str(exc), code=exc.code, field=exc.field)
         except ValueError as exc:  # a parameter the engine cannot honour
-            return engine_error(400, str(exc))
+            return EngineError(400, str(exc))
         except MemoryError:
             logger.exception("image model %s ran out of memory", model_id)
-            return engine_error(503, f"Model {model_id} is at capacity; try again later",
-                                code="MODEL_AT_CAPACITY")
-        out["replica_ms"] = (time.perf_counter() - started) * 1000
-        return out
+            return EngineError(503, f"Model {model_id} is at capacity; try again later",
+                               code="MODEL_AT_CAPACITY")
+        return ImageResult(images, width, height, blurred,
+                           (time.perf_counter() - started) * 1000)

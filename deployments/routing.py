@@ -9,14 +9,17 @@ from typing import Any
 
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 
+from deployments.protocol import TextRequest
+
 
 def _cache_key(pending_request: Any) -> str | None:
+    """The `prompt_cache_key` of a text call, `generate(model_id, request)` or
+    `complete(model_id, request)`; None for any other call (stats)."""
     if pending_request is None:
         return None
-    for arg in pending_request.args:
-        if isinstance(arg, dict) and arg.get("prompt_cache_key"):
-            return str(arg["prompt_cache_key"])
-    return None
+    args = pending_request.args
+    request = args[1] if len(args) > 1 else pending_request.kwargs.get("request")
+    return request.prompt_cache_key if isinstance(request, TextRequest) else None
 
 
 def _score(key: str, replica_id: str) -> bytes:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
-Chunk = dict[str, Any]
+from deployments.protocol import Chunk, TextEvent
 
 # One piece per 20 ms per stream at most (50 updates a second): below what a reader
 # notices, and below the time a real model takes per token on a busy batch (SmolLM2 on two
@@ -24,35 +24,36 @@ Chunk = dict[str, Any]
 MIN_INTERVAL_S = 0.02
 
 
-def merge(chunks: list[Chunk]) -> list[Chunk]:
-    """Consecutive text chunks of one choice become one (texts and token counts added,
-    logprobs joined); usage and error chunks are kept as they are."""
-    out: list[Chunk] = []
-    open_by_index: dict[int, Chunk] = {}
-    for chunk in chunks:
-        index = chunk.get("index")
-        if index is None or "text" not in chunk:
-            out.append(chunk)
+def merge(events: list[TextEvent]) -> list[TextEvent]:
+    """Consecutive chunks of one choice become one (texts and token counts added, logprobs
+    joined, the first prompt count kept); a usage or an error is kept as it is."""
+    out: list[TextEvent] = []
+    open_by_index: dict[int, int] = {}  # choice -> position in `out` of its open chunk
+    for event in events:
+        if not isinstance(event, Chunk):
+            out.append(event)
             continue
-        current = open_by_index.get(index)
-        if current is None or current.get("finish_reason"):
-            current = dict(chunk)
-            open_by_index[index] = current
-            out.append(current)
+        position = open_by_index.get(event.index)
+        current = out[position] if position is not None else None
+        assert current is None or isinstance(current, Chunk)
+        if current is None or current.finish_reason:
+            open_by_index[event.index] = len(out)
+            out.append(event)
             continue
-        current["text"] += chunk["text"]
-        current["tokens"] = current.get("tokens", 0) + chunk.get("tokens", 0)
-        current["finish_reason"] = chunk.get("finish_reason")
-        if current.get("logprobs") is not None or chunk.get("logprobs") is not None:
-            current["logprobs"] = (current.get("logprobs") or []) + (chunk.get("logprobs") or [])
-        if "prompt_tokens" in chunk and "prompt_tokens" not in current:
-            current["prompt_tokens"] = chunk["prompt_tokens"]
+        logprobs = current.logprobs
+        if logprobs is not None or event.logprobs is not None:
+            logprobs = (logprobs or []) + (event.logprobs or [])
+        out[position] = dataclasses.replace(
+            current, text=current.text + event.text, tokens=current.tokens + event.tokens,
+            finish_reason=event.finish_reason, logprobs=logprobs,
+            prompt_tokens=current.prompt_tokens if current.prompt_tokens is not None
+            else event.prompt_tokens)
     return out
 
 
-async def coalesce(source: AsyncIterator[Chunk], min_interval_s: float = MIN_INTERVAL_S
-                   ) -> AsyncIterator[list[Chunk]]:
-    """Lists of merged chunks of `source`, at most one list per `min_interval_s` after the
+async def coalesce(source: AsyncIterator[TextEvent], min_interval_s: float = MIN_INTERVAL_S
+                   ) -> AsyncIterator[list[TextEvent]]:
+    """Lists of merged events of `source`, at most one list per `min_interval_s` after the
     first. Closing this generator (a client that left) cancels the source."""
     queue: asyncio.Queue = asyncio.Queue()
     end = object()

@@ -11,8 +11,9 @@ from typing import Any
 
 from ray import serve
 
-from deployments.base import ModelDeployment, not_served
+from deployments.base import ModelDeployment
 from deployments.engines.text import ENGINES, TextEngine
+from deployments.protocol import TextEvent, TextRequest, not_served
 from deployments.streaming import coalesce, merge
 
 
@@ -21,8 +22,8 @@ class TextDeployment(ModelDeployment):
     ENGINES = ENGINES
     engines: dict[str, TextEngine]
 
-    async def generate(self, model_id: str, request: dict[str, Any]
-                       ) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, model_id: str, request: TextRequest
+                       ) -> AsyncIterator[list[TextEvent] | TextEvent]:
         engine = self.engines.get(model_id)
         if engine is None:
             yield not_served(model_id)
@@ -31,7 +32,7 @@ class TextDeployment(ModelDeployment):
         async for chunks in coalesce(engine.generate(request)):
             yield chunks
 
-    async def complete(self, model_id: str, request: dict[str, Any]) -> list[dict[str, Any]]:
+    async def complete(self, model_id: str, request: TextRequest) -> list[TextEvent]:
         """The whole answer in one reply, for a unary request: one message back instead of a
         stream's pieces and its end, and no wait between pieces."""
         engine = self.engines.get(model_id)

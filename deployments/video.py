@@ -18,9 +18,9 @@ from typing import Any
 
 from ray import serve
 
-from deployments.base import ModelDeployment, not_served
+from deployments.base import ModelDeployment
 from deployments.engines.video import ENGINES, encode_mp4
-from deployments.errors import engine_error
+from deployments.protocol import EngineError, MediaJob, MediaResult, not_served
 from deployments.spec import ModelSpec
 
 logger = logging.getLogger("deployments.video")
@@ -39,22 +39,20 @@ class VideoDeployment(ModelDeployment):
             frames, fps = engine.run(params, inputs)
         return encode_mp4(frames, fps)
 
-    async def generate(self, model_id: str, params: dict[str, Any],
-                       inputs: dict[str, bytes]) -> dict[str, Any]:
-        """One video job: `params` (from the quote's plan and the body) and the input files
-        by name; the MP4, or an error as data."""
+    async def generate(self, model_id: str, job: MediaJob) -> MediaResult | EngineError:
+        """One video job: its params (from the quote's plan and the body) and input files by
+        name; the MP4, or an EngineError."""
         engine = self.engines.get(model_id)
         if engine is None:
             return not_served(model_id)
         started = time.perf_counter()
         try:
-            media = await asyncio.to_thread(self._work, engine, params, inputs)
+            media = await asyncio.to_thread(self._work, engine, job.params, job.inputs)
         except ValueError as exc:  # an input the engine cannot use
-            return engine_error(400, str(exc), code="INVALID_VIDEO_FORMAT")
+            return EngineError(400, str(exc), code="INVALID_VIDEO_FORMAT")
         except MemoryError:
             logger.exception("video model %s ran out of memory", model_id)
-            return engine_error(500, f"Model {model_id} ran out of memory making this clip",
-                                code="INFERENCE_FAILED")
-        return {"media": media, "media_type": "video/mp4",
-                "replica_ms": (time.perf_counter() - started) * 1000}
+            return EngineError(500, f"Model {model_id} ran out of memory making this clip",
+                               code="INFERENCE_FAILED")
+        return MediaResult(media, "video/mp4", (time.perf_counter() - started) * 1000)
 

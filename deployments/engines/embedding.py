@@ -8,7 +8,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 
-class Embeddings(NamedTuple):
+class Encoded(NamedTuple):
     vectors: np.ndarray  # (texts, dimensions), unit length
     tokens: list[int]  # each text's whole token count (the model read at most max_seq_length)
 
@@ -17,7 +17,7 @@ class EmbeddingEngine(Protocol):
     dimensions: int
     max_seq_length: int
 
-    def embed(self, texts: list[str]) -> Embeddings: ...
+    def embed(self, texts: list[str]) -> Encoded: ...
 
 
 class SentenceTransformersEngine:
@@ -49,7 +49,7 @@ class SentenceTransformersEngine:
                                  return_attention_mask=False, verbose=False)
         return [len(ids) for ids in encoded["input_ids"]]
 
-    def embed(self, texts: list[str]) -> Embeddings:
+    def embed(self, texts: list[str]) -> Encoded:
         """The model's forward pass on one padded batch. `encode` would do the same plus a
         device move of the whole model and a sort per call (5% of a replica's time).
 
@@ -65,7 +65,7 @@ class SentenceTransformersEngine:
         cut = [i for i, count in enumerate(tokens) if count >= self.max_seq_length]
         for i, count in zip(cut, self.count_tokens([texts[i] for i in cut]), strict=True):
             tokens[i] = count
-        return Embeddings(vectors.numpy().astype(np.float32, copy=False), tokens)
+        return Encoded(vectors.numpy().astype(np.float32, copy=False), tokens)
 
 
 ENGINES = {"sentence-transformers": SentenceTransformersEngine}

@@ -1,16 +1,6 @@
-"""Text engines behind one interface: `generate(request)` yields chunk dicts, so the deployment
-and the gateway never see which engine runs.
-
-A request is plain data (built by the gateway, serve_app/chat/engine_request.py):
-  {"request_id", "messages": [{role, content, ...}], "tools", "chat_template_kwargs",
-   "sampling": {temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
-                repetition_penalty, seed, stop, stop_token_ids, max_tokens, n, logprobs,
-                top_logprobs}, "json_schema", "max_tokens_explicit"}
-Chunks:
-  {"index", "text", "tokens", "finish_reason", "logprobs"}   one choice advanced (the first
-                                                             also has "prompt_tokens")
-  {"usage": {"prompt_tokens", "completion_tokens"}}           last
-  {"error": {...}}                                           instead of anything else
+"""Text engines behind one interface: `generate(request)` takes a `TextRequest` and yields
+`Chunk`s, then the final `Usage` (or an `EngineError` instead of anything else), so the
+deployment and the gateway never see which engine runs. The types: deployments/protocol.py.
 """
 
 from __future__ import annotations
@@ -22,7 +12,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from deployments.errors import engine_error
+from deployments.protocol import Chunk, EngineError, TextEvent, TextRequest, Usage
 
 logger = logging.getLogger("deployments.text")
 
@@ -30,7 +20,7 @@ logger = logging.getLogger("deployments.text")
 class TextEngine(Protocol):
     max_model_len: int
 
-    def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+    def generate(self, request: TextRequest) -> AsyncIterator[TextEvent]: ...
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -102,27 +92,27 @@ class VLLMEngine:
         # Completion tokens of requests cancelled mid-stream (most recent last).
         self.cancelled: collections.deque[int] = collections.deque(maxlen=100)
 
-    async def _render(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def _render(self, request: TextRequest) -> dict[str, Any]:
         from vllm.renderers.params import ChatParams
 
         renderer = self.engine.renderer
         kwargs = {"add_generation_prompt": True, "continue_final_message": False,
-                  **request.get("chat_template_kwargs", {})}
-        if request.get("tools"):
-            kwargs["tools"] = request["tools"]
+                  **request.chat_template_kwargs}
+        if request.tools:
+            kwargs["tools"] = request.tools
         chat_params = ChatParams(chat_template=None, chat_template_kwargs=kwargs)
         tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
         _, (engine_input,) = await renderer.render_chat_async(
-            [request["messages"]], chat_params, tok_params)
+            [request.messages], chat_params, tok_params)
         return engine_input
 
-    def _sampling_params(self, request: dict[str, Any], prompt_tokens: int):
+    def _sampling_params(self, request: TextRequest, prompt_tokens: int):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        s = dict(request["sampling"])
+        s = request.sampling
         room = self.max_model_len - prompt_tokens
-        max_tokens = s.get("max_tokens")
+        max_tokens = s.max_tokens
         if max_tokens is None:
             max_tokens = room
         elif max_tokens > room:
@@ -130,63 +120,63 @@ class VLLMEngine:
         if max_tokens < 1:
             raise _TooManyTokens(prompt_tokens, 1, self.max_model_len)
         params: dict[str, Any] = {
-            "n": s.get("n", 1),
+            "n": s.n,
             "max_tokens": max_tokens,
             "output_kind": RequestOutputKind.DELTA,
-            "stop": s.get("stop") or None,
-            "stop_token_ids": s.get("stop_token_ids") or None,
-            "seed": s.get("seed"),
+            "stop": list(s.stop) or None,
+            "stop_token_ids": list(s.stop_token_ids) or None,
+            "seed": s.seed,
         }
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
-            if s.get(name) is not None:
-                params[name] = s[name]
-        if s.get("top_k") is not None:
-            params["top_k"] = s["top_k"] if s["top_k"] > 0 else 0
-        if s.get("logprobs"):
-            params["logprobs"] = max(1, s.get("top_logprobs") or 0)
-        if request.get("json_schema") is not None:
-            params["structured_outputs"] = StructuredOutputsParams(json=request["json_schema"])
+            if getattr(s, name) is not None:
+                params[name] = getattr(s, name)
+        if s.top_k is not None:
+            params["top_k"] = s.top_k if s.top_k > 0 else 0
+        if s.logprobs:
+            params["logprobs"] = max(1, s.top_logprobs or 0)
+        if request.json_schema is not None:
+            params["structured_outputs"] = StructuredOutputsParams(json=request.json_schema)
         return SamplingParams(**params)
 
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, request: TextRequest) -> AsyncIterator[TextEvent]:
         try:
             engine_input = await self._render(request)
             prompt_tokens = len(engine_input["prompt_token_ids"])
             params = self._sampling_params(request, prompt_tokens)
         except _TooManyTokens as exc:
-            yield engine_error(400, str(exc), code="TOO_MANY_TOKENS", field="max_tokens")
+            yield EngineError(400, str(exc), code="TOO_MANY_TOKENS", field="max_tokens")
             return
         except (ValueError, TypeError) as exc:
-            yield engine_error(400, f"Invalid generation parameters: {exc}")
+            yield EngineError(400, f"Invalid generation parameters: {exc}")
             return
-        top = (request["sampling"].get("top_logprobs") or 0)
+        top = request.sampling.top_logprobs or 0
         completion = 0
         first = True
         try:
             # Cancelling this generator (a client that disconnects) makes vLLM abort.
-            async for out in self.engine.generate(engine_input, params, request["request_id"]):
+            async for out in self.engine.generate(engine_input, params, request.request_id):
                 for choice in out.outputs:
                     completion += len(choice.token_ids)
-                    chunk = self._chunk(choice, params, top)
-                    if first:  # the prompt is billed even if the client leaves mid-stream
-                        chunk["prompt_tokens"] = prompt_tokens
-                        first = False
-                    yield chunk
+                    # The first chunk carries the prompt's tokens: they are billed even if
+                    # the client leaves mid-stream.
+                    yield self._chunk(choice, params, top, prompt_tokens if first else None)
+                    first = False
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled.append(completion)
             raise
-        yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion}}
+        yield Usage(prompt_tokens=prompt_tokens, completion_tokens=completion)
 
-    def _chunk(self, choice: Any, params: Any, top: int) -> dict[str, Any]:
-        return {
-            "index": choice.index,
-            "text": choice.text,
-            "tokens": len(choice.token_ids),
-            "finish_reason": choice.finish_reason,
-            "logprobs": _logprob_entries(self.tokenizer, list(choice.token_ids),
-                                         choice.logprobs, top) if params.logprobs else None,
-        }
+    def _chunk(self, choice: Any, params: Any, top: int, prompt_tokens: int | None) -> Chunk:
+        return Chunk(
+            index=choice.index,
+            text=choice.text,
+            tokens=len(choice.token_ids),
+            finish_reason=choice.finish_reason,
+            logprobs=_logprob_entries(self.tokenizer, list(choice.token_ids),
+                                      choice.logprobs, top) if params.logprobs else None,
+            prompt_tokens=prompt_tokens,
+        )
 
     def stats(self) -> dict[str, Any]:
         return {"unfinished": int(self.engine.get_num_unfinished_requests()),

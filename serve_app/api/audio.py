@@ -107,7 +107,7 @@ async def create_transcription(request: Request, ctx: Context, key: InferenceCal
     body = TranscriptionRequest.model_validate(fields)
     out = await state.audio.transcribe(ctx, key, body, audio)
     if body.response_format == "text":
-        return PlainTextResponse(out["text"])
+        return PlainTextResponse(out.text)
     return json_response(ctx, service.transcription_payload(body, out))
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from deployments import protocol
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import price
 from serve_app.errors import ApiError, invalid_request
@@ -96,9 +97,10 @@ class AudioService:
             handle = self.router.handle(model)
             respond.model_headers(ctx, model, routed.router)
             with ctx.step("model"):
-                stream = stream_model(handle.speak, model.id, model.id, body.input, voice,
-                                      body.speed, fmt)
-                await anext(stream)  # {"sample_rate"}: the voice is loaded and known
+                stream = stream_model(handle.speak, model.id, model.id,
+                                      protocol.SpeechRequest(body.input, voice, body.speed,
+                                                             fmt))
+                await anext(stream)  # SpeechStart: the voice is loaded and known
                 first = await anext(stream, b"")
         except BaseException:
             await charge.release()
@@ -107,7 +109,7 @@ class AudioService:
                       charge)
 
     async def transcribe(self, ctx: RequestContext, key: KeyRecord,
-                         body: TranscriptionRequest, audio: bytes) -> dict[str, Any]:
+                         body: TranscriptionRequest, audio: bytes) -> protocol.Transcription:
         routed = self.router.resolve(body.model, "asr")
         model = routed.model
         most = int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
@@ -117,13 +119,14 @@ class AudioService:
             handle = self.router.handle(model)
             respond.model_headers(ctx, model, routed.router)
             with ctx.step("model"):
-                out = await call_model(handle.transcribe, model.id, model.id, audio,
-                                       body.language, body.timestamps)
-            ctx.record("replica", out["replica_ms"])
+                out: protocol.Transcription = await call_model(
+                    handle.transcribe, model.id, model.id,
+                    protocol.TranscriptionRequest(audio, body.language, body.timestamps))
+            ctx.record("replica", out.replica_ms)
         except BaseException:
             await charge.release()
             raise
-        seconds = max(1, math.ceil(out["duration"]))
+        seconds = max(1, math.ceil(out.duration))
         await charge.settle(price(model, {"audio_seconds": seconds}))
         return out
 
@@ -149,20 +152,21 @@ async def _settled(charge: Charge, cost: Any, first: bytes,
         await charge.settle(cost if done else None)
 
 
-def transcription_payload(body: TranscriptionRequest, out: dict[str, Any]) -> dict[str, Any]:
+def transcription_payload(body: TranscriptionRequest, out: protocol.Transcription
+                          ) -> dict[str, Any]:
     """`json` as published (text, duration, timestamps when asked); `verbose_json` as the
     chat-completion convention has it."""
     if body.response_format == "verbose_json":
-        payload = {"task": "transcribe", "language": out.get("language"),
-                   "duration": out["duration"], "text": out["text"],
+        payload = {"task": "transcribe", "language": out.language,
+                   "duration": out.duration, "text": out.text,
                    "segments": [{"id": i, **segment}
-                                for i, segment in enumerate(out["segments"])]}
+                                for i, segment in enumerate(out.segments)]}
         if body.timestamps:
-            payload["words"] = out.get("words", [])
+            payload["words"] = out.words or []
         return payload
-    payload = {"text": out["text"], "duration": out["duration"]}
+    payload = {"text": out.text, "duration": out.duration}
     if body.timestamps:
-        payload["timestamps"] = {"word": out.get("words", []), "segment": out["segments"]}
+        payload["timestamps"] = {"word": out.words or [], "segment": out.segments}
     return payload
 
 

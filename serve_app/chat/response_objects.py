@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from deployments.protocol import Chunk, TextEvent, Usage
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.serving import (
     ChatPlan,
@@ -137,7 +138,7 @@ async def stream_response(plan: ChatPlan, chat_service: ChatService
     return routed.model.id, _events(plan, routed.model.id, chunks_with_first(first, stream))
 
 
-async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[dict[str, Any]]
+async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent]
                   ) -> AsyncIterator[str]:
     created, seq = int(time.time()), 0
     item = _message_item("", status="in_progress")
@@ -154,13 +155,14 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[dict[str,
         yield _event("response.created", next_seq(),
                      response=_response(plan, model_id, [], "in_progress", created))
         async for chunk in chunks:
-            if "usage" in chunk:
-                plan.usage.record(chunk["usage"])
+            if isinstance(chunk, Usage):
+                plan.usage.record(chunk)
                 continue
-            if chunk["index"] != 0:
+            assert isinstance(chunk, Chunk)  # an EngineError raised in stream_model
+            if chunk.index != 0:
                 continue
             plan.usage.saw(chunk)
-            text = text_filter.feed(chunk["text"])
+            text = text_filter.feed(chunk.text)
             if not streaming_text:
                 buffered += text
                 if plan.tool_mode == "auto" and not tool_calls.may_be_call(buffered):

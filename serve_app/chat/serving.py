@@ -4,6 +4,7 @@ chat.completion object or a stream of chat.completion.chunk events."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,6 +13,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 
+from deployments.protocol import Chunk, Sampling, TextEvent, TextRequest
+from deployments.protocol import Usage as EngineUsage
 from deployments.streaming import coalesce
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
@@ -45,16 +48,16 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def saw(self, chunk: dict[str, Any]) -> None:
+    def saw(self, chunk: Chunk) -> None:
         """Count a streamed chunk: the first carries the prompt's tokens."""
-        if "prompt_tokens" in chunk:
-            self.prompt_tokens = chunk["prompt_tokens"]
-        self.completion_tokens += chunk.get("tokens", 0)
+        if chunk.prompt_tokens is not None:
+            self.prompt_tokens = chunk.prompt_tokens
+        self.completion_tokens += chunk.tokens
 
-    def record(self, reported: dict[str, int]) -> None:
+    def record(self, reported: EngineUsage) -> None:
         """Take the engine's final count (it replaces the running count of the stream)."""
-        self.prompt_tokens = reported["prompt_tokens"]
-        self.completion_tokens = reported["completion_tokens"]
+        self.prompt_tokens = reported.prompt_tokens
+        self.completion_tokens = reported.completion_tokens
 
     def as_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
@@ -69,7 +72,7 @@ class ChatPlan:
     req: ChatCompletionRequest
     params: ServiceParameters
     candidates: list[RoutedModel]
-    engine_request: dict[str, Any]
+    engine_request: TextRequest | None  # None until planned
     tool_mode: str
     web_documents: list[WebDocument] = field(default_factory=list)
     scraped_urls: int = 0
@@ -148,7 +151,7 @@ def _service_parameters(req: ChatCompletionRequest, suffix: dict[str, Any]) -> S
                        code="INVALID_REQUEST") from exc
 
 
-def _sampling(req: ChatCompletionRequest, routed: RoutedModel) -> dict[str, Any]:
+def _sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
     model = routed.model
     defaults = {k: v.get("default") for k, v in model.constraints.items() if isinstance(v, dict)}
     temperature = req.temperature if req.temperature is not None else defaults.get("temperature")
@@ -161,16 +164,16 @@ def _sampling(req: ChatCompletionRequest, routed: RoutedModel) -> dict[str, Any]
     max_tokens = req.completion_limit
     if model.max_completion_tokens:
         max_tokens = min(max_tokens or model.max_completion_tokens, model.max_completion_tokens)
-    return {
-        "temperature": temperature,
-        "top_p": req.top_p if req.top_p is not None else defaults.get("top_p"),
-        "top_k": req.top_k, "min_p": req.min_p,
-        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty, "seed": req.seed,
-        "stop": req.stop_list, "stop_token_ids": req.stop_token_ids or [],
-        "max_tokens": max_tokens, "n": req.n,
-        "logprobs": req.logprobs, "top_logprobs": req.top_logprobs,
-    }
+    return Sampling(
+        temperature=temperature,
+        top_p=req.top_p if req.top_p is not None else defaults.get("top_p"),
+        top_k=req.top_k, min_p=req.min_p,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty, seed=req.seed,
+        stop=tuple(req.stop_list or ()), stop_token_ids=tuple(req.stop_token_ids or ()),
+        max_tokens=max_tokens, n=req.n,
+        logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs,
+    )
 
 
 def _output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | None:
@@ -241,7 +244,7 @@ class ChatService:
             await pending.abandon(exc)
             raise
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
-                        engine_request={}, tool_mode=mode)
+                        engine_request=None, tool_mode=mode)
         plan.charge = await pending.hold([c.model for c in candidates], plan.max_units)
         try:
             comp = Composition(citations=params.enable_web_citations)
@@ -254,15 +257,15 @@ class ChatService:
             if params.enable_web_scraping or params.enable_web_search != "off":
                 await self._web_context(plan)
             comp.web_documents = plan.web_documents
-            plan.engine_request = {
-                "request_id": ctx.request_id,
-                "messages": engine_messages(req, comp),
-                "sampling": _sampling(req, primary),
-                "json_schema": _output_schema(req, mode),
-                "chat_template_kwargs":
-                    {"enable_thinking": False} if params.disable_thinking else {},
-                "prompt_cache_key": req.prompt_cache_key,
-            }
+            plan.engine_request = TextRequest(
+                request_id=ctx.request_id,
+                messages=engine_messages(req, comp),
+                sampling=_sampling(req, primary),
+                json_schema=_output_schema(req, mode),
+                chat_template_kwargs={"enable_thinking": False} if params.disable_thinking
+                else {},
+                prompt_cache_key=req.prompt_cache_key,
+            )
         except BaseException as exc:
             # Nothing ran on the model: the hold goes back (a missing character, a failed
             # web search, a client that left).
@@ -274,15 +277,17 @@ class ChatService:
 
     async def _first_that_answers(
             self, plan: ChatPlan,
-            call: Callable[[Any, RoutedModel, dict[str, Any]], Awaitable[T]]
+            call: Callable[[Any, RoutedModel, TextRequest], Awaitable[T]]
     ) -> tuple[RoutedModel, T]:
         """`call(handle, model, engine request)` on each model in fallback order, until one
         answers: a model that fails or is unavailable (503) passes the request on."""
+        assert plan.engine_request is not None, "the request is not planned"
         last_error: ApiError | None = None
         for routed in plan.candidates:
             try:
                 handle = self.router.handle(routed.model)
-                request = dict(plan.engine_request, sampling=_sampling(plan.req, routed))
+                request = dataclasses.replace(plan.engine_request,
+                                              sampling=_sampling(plan.req, routed))
                 return routed, await call(handle, routed, request)
             except ModelFailed as exc:
                 last_error = exc
@@ -294,10 +299,10 @@ class ChatService:
         raise last_error
 
     async def start_model_stream(self, plan: ChatPlan) -> tuple[
-            RoutedModel, AsyncIterator[dict[str, Any]], dict[str, Any]]:
+            RoutedModel, AsyncIterator[TextEvent], TextEvent]:
         """The first model (in fallback order) that starts answering, its stream and its
         first chunk."""
-        async def start(handle: Any, routed: RoutedModel, request: dict[str, Any]):
+        async def start(handle: Any, routed: RoutedModel, request: TextRequest):
             stream = stream_model(handle.generate, routed.model.id, routed.model.id, request)
             return stream, await anext(stream)
 
@@ -313,16 +318,17 @@ class ChatService:
         finish: dict[int, str | None] = {}
         logprobs: dict[int, list] = {}
         for chunk in chunks:
-            if "usage" in chunk:
-                plan.usage.record(chunk["usage"])
+            if isinstance(chunk, EngineUsage):
+                plan.usage.record(chunk)
                 continue
+            assert isinstance(chunk, Chunk)  # an EngineError raised in complete_model
             plan.usage.saw(chunk)
-            i = chunk["index"]
-            texts[i] = texts.get(i, "") + chunk["text"]
-            if chunk.get("logprobs") is not None:
-                logprobs.setdefault(i, []).extend(chunk["logprobs"])
-            if chunk.get("finish_reason"):
-                finish[i] = chunk["finish_reason"]
+            i = chunk.index
+            texts[i] = texts.get(i, "") + chunk.text
+            if chunk.logprobs is not None:
+                logprobs.setdefault(i, []).extend(chunk.logprobs)
+            if chunk.finish_reason:
+                finish[i] = chunk.finish_reason
         choices = []
         for i in sorted(texts):
             f = plan.output_filter()
@@ -365,8 +371,8 @@ def prompt_estimate(req: ChatCompletionRequest) -> int:
     return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
 
 
-def chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
-                       ) -> AsyncIterator[dict[str, Any]]:
+def chunks_with_first(first: TextEvent, rest: AsyncIterator[TextEvent]
+                      ) -> AsyncIterator[TextEvent]:
     async def gen():
         yield first
         async for chunk in rest:
@@ -375,7 +381,7 @@ def chunks_with_first(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
     return gen()
 
 
-async def _queued(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+async def _queued(chunks: AsyncIterator[TextEvent]) -> AsyncIterator[TextEvent]:
     """The chunks, with those that arrived while the previous event was being written merged
     per choice: when the model outpaces this replica, one event carries several tokens."""
     async for merged in coalesce(chunks, min_interval_s=0):
@@ -397,7 +403,7 @@ def _sse(payload: dict[str, Any] | str) -> str:
 
 
 async def _sse_events(plan: ChatPlan, routed: RoutedModel,
-                      chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+                      chunks: AsyncIterator[TextEvent]) -> AsyncIterator[str]:
     base = {"id": f"chatcmpl-{plan.request_id}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": routed.model.id}
 
@@ -415,13 +421,14 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
             yield _sse({**base, "choices": [],
                         "service_parameters": {"web_search_citations": _citations(plan)}})
         async for chunk in _queued(chunks):
-            if "usage" in chunk:
-                plan.usage.record(chunk["usage"])
+            if isinstance(chunk, EngineUsage):
+                plan.usage.record(chunk)
                 continue
-            i = chunk["index"]
+            assert isinstance(chunk, Chunk)  # an EngineError raised in stream_model
+            i = chunk.index
             plan.usage.saw(chunk)
             f = filters.setdefault(i, plan.output_filter())
-            text = f.feed(chunk["text"])
+            text = f.feed(chunk.text)
             if i not in started:
                 started.add(i)
                 yield event(i, {"role": "assistant", "content": ""})
@@ -431,11 +438,11 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
                     text, held[i] = held[i], ""
                 else:
                     text = ""
-            if text or chunk.get("logprobs"):
-                yield event(i, {"content": text}, logprobs=chunk.get("logprobs"))
-            if chunk.get("finish_reason"):
+            if text or chunk.logprobs:
+                yield event(i, {"content": text}, logprobs=chunk.logprobs)
+            if chunk.finish_reason:
                 rest = held.pop(i, "") + f.flush()
-                reason = chunk["finish_reason"]
+                reason = chunk.finish_reason
                 calls = tool_calls.parse_calls(rest, plan.known_tools) \
                     if plan.tool_mode != "none" else None
                 if calls:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from deployments.protocol import Embeddings
 from serve_app.embeddings.batcher import CallBatcher
 from serve_app.errors import invalid_request
 from serve_app.models.calls import call_model
@@ -63,10 +63,10 @@ class Embedder:
             handle = self._router.handle(model)
 
             async def send(texts: list[str]) -> list[tuple[np.ndarray, int, int, float]]:
-                out: dict[str, Any] = await call_model(handle.embed, model.id, model.id, texts)
-                cap, spent = out["max_seq_length"], out["replica_ms"]
+                out: Embeddings = await call_model(handle.embed, model.id, model.id, texts)
+                cap, spent = out.max_seq_length, out.replica_ms
                 return [(vector, count, min(count, cap), spent)
-                        for vector, count in zip(out["vectors"], out["tokens"], strict=True)]
+                        for vector, count in zip(out.vectors, out.tokens, strict=True)]
 
             batcher = CallBatcher(send, max_in_flight=self._calls_in_flight,
                                   min_items_beside=self._min_texts_beside)

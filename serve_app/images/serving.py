@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from deployments.protocol import Chunk, ImageRequest, ImageResult, Sampling, TextRequest
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.images import image_cost
@@ -100,17 +101,17 @@ class ImageService:
     async def _run(self, ctx: RequestContext, model: CatalogModel,
                    inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
         handle = self.router.handle(model)
-        params = {**params, "_fields": [i.field for i in inputs]}
+        request = ImageRequest(images=[i.data for i in inputs], fields=[i.field for i in inputs],
+                               params=params, format=fmt)
         started = time.perf_counter()
         with ctx.step("model"):
-            out = await call_model(handle.run, model.id, model.id, [i.data for i in inputs],
-                                   params, fmt)
-        ctx.record("replica", out["replica_ms"])
+            out: ImageResult = await call_model(handle.run, model.id, model.id, request)
+        ctx.record("replica", out.replica_ms)
         total = (time.perf_counter() - started) * 1000
-        return Produced(model, out["images"], f"image/{fmt}", out["width"], out["height"],
-                        out["blurred"], timing={"inferenceDuration": out["replica_ms"],
-                                                "inferenceQueueTime": max(0.0, total
-                                                                          - out["replica_ms"])})
+        return Produced(model, out.images, f"image/{fmt}", out.width, out.height,
+                        out.blurred, timing={"inferenceDuration": out.replica_ms,
+                                             "inferenceQueueTime": max(0.0, total
+                                                                       - out.replica_ms)})
 
     async def upscale(self, ctx: RequestContext, key: KeyRecord, body: UpscaleRequest,
                       source: Callable[[], Awaitable[bytes]]) -> Produced:
@@ -158,20 +159,18 @@ class ImageService:
             handle = self.router.handle(routed.model)
         except ApiError:
             return None
-        engine_request = {
-            "request_id": f"{request_id}-enhance",
-            "messages": [{"role": "system", "content": ENHANCE_SYSTEM_PROMPT},
-                         {"role": "user", "content": prompt}],
-            "sampling": {"max_tokens": ENHANCE_MAX_TOKENS, "temperature": 0.2, "n": 1},
-            "json_schema": None,
-            "chat_template_kwargs": {},
-            "prompt_cache_key": None,
-        }
+        engine_request = TextRequest(
+            request_id=f"{request_id}-enhance",
+            messages=[{"role": "system", "content": ENHANCE_SYSTEM_PROMPT},
+                      {"role": "user", "content": prompt}],
+            sampling=Sampling(max_tokens=ENHANCE_MAX_TOKENS, temperature=0.2, n=1),
+        )
         text = ""
         try:
             async for chunk in stream_model(handle.generate, routed.model.id, routed.model.id,
                                             engine_request):
-                text += chunk.get("text", "")
+                if isinstance(chunk, Chunk):
+                    text += chunk.text
         except ApiError:
             return None
         text = " ".join(text.split())

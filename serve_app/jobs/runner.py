@@ -31,6 +31,7 @@ from typing import Any
 
 from sqlalchemy import true
 
+from deployments.protocol import MediaJob, MediaResult
 from serve_app.billing.holds import Billing, Hold
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost, PricedLine
@@ -198,10 +199,11 @@ class JobRunner:
                                code="INFERENCE_FAILED")
             inputs[name] = data
         method: Any = getattr(self.router.handle(model), METHOD_OF_KIND[job.kind])
-        out = await call_model(method, model.id, model.id, job.params, inputs)
+        out: MediaResult = await call_model(method, model.id, model.id,
+                                            MediaJob(dict(job.params), inputs))
         key = result_key(job.queue_id)
-        await self.results.put(key, out["media"], out["media_type"])
-        if not await self.queue.complete(job.queue_id, self.owner, key, out["media_type"]):
+        await self.results.put(key, out.media, out.media_type)
+        if not await self.queue.complete(job.queue_id, self.owner, key, out.media_type):
             logger.warning("job %s finished after its lease was lost: its new runner "
                            "settles it", job.queue_id)
             return

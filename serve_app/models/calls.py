@@ -2,7 +2,7 @@
 
 A full queue is 503 `MODEL_AT_CAPACITY` (Serve's `max_queued_requests` refuses rather than
 queueing without bound); a dead deployment is 503 `MODEL_OFFLINE`; an engine's own report of a
-bad input arrives as data (deployments/errors.py) and becomes that status.
+failure arrives as an `EngineError` value (deployments/protocol.py) and becomes that status.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from deployments.protocol import EngineError, TextEvent
 from serve_app.errors import ApiError, nest_errors
 from serve_app.metrics import metrics
 
@@ -25,21 +26,19 @@ class ModelFailed(ApiError):
     """The model could not answer (ours, not the client's fault): fallbacks may try another."""
 
 
-def engine_error_to_api(error: dict[str, Any]) -> ApiError:
-    status = int(error.get("status", 500))
-    message = str(error.get("message", "Inference failed"))
-    field = error.get("field")
+def engine_error_to_api(error: EngineError) -> ApiError:
+    status, message, field = error.status, error.message, error.field
     details = nest_errors([((field,) if field else (), message)]) if status == 400 else None
     cls = ModelFailed if status >= 500 else ApiError
-    return cls(status, message, code=error.get("code") or (
+    return cls(status, message, code=error.code or (
         "INVALID_REQUEST" if status == 400 else "INFERENCE_FAILED"), details=details)
 
 
 def raise_if_reported(answer: Any) -> None:
-    """An engine's own report of a failure, sent as data (deployments/errors.py), raised as
-    its ApiError."""
-    if isinstance(answer, dict) and "error" in answer:
-        raise engine_error_to_api(answer["error"])
+    """An engine's own report of a failure (an `EngineError` value), raised as its
+    ApiError."""
+    if isinstance(answer, EngineError):
+        raise engine_error_to_api(answer)
 
 
 def _translate(exc: BaseException, model_id: str) -> ApiError:
@@ -74,8 +73,9 @@ class _Timed:
                                  tags={"deployment": self.deployment, "model": self.model_id})
 
 
-async def call_model(method: Any, model_id: str, *args: Any) -> dict[str, Any]:
-    """`await handle.<method>.remote(*args)`, raising ApiError for any failure."""
+async def call_model(method: Any, model_id: str, *args: Any) -> Any:
+    """`await handle.<method>.remote(*args)`: its result object (deployments/protocol.py),
+    raising ApiError for any failure."""
     try:
         with _Timed(method, model_id):
             result = await method.remote(*args)
@@ -87,18 +87,18 @@ async def call_model(method: Any, model_id: str, *args: Any) -> dict[str, Any]:
     return result
 
 
-async def complete_model(method: Any, model_id: str, *args: Any) -> list[dict[str, Any]]:
-    """The chunks of a deployment method that answers a unary request in one reply; an error
-    chunk raises ApiError."""
-    chunks: list[dict[str, Any]] = await call_model(method, model_id, *args)
+async def complete_model(method: Any, model_id: str, *args: Any) -> list[TextEvent]:
+    """The chunks and usage of a deployment method that answers a unary request in one
+    reply; an EngineError among them raises ApiError."""
+    chunks: list[TextEvent] = await call_model(method, model_id, *args)
     for chunk in chunks:
         raise_if_reported(chunk)
     return chunks
 
 
-async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[dict[str, Any]]:
-    """Chunks of a streaming deployment method, which yields chunks or lists of them (see
-    deployments/streaming.py); an error chunk or failure raises ApiError."""
+async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[Any]:
+    """Items of a streaming deployment method, which yields items or lists of them (see
+    deployments/streaming.py); an EngineError or a failure raises ApiError."""
     try:
         with _Timed(method, model_id):
             async for piece in method.options(stream=True).remote(*args):

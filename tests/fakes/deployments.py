@@ -4,13 +4,14 @@ The Gateway calls a deployment as `await handle.<method>.remote(*args)` (serve_a
 `call_model`) or iterates `handle.<method>.options(stream=True).remote(*args)` (`stream_model`),
 and reads `deployment_name` for its metrics. Each fake here has those, answers with the shapes
 the real deployment (deployments/*.py) sends, deterministically and in microseconds, records
-every call it got, and can be switched to fail:
+every call it got, and can be switched to fail. Arguments and answers are the types of
+deployments/protocol.py, as with the real deployments:
 
     text = FakeTextDeployment("text-xs")
     text.fail_with(at_capacity())                      # Serve refuses: 503 MODEL_AT_CAPACITY
     text.fail_with(offline())                          # the replica died: 503 MODEL_OFFLINE
     text.fail_with(crashed())                          # the engine raised: 500 INFERENCE_FAILED
-    text.fail_with(reported(503, "busy", code="X"))    # the engine's own report, sent as data
+    text.fail_with(reported(503, "busy", code="X"))    # the engine's own report (EngineError)
     text.fail_with(at_capacity(), model_id="chat-a")   # only for one of its models
     text.fail_with(crashed(), after_pieces=2)          # a stream that breaks after 2 pieces
     text.recover()
@@ -38,9 +39,23 @@ from PIL import Image
 from ray.exceptions import ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
 
-Chunk = dict[str, Any]
-# An exception raised when the call is awaited, or an engine error sent back as data.
-Failure = BaseException | dict[str, Any]
+from deployments.protocol import (
+    Chunk,
+    Embeddings,
+    EngineError,
+    ImageRequest,
+    ImageResult,
+    MediaJob,
+    MediaResult,
+    Message,
+    TextEvent,
+    TextRequest,
+    Usage,
+    not_served,
+)
+
+# An exception raised when the call is awaited, or an engine error answered as a value.
+Failure = BaseException | EngineError
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
 
@@ -64,9 +79,9 @@ def crashed(message: str = "the engine crashed") -> RuntimeError:
 
 
 def reported(status: int, message: str, *, code: str | None = None,
-             field: str | None = None) -> dict[str, Any]:
-    """An engine's own report of a failure, as data (deployments/errors.py `engine_error`)."""
-    return {"error": {"status": status, "message": message, "code": code, "field": field}}
+             field: str | None = None) -> EngineError:
+    """An engine's own report of a failure (deployments/protocol.py `EngineError`)."""
+    return EngineError(status, message, code=code, field=field)
 
 
 # ---- the handle look-alike ---------------------------------------------------------------
@@ -141,7 +156,7 @@ class FakeDeployment:
     def __init__(self, deployment_name: str, models: list[str] | None = None) -> None:
         self.deployment_name = deployment_name
         # The model ids this deployment holds; None: any (a model it does not hold gets the
-        # real deployments' answer, `not_served`: a 404 as data).
+        # real deployments' answer, `not_served`: a 404 EngineError).
         self.models = set(models) if models is not None else None
         self.calls: list[Call] = []
         self._failures: dict[str | None, tuple[Failure, int]] = {}
@@ -163,8 +178,8 @@ class FakeDeployment:
     def fail_with(self, failure: Failure, *, model_id: str | None = None,
                   after_pieces: int = 0) -> None:
         """Fail every later call (for `model_id` only, when given) with `failure`: an exception
-        raised where Serve would raise it, or an error dict (`reported(...)`) answered as
-        data. `after_pieces`: a stream fails only after sending that many pieces (a unary
+        raised where Serve would raise it, or an EngineError (`reported(...)`) answered as a
+        value. `after_pieces`: a stream fails only after sending that many pieces (a unary
         call fails at once)."""
         self._failures[model_id] = (failure, after_pieces)
 
@@ -194,10 +209,10 @@ class FakeDeployment:
     def _failure_for(self, model_id: Any) -> tuple[Failure | None, int]:
         return self._failures.get(model_id, self._failures.get(None, (None, 0)))
 
-    def _not_served(self, model_id: Any) -> dict[str, Any] | None:
+    def _not_served(self, model_id: Any) -> EngineError | None:
         if self.models is None or model_id in self.models:
             return None
-        return reported(404, f"Model {model_id!r} is not served here", code="MODEL_NOT_FOUND")
+        return not_served(model_id)
 
     def _call(self, name: str, args: tuple[Any, ...], stream: bool
               ) -> _Response | _ResponseGenerator:
@@ -237,8 +252,8 @@ class FakeDeployment:
 
         return _Response(unary)
 
-    def _reported_answer(self, method: str, error: dict[str, Any]) -> Any:
-        """How the method answers an error as data (a list of chunks answers `[error]`)."""
+    def _reported_answer(self, method: str, error: EngineError) -> Any:
+        """How the method answers an error (a list of chunks answers `[error]`)."""
         return error
 
 
@@ -249,7 +264,7 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\S+\s*", text)
 
 
-def _message_text(message: dict[str, Any]) -> str:
+def _message_text(message: Message) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -258,7 +273,7 @@ def _message_text(message: dict[str, Any]) -> str:
     return ""
 
 
-def count_prompt_tokens(messages: list[dict[str, Any]]) -> int:
+def count_prompt_tokens(messages: list[Message]) -> int:
     """The fake's tokenizer: one token per word of each message, plus one per message (its
     role)."""
     return sum(len(_words(_message_text(m))) + 1 for m in messages)
@@ -281,7 +296,7 @@ class FakeTextDeployment(FakeDeployment):
         self.pieces = max(1, pieces)
 
     @property
-    def requests(self) -> list[dict[str, Any]]:
+    def requests(self) -> list[TextRequest]:
         """The engine requests of the calls so far, in order."""
         return [c.args[1] for c in self.calls if c.method in ("generate", "complete")]
 
@@ -290,61 +305,64 @@ class FakeTextDeployment(FakeDeployment):
         words = len(_words(self.reply))
         return min(words, max_tokens) if max_tokens else words
 
-    def _chunks(self, request: dict[str, Any]) -> list[Chunk]:
-        sampling = request.get("sampling") or {}
-        n = int(sampling.get("n") or 1)
+    def _chunks(self, request: TextRequest) -> list[TextEvent]:
+        assert isinstance(request, TextRequest), request
+        n = request.sampling.n
         words = _words(self.reply)
-        limit = sampling.get("max_tokens")
+        limit = request.sampling.max_tokens
         finish = "stop"
         if limit is not None and len(words) > limit:
             words, finish = words[:limit], "length"
         size = max(1, -(-len(words) // self.pieces))
         groups = [words[i:i + size] for i in range(0, len(words), size)] or [[]]
-        prompt = count_prompt_tokens(request.get("messages") or [])
-        chunks: list[Chunk] = []
+        prompt = count_prompt_tokens(request.messages)
+        chunks: list[TextEvent] = []
         for index in range(n):
             for g, group in enumerate(groups):
-                chunks.append({"index": index, "text": "".join(group), "tokens": len(group),
-                               "finish_reason": finish if g == len(groups) - 1 else None,
-                               "logprobs": None})
-        chunks[0]["prompt_tokens"] = prompt  # the real engine puts it on the first chunk
-        chunks.append({"usage": {"prompt_tokens": prompt,
-                                 "completion_tokens": n * sum(len(g) for g in groups)}})
+                chunks.append(Chunk(
+                    index=index, text="".join(group), tokens=len(group),
+                    finish_reason=finish if g == len(groups) - 1 else None,
+                    # the real engine puts the prompt's count on the first chunk
+                    prompt_tokens=prompt if not chunks else None))
+        chunks.append(Usage(prompt_tokens=prompt,
+                            completion_tokens=n * sum(len(g) for g in groups)))
         return chunks
 
-    async def _generate(self, model_id: str, request: dict[str, Any]
-                        ) -> AsyncIterator[list[Chunk]]:
+    async def _generate(self, model_id: str, request: TextRequest
+                        ) -> AsyncIterator[list[TextEvent]]:
         for chunk in self._chunks(request):
             await asyncio.sleep(0)
             yield [chunk]  # the real deployment yields lists (deployments/streaming.py)
 
-    async def _complete(self, model_id: str, request: dict[str, Any]) -> list[Chunk]:
+    async def _complete(self, model_id: str, request: TextRequest) -> list[TextEvent]:
         return _merge(self._chunks(request))
 
     async def _stats(self) -> dict[str, dict[str, Any]]:
         return {}
 
-    def _reported_answer(self, method: str, error: dict[str, Any]) -> Any:
+    def _reported_answer(self, method: str, error: EngineError) -> Any:
         return [error] if method == "complete" else error
 
 
-def _merge(chunks: list[Chunk]) -> list[Chunk]:
+def _merge(events: list[TextEvent]) -> list[TextEvent]:
     """Consecutive chunks of one choice as one (what `complete` answers)."""
-    out: list[Chunk] = []
-    open_by_index: dict[int, Chunk] = {}
-    for chunk in chunks:
-        index = chunk.get("index")
-        if index is None:
-            out.append(dict(chunk))
+    out: list[TextEvent] = []
+    position_of: dict[int, int] = {}
+    for event in events:
+        if not isinstance(event, Chunk):
+            out.append(event)
             continue
-        current = open_by_index.get(index)
-        if current is None:
-            current = open_by_index[index] = dict(chunk)
-            out.append(current)
+        position = position_of.get(event.index)
+        if position is None:
+            position_of[event.index] = len(out)
+            out.append(event)
             continue
-        current["text"] += chunk["text"]
-        current["tokens"] += chunk["tokens"]
-        current["finish_reason"] = chunk["finish_reason"]
+        current = out[position]
+        assert isinstance(current, Chunk)
+        out[position] = Chunk(index=current.index, text=current.text + event.text,
+                              tokens=current.tokens + event.tokens,
+                              finish_reason=event.finish_reason,
+                              prompt_tokens=current.prompt_tokens)
     return out
 
 
@@ -377,10 +395,10 @@ class FakeEmbeddingDeployment(FakeDeployment):
         v = np.random.default_rng(seed).standard_normal(self.dimensions_of(model_id))
         return (v / np.linalg.norm(v)).astype(np.float32)
 
-    async def _embed(self, model_id: str, texts: list[str]) -> dict[str, Any]:
-        return {"vectors": np.stack([self.vector(model_id, t) for t in texts]),
-                "tokens": [self.tokens_of(t) for t in texts],
-                "max_seq_length": self.max_seq_length, "replica_ms": 1.0}
+    async def _embed(self, model_id: str, texts: list[str]) -> Embeddings:
+        return Embeddings(vectors=np.stack([self.vector(model_id, t) for t in texts]),
+                          tokens=[self.tokens_of(t) for t in texts],
+                          max_seq_length=self.max_seq_length, replica_ms=1.0)
 
     async def _dimensions(self, model_id: str) -> int:
         return self.dimensions_of(model_id)
@@ -401,8 +419,8 @@ def encode_image(image: Image.Image, fmt: str) -> bytes:
 
 
 class FakeImageDeployment(FakeDeployment):
-    """An image deployment (deployments/image.py): `run(model_id, images, params, fmt)`
-    answers real images made with Pillow in `fmt`: the input scaled by `params["scale"]`
+    """An image deployment (deployments/image.py): `run(model_id, ImageRequest)` answers
+    real images made with Pillow in the request's format: the input scaled by `params["scale"]`
     (upscale), the input's size with an alpha channel (no prompt: background removal), or
     `params` width x height (edits and generation), `variants` of them."""
 
@@ -425,10 +443,12 @@ class FakeImageDeployment(FakeDeployment):
             return inputs[0].size
         return 64, 64
 
-    async def _run(self, model_id: str, images: list[bytes], params: dict[str, Any],
-                   fmt: str) -> dict[str, Any]:
+    async def _run(self, model_id: str, request: ImageRequest) -> ImageResult | EngineError:
+        assert isinstance(request, ImageRequest), request
+        assert len(request.fields) == len(request.images)
+        params, fmt = request.params, request.format
         try:
-            inputs = [Image.open(io.BytesIO(data)) for data in images]
+            inputs = [Image.open(io.BytesIO(data)) for data in request.images]
         except Exception:
             return reported(400, "image could not be read: not a PNG, JPEG or WebP file",
                             code="CORRUPTED_IMAGE", field="image")
@@ -437,8 +457,8 @@ class FakeImageDeployment(FakeDeployment):
         colour = (*self.COLOUR, 255) if mode == "RGBA" else self.COLOUR
         made = Image.new(mode, (width, height), colour)
         count = int(params.get("variants") or 1)
-        return {"images": [encode_image(made, fmt) for _ in range(count)], "width": width,
-                "height": height, "blurred": self.blurred, "replica_ms": 1.0}
+        return ImageResult(images=[encode_image(made, fmt) for _ in range(count)], width=width,
+                           height=height, blurred=self.blurred, replica_ms=1.0)
 
 
 # ---- video -------------------------------------------------------------------------------
@@ -463,8 +483,8 @@ def encode_mp4(width: int, height: int, frames: int, fps: float) -> bytes:
 
 
 class FakeVideoDeployment(FakeDeployment):
-    """A video deployment (deployments/video.py): `generate(model_id, params, inputs)` answers
-    a real MP4 of the job's size and length (`params` width, height, seconds, fps), kept
+    """A video deployment (deployments/video.py): `generate(model_id, MediaJob)` answers a
+    real MP4 of the job's size and length (its params' width, height, seconds, fps), kept
     small: at most `max_side` pixels a side and `max_frames` frames."""
 
     METHODS = ("generate",)
@@ -477,15 +497,16 @@ class FakeVideoDeployment(FakeDeployment):
         self.max_frames = max_frames
         self.made: list[bytes] = []
 
-    async def _generate(self, model_id: str, params: dict[str, Any],
-                        inputs: dict[str, bytes]) -> dict[str, Any]:
+    async def _generate(self, model_id: str, job: MediaJob) -> MediaResult:
+        assert isinstance(job, MediaJob), job
+        params = job.params
         width, height = int(params.get("width") or 64), int(params.get("height") or 64)
         shrink = max(1.0, max(width, height) / self.max_side)
         fps = float(params.get("fps") or 8)
         frames = max(1, min(self.max_frames, round(float(params.get("seconds") or 1) * fps)))
         media = encode_mp4(round(width / shrink), round(height / shrink), frames, fps)
         self.made.append(media)
-        return {"media": media, "media_type": "video/mp4", "replica_ms": 1.0}
+        return MediaResult(media=media, media_type="video/mp4", replica_ms=1.0)
 
 
 # ---- a fleet for a catalog ---------------------------------------------------------------

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from deployments.protocol import Chunk, EngineError, Usage
 from serve_app.errors import ApiError
 from serve_app.models.calls import ModelFailed, call_model, complete_model
 from serve_app.models.catalog import CatalogModel
@@ -53,20 +54,18 @@ def test_an_engine_crash_is_500_without_details():
 
 def test_an_engine_report_of_a_bad_input_is_a_400_detailed_error():
     with pytest.raises(ApiError) as err:
-        _call({"error": {"status": 400, "message": "too long", "code": "TOO_MANY_TOKENS",
-                         "field": "max_tokens"}})
+        _call(EngineError(400, "too long", code="TOO_MANY_TOKENS", field="max_tokens"))
     assert not isinstance(err.value, ModelFailed)  # the client's mistake: no fallback
     assert err.value.body()["details"]["max_tokens"]["_errors"] == ["too long"]
 
 
 def test_a_unary_answer_comes_back_whole_and_its_error_chunk_is_the_clients_error():
-    chunks = [{"index": 0, "text": "Hello", "tokens": 1, "finish_reason": "length"},
-              {"usage": {"prompt_tokens": 3, "completion_tokens": 1}}]
-    assert asyncio.run(complete_model(_Method(chunks), "m1", "m1", {})) == chunks
+    chunks = [Chunk(index=0, text="Hello", tokens=1, finish_reason="length"),
+              Usage(prompt_tokens=3, completion_tokens=1)]
+    assert asyncio.run(complete_model(_Method(chunks), "m1", "m1", None)) == chunks
     with pytest.raises(ApiError) as err:
-        asyncio.run(complete_model(_Method([{"error": {
-            "status": 400, "message": "too long", "code": "TOO_MANY_TOKENS",
-            "field": "max_tokens"}}]), "m1", "m1", {}))
+        asyncio.run(complete_model(_Method([EngineError(
+            400, "too long", code="TOO_MANY_TOKENS", field="max_tokens")]), "m1", "m1", None))
     assert (err.value.status, err.value.code) == (400, "TOO_MANY_TOKENS")
     assert not isinstance(err.value, ModelFailed)
 

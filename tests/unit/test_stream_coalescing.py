@@ -7,28 +7,26 @@ import copy
 import itertools
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
+from deployments.protocol import Chunk, EngineError, TextEvent, Usage
 from deployments.streaming import coalesce, merge
-
-Chunk = dict[str, Any]
 
 
 def text(index: int, piece: str, *, tokens: int = 1, finish: str | None = None,
-         logprobs: list | None = None, **extra: Any) -> Chunk:
-    return {"index": index, "text": piece, "tokens": tokens, "finish_reason": finish,
-            "logprobs": logprobs, **extra}
+         logprobs: list | None = None, prompt_tokens: int | None = None) -> Chunk:
+    return Chunk(index=index, text=piece, tokens=tokens, finish_reason=finish,
+                 logprobs=logprobs, prompt_tokens=prompt_tokens)
 
 
-async def collect(gen: AsyncIterator[list[Chunk]]) -> list[tuple[float, list[Chunk]]]:
+async def collect(gen: AsyncIterator[list[TextEvent]]) -> list[tuple[float, list[TextEvent]]]:
     """Every list with the time the consumer received it."""
     return [(time.monotonic(), chunks) async for chunks in gen]
 
 
-def texts_in_order(lists: list[list[Chunk]]) -> str:
-    return "".join(c["text"] for chunks in lists for c in chunks if "text" in c)
+def texts_in_order(lists: list[list[TextEvent]]) -> str:
+    return "".join(c.text for chunks in lists for c in chunks if isinstance(c, Chunk))
 
 
 # merge
@@ -41,21 +39,21 @@ def test_merge_joins_consecutive_text_chunks_of_one_choice():
         text(0, " world", tokens=1, finish="stop", logprobs=[{"t": " world"}],
              prompt_tokens=99),
     ]
-    assert merge(chunks) == [{
-        "index": 0, "text": "Hello world", "tokens": 4, "finish_reason": "stop",
-        "logprobs": [{"t": "Hel"}, {"t": "l"}, {"t": "o"}, {"t": " world"}],
-        "prompt_tokens": 7,
-    }]
+    assert merge(chunks) == [Chunk(
+        index=0, text="Hello world", tokens=4, finish_reason="stop",
+        logprobs=[{"t": "Hel"}, {"t": "l"}, {"t": "o"}, {"t": " world"}],
+        prompt_tokens=7,
+    )]
 
 
 def test_merge_keeps_the_last_finish_reason_and_no_logprobs_when_none_were_asked():
     merged = merge([text(0, "a"), text(0, "b"), text(0, "c", finish="length")])
     assert merged == [text(0, "abc", tokens=3, finish="length")]
-    assert merged[0]["logprobs"] is None
+    assert merged[0].logprobs is None
 
 
 def test_merge_keeps_usage_error_and_other_choices_chunks_as_they_are_in_order():
-    usage = {"usage": {"prompt_tokens": 5, "completion_tokens": 4}}
+    usage = Usage(prompt_tokens=5, completion_tokens=4)
     chunks = [
         text(0, "A", prompt_tokens=5),
         text(1, "x"),
@@ -72,7 +70,7 @@ def test_merge_keeps_usage_error_and_other_choices_chunks_as_they_are_in_order()
     ]
     assert merged[2] is usage
 
-    error = {"error": {"status": 400, "message": "bad"}}
+    error = EngineError(400, "bad")
     assert merge([error]) == [error]
     assert merge([error])[0] is error
 
@@ -84,7 +82,7 @@ def test_merge_starts_a_new_chunk_after_a_finished_one_of_the_same_index():
 
 def test_merge_leaves_the_chunks_it_was_given_unchanged():
     chunks = [text(0, "a", logprobs=[1], prompt_tokens=3), text(0, "b", logprobs=[2]),
-              {"usage": {"prompt_tokens": 3, "completion_tokens": 2}}]
+              Usage(prompt_tokens=3, completion_tokens=2)]
     before = copy.deepcopy(chunks)
     merge(chunks)
     assert chunks == before
@@ -97,7 +95,7 @@ async def test_coalesce_yields_the_first_chunk_at_once_and_alone():
     produced: list[int] = []
     go_on = asyncio.Event()
 
-    async def slow_source() -> AsyncIterator[Chunk]:
+    async def slow_source() -> AsyncIterator[TextEvent]:
         for i in range(3):
             if i:
                 await go_on.wait()  # the engine takes its time for the next token
@@ -117,12 +115,11 @@ async def test_coalesce_yields_the_first_chunk_at_once_and_alone():
 async def test_coalesce_merges_chunks_produced_quickly_into_fewer_lists_keeping_all_text():
     count = 60
 
-    async def fast_source() -> AsyncIterator[Chunk]:
+    async def fast_source() -> AsyncIterator[TextEvent]:
         for i in range(count):
             await asyncio.sleep(0.001)
-            first = {"prompt_tokens": 11} if i == 0 else {}
-            yield text(0, f"{i},", tokens=2, **first)
-        yield {"usage": {"prompt_tokens": 11, "completion_tokens": 2 * count}}
+            yield text(0, f"{i},", tokens=2, prompt_tokens=11 if i == 0 else None)
+        yield Usage(prompt_tokens=11, completion_tokens=2 * count)
 
     received = [chunks for _, chunks in await collect(coalesce(fast_source(), 0.02))]
 
@@ -130,17 +127,17 @@ async def test_coalesce_merges_chunks_produced_quickly_into_fewer_lists_keeping_
     assert len(received) < count / 2
     assert texts_in_order(received) == "".join(f"{i}," for i in range(count))
     all_chunks = [c for chunks in received for c in chunks]
-    assert sum(c.get("tokens", 0) for c in all_chunks) == 2 * count
-    assert all_chunks[-1] == {"usage": {"prompt_tokens": 11, "completion_tokens": 2 * count}}
-    assert sum("prompt_tokens" in c for c in all_chunks) == 1
+    assert sum(c.tokens for c in all_chunks if isinstance(c, Chunk)) == 2 * count
+    assert all_chunks[-1] == Usage(prompt_tokens=11, completion_tokens=2 * count)
+    assert sum(isinstance(c, Chunk) and c.prompt_tokens is not None for c in all_chunks) == 1
     for chunks in received:  # within one list, one merged chunk per choice
-        assert len([c for c in chunks if "text" in c]) <= 1
+        assert len([c for c in chunks if isinstance(c, Chunk)]) <= 1
 
 
 async def test_coalesce_yields_at_most_one_list_per_min_interval_after_the_first():
     interval = 0.02
 
-    async def fast_source() -> AsyncIterator[Chunk]:
+    async def fast_source() -> AsyncIterator[TextEvent]:
         for i in range(150):
             await asyncio.sleep(0.001)
             yield text(0, str(i % 10))
@@ -156,14 +153,14 @@ async def test_coalesce_yields_at_most_one_list_per_min_interval_after_the_first
 
 
 async def test_coalesce_raises_the_source_error_after_the_chunks_before_it():
-    async def failing_source() -> AsyncIterator[Chunk]:
+    async def failing_source() -> AsyncIterator[TextEvent]:
         yield text(0, "a")
         await asyncio.sleep(0.005)
         yield text(0, "b")
         await asyncio.sleep(0.1)  # the failure comes in an interval of its own
         raise ValueError("engine died")
 
-    received: list[list[Chunk]] = []
+    received: list[list[TextEvent]] = []
     with pytest.raises(ValueError, match="engine died"):
         async for chunks in coalesce(failing_source(), 0.02):
             received.append(chunks)
@@ -171,14 +168,14 @@ async def test_coalesce_raises_the_source_error_after_the_chunks_before_it():
 
 
 async def test_coalesce_yields_the_chunks_produced_just_before_a_source_error_before_raising_it():
-    async def failing_source() -> AsyncIterator[Chunk]:
+    async def failing_source() -> AsyncIterator[TextEvent]:
         yield text(0, "a")
         await asyncio.sleep(0.005)
         yield text(0, "b")
         yield text(0, "c")  # produced within the same interval as the failure
         raise ValueError("engine died")
 
-    received: list[list[Chunk]] = []
+    received: list[list[TextEvent]] = []
     with pytest.raises(ValueError, match="engine died"):
         async for chunks in coalesce(failing_source(), 0.02):
             received.append(chunks)
@@ -189,7 +186,7 @@ async def test_closing_coalesce_early_cancels_the_source_and_leaves_no_task_runn
     seen: list[str] = []
     tasks_before = asyncio.all_tasks()
 
-    async def endless_source() -> AsyncIterator[Chunk]:
+    async def endless_source() -> AsyncIterator[TextEvent]:
         try:
             i = 0
             while True:

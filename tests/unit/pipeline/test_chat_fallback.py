@@ -32,8 +32,8 @@ def test_a_fallback_answers_when_the_primary_is_at_capacity(fake_gateway, fakes,
     assert [c.model_id for c in fakes["text-s"].calls] == ["chat-fallback"]
     # the fallback gets its own sampling (its catalog default), the same prompt
     primary, fallback = fakes["text-xs"].requests[0], fakes["text-s"].requests[0]
-    assert fallback["messages"] == primary["messages"]
-    assert fallback["sampling"]["temperature"] == 0.7
+    assert fallback.messages == primary.messages
+    assert fallback.sampling.temperature == 0.7
 
 
 def test_a_fallback_answer_is_charged_at_the_fallbacks_price(fake_gateway, fakes, key, books):

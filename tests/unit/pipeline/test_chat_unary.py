@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from deployments.protocol import TextRequest
 from tests.fakes import count_prompt_tokens
 from tests.unit.pipeline.books import per_million
 
@@ -24,7 +25,7 @@ def test_unary_chat_answers_the_models_reply_and_its_measured_usage(fake_gateway
     assert body["object"] == "chat.completion" and body["model"] == "chat-primary"
     assert body["choices"] == [{"index": 0, "finish_reason": "stop", "logprobs": None,
                                 "message": {"role": "assistant", "content": text.reply}}]
-    prompt = count_prompt_tokens(text.requests[-1]["messages"])
+    prompt = count_prompt_tokens(text.requests[-1].messages)
     assert body["usage"]["prompt_tokens"] == prompt
     assert body["usage"]["completion_tokens"] == text.completion_tokens()
     assert body["usage"]["total_tokens"] == prompt + text.completion_tokens()
@@ -38,12 +39,13 @@ def test_unary_chat_sends_the_composed_prompt_and_the_models_sampling(fake_gatew
     (call,) = fakes["text-xs"].calls
     assert (call.method, call.model_id, call.stream) == ("complete", "chat-primary", False)
     request = call.args[1]
-    assert request["request_id"] == resp.headers["cf-ray"]
-    assert request["messages"] == [
+    assert isinstance(request, TextRequest)
+    assert request.request_id == resp.headers["cf-ray"]
+    assert request.messages == [
         {"role": "system", "content": "You are the pipeline test assistant."},
         {"role": "user", "content": "Name a fast fox"}]
-    assert request["sampling"]["temperature"] == 0.3  # the catalog's default
-    assert request["sampling"]["max_tokens"] == 5
+    assert request.sampling.temperature == 0.3  # the catalog's default
+    assert request.sampling.max_tokens == 5
     assert resp.json()["choices"][0]["finish_reason"] == "length"
     assert resp.json()["usage"]["completion_tokens"] == 5
 

@@ -8,6 +8,7 @@ import io
 import pytest
 from PIL import Image
 
+from deployments.protocol import ImageRequest
 from tests.fakes import at_capacity, reported
 from tests.unit.pipeline.books import nanos
 
@@ -39,9 +40,11 @@ def test_upscale_answers_the_models_png_with_the_model_headers(fake_gateway, fak
     assert resp.headers["x-service-upscale-factor"] == "2"
     assert resp.headers["x-service-balance-usd"] == "10"
     (call,) = fakes["image-upscale"].calls
-    model_id, images, params, fmt = call.args
-    assert (model_id, images, fmt) == ("upscaler", [source], "png")
-    assert params["scale"] == 2
+    model_id, request = call.args
+    assert isinstance(request, ImageRequest)
+    assert (model_id, request.images, request.fields, request.format) == (
+        "upscaler", [source], ["image"], "png")
+    assert request.params["scale"] == 2
 
 
 @pytest.mark.parametrize(("scale", "tier"), [(2, "2x"), (3, "4x"), (4, "4x")])

@@ -9,6 +9,7 @@ import time
 
 import av
 
+from deployments.protocol import MediaJob
 from tests.fakes import crashed
 from tests.unit.pipeline.books import nanos
 
@@ -56,9 +57,10 @@ def test_a_queued_video_is_made_by_the_runner_and_retrieved_as_mp4(fake_gateway,
     with av.open(io.BytesIO(done.content)) as clip:
         assert clip.streams.video[0].codec_context.name == "h264"
     (call,) = fakes["video-generation"].calls
-    model_id, params, inputs = call.args
-    assert (call.method, model_id, inputs) == ("generate", "clip-maker", {})
-    assert params["prompt"] == JOB["prompt"] and params["seconds"] == 2
+    model_id, job = call.args
+    assert isinstance(job, MediaJob)
+    assert (call.method, model_id, job.inputs) == ("generate", "clip-maker", {})
+    assert job.params["prompt"] == JOB["prompt"] and job.params["seconds"] == 2
 
 
 def test_a_queued_video_holds_its_quote_while_made_then_is_charged_it(fake_gateway, fakes,
