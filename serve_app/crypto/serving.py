@@ -5,8 +5,8 @@ The steps of one request:
 
 1. the network must be one we offer (node URLs come only from the operator's config);
 2. the body is parsed and checked: a JSON-RPC 2.0 object or a batch of 1 to 100 of them,
-   every method allowed on the network's chain family (methods.py), or 400 naming each
-   offending method; nothing is counted or charged;
+   every method allowed on the network's chain family (methods.py), no two calls of a batch
+   sharing an id, or 400 naming each offending method or id; nothing is counted or charged;
 3. the caller's caps (per account, as the reference's per-user caps): requests per minute in
    the shared rate-limit backend (429 with `X-RateLimit-*`), then credits per rolling 24 hours
    from the ledger (429); each 429 carries a `customMessage` naming the cap;
@@ -130,9 +130,28 @@ def _item_problems(item: Any, path: tuple[int, ...]) -> list[tuple[tuple, str]]:
     return problems
 
 
+def _refuse_duplicate_ids(items: list[dict]) -> None:
+    """400 when two calls of a batch share an id (same type and value: 1 and "1" differ):
+    their answers could not be told apart, nor an error matched to its call. Notifications
+    (no `id` member) are not counted."""
+    seen: dict[tuple[str, Any], list[int]] = {}
+    for i, item in enumerate(items):
+        if "id" in item:
+            seen.setdefault(_id_key(item["id"]), []).append(i)
+    duplicates = {key: where for key, where in seen.items() if len(where) > 1}
+    if not duplicates:
+        return
+    ids = ", ".join(json.dumps(value) for _, value in duplicates)
+    what = "Duplicate id" if len(duplicates) == 1 else "Duplicate ids"
+    raise _bad_request(f"{what} in the batch: {ids}; each call needs its own id",
+                       [((i, "id"), f"Duplicate id {json.dumps(key[1])}")
+                        for key, where in duplicates.items() for i in where])
+
+
 def parse_request(raw: bytes, network: Network) -> RpcRequest:
     """The checked request, or 400: empty body, malformed JSON, not a JSON-RPC object or batch,
-    a batch empty or over 100, a malformed call, or methods not offered (all of them named)."""
+    a batch empty or over 100, a malformed call, calls of a batch sharing an id, or methods not
+    offered (all of them named)."""
     if not raw.strip():
         raise _bad_request("Request body is empty: send a JSON-RPC 2.0 request object or a "
                            f"batch (array) of up to {MAX_BATCH}",
@@ -161,6 +180,8 @@ def parse_request(raw: bytes, network: Network) -> RpcRequest:
                 for p in _item_problems(item, (i,) if batch else ())]
     if problems:
         raise _bad_request("Invalid JSON-RPC request", problems)
+    if batch:
+        _refuse_duplicate_ids(items)
 
     calls: list[Call] = []
     refused: list[tuple[tuple, Refusal]] = []

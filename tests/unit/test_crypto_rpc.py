@@ -286,6 +286,39 @@ def test_empty_and_malformed_bodies(gw: Gateway, node: RpcNode) -> None:
     assert node.requests == []
 
 
+def test_a_batch_with_duplicate_ids_is_refused_uncounted_and_uncharged(
+        tmp_path: Path, node: RpcNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attack: two calls share an id, so their answers cannot be told apart and an error
+    answer could be matched to the cheaper call (billing the expensive one at 5 credits)."""
+    notification = {"jsonrpc": "2.0", "method": "eth_chainId", "params": []}
+    for gw in rpc_gateway(tmp_path, node, monkeypatch,
+                          limits={"requests_per_minute": 1, "credits_per_day": 10_000}):
+        before = usd_nanos(gw)
+        for body in ([call("eth_getLogs", id=7), call("eth_chainId", id=7)],
+                     [call("eth_chainId", id="a"), notification, call("eth_chainId", id=2),
+                      call("eth_blockNumber", id="a"), call("eth_chainId", id=2)]):
+            resp = post(gw, "ethereum-mainnet", body)
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["code"] == "INVALID_REQUEST"
+            assert "x-venice-rpc-credits" not in resp.headers
+        error = resp.json()
+        assert error["error"] == ('Duplicate ids in the batch: "a", 2; each call needs its '
+                                  "own id")
+        assert error["details"]["0"]["id"]["_errors"] == ['Duplicate id "a"']
+        assert error["details"]["4"]["id"]["_errors"] == ["Duplicate id 2"]
+        assert "1" not in error["details"]  # the notification
+        assert node.requests == []
+        assert usd_nanos(gw) == before
+        # Nothing was counted: the one request of the minute is still there, and 1 and "1"
+        # are different ids, notifications (no id) share none.
+        resp = post(gw, "ethereum-mainnet",
+                    [call("eth_chainId", id=1), call("eth_chainId", id="1"), notification,
+                     notification])
+        assert resp.status_code == 200, resp.text
+        assert len(node.requests) == 1
+        assert post(gw, "ethereum-mainnet", call("eth_chainId")).status_code == 429
+
+
 # --- the node failing: 500, nothing charged -------------------------------------------------
 
 def test_upstream_down_is_a_clear_500_and_costs_nothing(gw: Gateway) -> None:
