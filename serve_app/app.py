@@ -18,7 +18,7 @@ from ray.serve.deployment import Application
 from deployments.registry import MODEL_DEPLOYMENTS, bind
 from deployments.weights.registry import check_weights
 from serve_app.accounts.key_events import KeyEventHub, ServeKeyEvents
-from serve_app.accounts.provisioning import bootstrap
+from serve_app.accounts.provisioning import bootstrap, show_admin_key
 from serve_app.gateway import create_prefixed_app
 from serve_app.models.catalog import load_catalog
 from serve_app.services import GatewayServices
@@ -81,8 +81,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     app_args = AppArgs.model_validate(args or {})
     settings = Settings(**app_args.settings)
     result = bootstrap(settings)
-    if result.generated_admin_key:
-        logger.warning("First admin key (shown once): %s", result.generated_admin_key)
+    show_admin_key(result)  # on the terminal only, never through logging
     catalog = load_catalog(settings.model_catalog)
 
     wanted = app_args.model_deployments

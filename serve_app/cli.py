@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 from serve_app import characters
 from serve_app.accounts import keys as service
 from serve_app.accounts.key_store import mark_account_keys_changed
-from serve_app.accounts.provisioning import bootstrap
+from serve_app.accounts.provisioning import bootstrap, show_admin_key
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
 from serve_app.errors import ApiError
@@ -136,8 +136,7 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
     args = _parser().parse_args(argv)
     settings = settings or Settings()
     result = bootstrap(settings)
-    if result.generated_admin_key:
-        print(f"First admin key (shown once): {result.generated_admin_key}", file=sys.stderr)
+    show_admin_key(result, terminal_only=False)  # stderr (stdout is the JSON answer)
     engine = make_engine(settings.resolved_database_url)
     try:
         with Session(engine, expire_on_commit=False) as session:

@@ -6,8 +6,11 @@ otherwise a generated key that is shown once to the operator.
 
 from __future__ import annotations
 
+import logging
 import secrets
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
 
 from sqlalchemy import func
 from sqlmodel import Session, select
@@ -17,6 +20,8 @@ from serve_app.db.engine import make_engine, migrate
 from serve_app.db.tables import Account, AccountKind, ApiKey, ApiKeyType, ServerSecret
 from serve_app.money import to_nanos
 from serve_app.settings import Settings
+
+logger = logging.getLogger("serve_app.accounts.provisioning")
 
 MIN_ADMIN_KEY_LENGTH = 20
 
@@ -39,7 +44,28 @@ def ensure_secret(session: Session, name: str) -> str:
 class BootstrapResult:
     created: bool
     account_id: str
-    generated_admin_key: str | None  # shown once, never stored
+    # Shown once (show_admin_key), never stored, never logged: kept out of the repr.
+    generated_admin_key: str | None = field(repr=False)
+
+
+def show_admin_key(result: BootstrapResult, stream: TextIO | None = None, *,
+                   terminal_only: bool = True) -> None:
+    """Show a generated first admin key once to the person starting the platform: printed on
+    `stream` (stderr by default), never through `logging` (Ray writes replica and driver logs
+    to files). With `terminal_only`, only when `stream` is a terminal: where it is not (a Serve
+    config deployed by the controller, output redirected to a file), a notice without the key
+    is logged and the operator makes a key with `inference-admin create-key`."""
+    if not result.generated_admin_key:
+        return
+    stream = stream or sys.stderr
+    if terminal_only and not stream.isatty():
+        logger.warning("A first admin key was generated for account %s but no terminal is "
+                       "attached to show it: create one with `inference-admin create-key "
+                       "--account %s --type ADMIN`, or set ADMIN_API_KEY before the first start",
+                       result.account_id, result.account_id)
+        return
+    print(f"\n  First admin API key (shown once, store it now):\n"
+          f"    {result.generated_admin_key}\n", file=stream, flush=True)
 
 
 def bootstrap(settings: Settings) -> BootstrapResult:
