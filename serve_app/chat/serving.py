@@ -111,7 +111,8 @@ class ChatPlan:
     async def release(self) -> None:
         """Give the hold back: the request failed before, or on our side of, the work."""
         if self.charge is not None:
-            await self.charge.release()
+            # The completion counted at admission was never generated (or not delivered).
+            await self.charge.release(tokens=prompt_estimate(self.req))
 
     async def finish_charge(self) -> None:
         """Settle with the measured cost of what was sent, and correct the rate-limit count
@@ -161,9 +162,7 @@ def _sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
             temperature = max(temperature, req.min_temp)
         if req.max_temp is not None:
             temperature = min(temperature, req.max_temp)
-    max_tokens = req.completion_limit
-    if model.max_completion_tokens:
-        max_tokens = min(max_tokens or model.max_completion_tokens, model.max_completion_tokens)
+    max_tokens = completion_limit(req, model)
     return Sampling(
         temperature=temperature,
         top_p=req.top_p if req.top_p is not None else defaults.get("top_p"),
@@ -231,8 +230,9 @@ class ChatService:
         any error of the request. The hold (for the model and its fallbacks) is taken once the
         request is known to be valid, before any work (characters, web search, the model)."""
         primary = self.router.resolve(req.model, "text")
-        pending = self.admission.start(ctx, key, primary.model, prompt_estimate(req),
-                                  feature_budget=True)
+        pending = self.admission.start(ctx, key, primary.model,
+                                       admission_tokens(req, primary.model),
+                                       feature_budget=True)
         try:
             candidates = [primary] + [self.router.resolve(f.model, "text")
                                       for f in req.fallbacks or []]
@@ -369,6 +369,26 @@ class ChatService:
 def prompt_estimate(req: ChatCompletionRequest) -> int:
     """Tokens of a prompt before it is tokenised: about four bytes per token."""
     return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
+
+
+def completion_limit(req: ChatCompletionRequest, model: CatalogModel) -> int | None:
+    """The most tokens one choice may generate on `model`: the request's `max_tokens` (or
+    `max_completion_tokens`) capped by the model's, the model's cap when the request sets
+    none; None: no limit but the context."""
+    limit = req.completion_limit
+    if model.max_completion_tokens:
+        limit = min(limit or model.max_completion_tokens, model.max_completion_tokens)
+    return limit
+
+
+def admission_tokens(req: ChatCompletionRequest, model: CatalogModel) -> int:
+    """The tokens a request counts toward tokens-per-minute when admitted: the prompt's
+    estimate plus the most the answer may generate (the completion limit, or the context
+    length when there is none, for each of the `n` choices), so that a key cannot ask for more
+    than its limit in one request. After the answer the count is corrected to the measured
+    total; a request that fails keeps only its prompt estimate counted."""
+    output = completion_limit(req, model) or model.context_length or 0
+    return prompt_estimate(req) + output * req.n
 
 
 def chunks_with_first(first: TextEvent, rest: AsyncIterator[TextEvent]

@@ -166,9 +166,21 @@ class RateLimits:
     async def admit(self, key: KeyRecord, model: CatalogModel, tokens: int, *,
                     feature_budget: bool = False) -> Ticket | None:
         """Admit a request for `model` (budgets, then requests and tokens per minute) or raise
-        429. `tokens` is the prompt estimate; `feature_budget`: the route counts
-        unsupported-feature requests (chat, responses). None: the model is not rate limited."""
+        429. `tokens`: the most the request may use (chat: the prompt estimate and its
+        completion limit); more than the tokens per minute is refused outright.
+        `feature_budget`: the route counts unsupported-feature requests (chat, responses).
+        None: the model is not rate limited."""
         limits, bucket = self._bucket(key, model)
+        tpm = limits.tokens_per_minute
+        if tpm and tokens > tpm:
+            # Could never fit, even in an empty window (which the backend's rule would admit
+            # whatever its size): refused without counting, whatever the key's count.
+            self._log(key, model.id, limits.tier, "TPM")
+            metrics().limiter.inc(tags={"outcome": "refused_tpm"})
+            raise RateLimited(f"Rate limit exceeded: this request may use up to {tokens} tokens "
+                              f"(its prompt and max_tokens for each choice), more than the {tpm} "
+                              f"tokens per minute for model {model.id} with this {_caller(key)}; "
+                              "lower max_tokens", None)
         budgets = [(_failed_key(key.id, model.id), FAILED_REQUESTS_MAX),
                    (_failed_key(key.id, ""), FAILED_REQUESTS_MAX)]
         if feature_budget:

@@ -48,7 +48,8 @@ class Admission:
     def start(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel, tokens: int, *,
               feature_budget: bool = False, limit: LimitCheck | None = None
               ) -> PendingAdmission:
-        """Start the limiter's decision for `model` (`tokens`: the prompt's estimate);
+        """Start the limiter's decision for `model` (`tokens`: the most the request may
+        use: chat's prompt estimate and completion limit);
         `feature_budget`: unsupported features count toward their own budget (chat).
         `limit` replaces the model's limits with another check."""
         if limit is not None:  # its failures count toward the key's model-less budget

@@ -39,6 +39,10 @@ class Charge:
         with self.ctx.step("settle"):
             await self.hold.finish(cost)
 
-    async def release(self) -> None:
-        """Nothing was delivered: the hold goes back whole."""
+    async def release(self, *, tokens: int | None = None) -> None:
+        """Nothing was delivered: the hold goes back whole; `tokens`: what the rate-limit
+        count is corrected to (None: it stays as admitted)."""
+        if tokens is not None and self.ticket is not None:
+            ticket, self.ticket = self.ticket, None
+            ticket.correct(tokens)
         await self.hold.finish(None)
