@@ -79,6 +79,7 @@ class ChatPlan:
     usage: Usage = field(default_factory=Usage)
     answered_by: RoutedModel | None = None
     charge: Charge | None = None  # the hold and the rate-limit count, settled once
+    key: KeyRecord | None = None  # the caller (its limits count the fallbacks too)
 
     def max_units(self, model: CatalogModel) -> dict[str, int]:
         """The most tokens this request can use on `model`, for the hold.
@@ -244,7 +245,7 @@ class ChatService:
             await pending.abandon(exc)
             raise
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
-                        engine_request=None, tool_mode=mode)
+                        engine_request=None, tool_mode=mode, key=key)
         plan.charge = await pending.hold([c.model for c in candidates], plan.max_units)
         try:
             comp = Composition(citations=params.enable_web_citations)
@@ -280,11 +281,21 @@ class ChatService:
             call: Callable[[Any, RoutedModel, TextRequest], Awaitable[T]]
     ) -> tuple[RoutedModel, T]:
         """`call(handle, model, engine request)` on each model in fallback order, until one
-        answers: a model that fails or is unavailable (503) passes the request on."""
+        answers: a model that fails or is unavailable (503) passes the request on. A fallback
+        is first counted against its own per-minute limits: one whose limits refuse (429) is
+        skipped like an unavailable one."""
         assert plan.engine_request is not None, "the request is not planned"
         last_error: ApiError | None = None
         for routed in plan.candidates:
             try:
+                if routed is not plan.candidates[0]:
+                    try:
+                        await self._admit_fallback(plan, routed.model)
+                    except ApiError as refused:  # by the fallback's limits (429)
+                        if refused.status != 429:
+                            raise
+                        last_error = refused
+                        continue
                 handle = self.router.handle(routed.model)
                 request = dataclasses.replace(plan.engine_request,
                                               sampling=_sampling(plan.req, routed))
@@ -297,6 +308,14 @@ class ChatService:
                 last_error = exc
         assert last_error is not None
         raise last_error
+
+    async def _admit_fallback(self, plan: ChatPlan, model: CatalogModel) -> None:
+        """The fallback's limits count the request (429 when they refuse)."""
+        if plan.charge is None or plan.key is None:
+            return
+        await self.admission.admit_fallback(
+            plan.charge, plan.key, model, admission_tokens(plan.req, model),
+            left_tokens=prompt_estimate(plan.req))
 
     async def start_model_stream(self, plan: ChatPlan) -> tuple[
             RoutedModel, AsyncIterator[TextEvent], TextEvent]:

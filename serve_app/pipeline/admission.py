@@ -65,6 +65,19 @@ class Admission:
         """Limits and hold for a request already checked."""
         return await self.start(ctx, key, model, tokens, limit=limit).hold([model], max_cost)
 
+    async def admit_fallback(self, charge: Charge, key: KeyRecord, model: CatalogModel,
+                             tokens: int, *, left_tokens: int) -> None:
+        """Count a request toward a fallback `model`'s per-minute limits before it is called
+        (the request was admitted on its primary): 429 when they refuse (the fallback is then
+        skipped). Admitted, the charge's ticket becomes the fallback's (the answer corrects it
+        to the measured tokens), and the model that failed keeps `left_tokens` counted."""
+        ctx = charge.ctx
+        with ctx.step("fallback-limits"):
+            ticket = await self._decide(ctx, key, model, tokens, False)
+        previous, charge.ticket = charge.ticket, ticket
+        if previous is not None:
+            previous.correct(left_tokens)
+
     async def admit_key_creation(self, ctx: RequestContext, key: KeyRecord) -> None:
         """The account's per-minute cap on new API keys (429)."""
         try:
