@@ -30,7 +30,7 @@ from deployments.weights.registry import weights_to_build
 from serve_app.accounts.provisioning import bootstrap
 from serve_app.models.catalog import Catalog, load_catalog
 from serve_app.process_tree import ray_processes, reap
-from serve_app.settings import PROJECT_ROOT, Settings
+from serve_app.settings import PROJECT_ROOT, LaunchSettings, Settings
 
 READY_TIMEOUT_S = 600.0
 SERVE_PROXY_PORT = 8001  # http_options.port of configs/local.yaml
@@ -185,18 +185,17 @@ def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str], temp_dir: Pa
 
 def main() -> int:
     started = time.monotonic()
-    settings = Settings()
-    if settings.port in (SERVE_PROXY_PORT, ray_port := int(os.environ.get("RAY_PORT", "6380"))):
+    settings, launch = Settings(), LaunchSettings()
+    if settings.port in (SERVE_PROXY_PORT, ray_port := launch.ray_port):
         raise SystemExit(f"PORT={settings.port} is taken by Serve's proxy ({SERVE_PROXY_PORT}) "
                          f"or Ray ({ray_port}): choose another")
     _require_free_port(settings.host, settings.port)
-    temp_dir = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray-platform"))
+    temp_dir = launch.ray_tmpdir
     temp_dir.mkdir(parents=True, exist_ok=True)
     _prune_ray_sessions(temp_dir)
     env = ray_environment(settings)
-    num_cpus = os.environ.get("RAY_NUM_CPUS", str(os.cpu_count() or 2))
-    # Ray's metrics agent serves every replica's metrics here, for Prometheus.
-    metrics_port = int(os.environ.get("METRICS_PORT", "9464"))
+    num_cpus = str(launch.ray_num_cpus or os.cpu_count() or 2)
+    metrics_port = launch.metrics_port
 
     serve_proc: subprocess.Popen | None = None
     stopping = False

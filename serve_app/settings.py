@@ -105,3 +105,14 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+class LaunchSettings(BaseSettings):
+    """What `make run` (serve_app/launch.py) reads besides Settings: the local Ray instance."""
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", case_sensitive=False)
+
+    ray_port: int = 6380
+    ray_tmpdir: Path = Path("/tmp/ray-platform")
+    ray_num_cpus: int | None = None  # None: every core
+    metrics_port: int = 9464  # Ray's metrics agent: every replica's metrics, for Prometheus

@@ -24,7 +24,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
@@ -35,8 +35,15 @@ from solders.transaction import VersionedTransaction
 
 from .requirements import SCHEME_EXACT, USDC_DECIMALS, VerifiedPayment, invalid_payment
 
-if TYPE_CHECKING:  # payload.py reads transfer amounts from here
-    from .payload import PaymentPayload
+
+class SolanaPayment(Protocol):
+    """What verification reads of a payment payload (payload.py's PaymentPayload, which
+    imports this module for transfer amounts)."""
+
+    scheme: str
+    network: str
+    payload: Mapping[str, Any]
+
 
 COMPUTE_BUDGET_PROGRAM = Pubkey.from_string("ComputeBudget111111111111111111111111111111")
 TOKEN_PROGRAM = Pubkey.from_string("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA")
@@ -112,7 +119,7 @@ def transfer_amount(inner: Mapping[str, Any]) -> int:
     return int.from_bytes(data[1:9], "little")
 
 
-def verify_solana(payload: PaymentPayload, requirement: Mapping[str, Any]) -> VerifiedPayment:
+def verify_solana(payload: SolanaPayment, requirement: Mapping[str, Any]) -> VerifiedPayment:
     """Check a Solana `exact` payment against `requirement` (an `accepts` entry)."""
     network = requirement["network"]
     if payload.scheme != SCHEME_EXACT or payload.network != network:
