@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from sqlmodel import col, select
 
 from serve_app.accounts import keys as service
-from serve_app.api.deps import AdminKey, Context, CurrentKey, JsonBody, State, run_db
+from serve_app.api.deps import (
+    AdminKey,
+    Context,
+    CurrentKey,
+    JsonBody,
+    State,
+    context_of,
+    run_db,
+)
 from serve_app.billing.windows import next_epoch
 from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
@@ -41,12 +49,13 @@ async def list_api_keys(key: AdminKey, state: State) -> dict:
 
 # Registered before `/api_keys/{key_id}`, which would otherwise take these paths.
 @router.get("/api_keys/rate_limits", summary="Rate limits, tier and balances of this key")
-async def rate_limits(ctx: Context, key: CurrentKey, state: State) -> Response:
+async def rate_limits(request: Request, key: CurrentKey, state: State) -> Response:
     balances = await state.billing.balances(key.account_id)
     tier, _ = state.limits.tiers.resolve(key.rate_limit_tier)
     # Serialised here (orjson), not through FastAPI's validation of a returned dict: this is
     # the route clients poll.
-    return respond.json_response(ctx, {"data": {
+    # the context read directly, not as a dependency: this is the route clients poll
+    return respond.json_response(context_of(request), {"data": {
         "accessPermitted": balances.usd_nanos + balances.diem_nanos > 0,
         "apiTier": {"id": api_tier_id(tier, is_partner=key.is_partner), "isCharged": True},
         "balances": {"USD": as_number(balances.usd_nanos) or 0,

@@ -40,7 +40,7 @@ async def wallet_reader(request: Request, ctx: Context, state: State,
     """The wallet of the path, readable by that wallet signed in or the operator's admin."""
     address = normalize_address(wallet_address)
     if request.headers.get("authorization"):
-        key = await current_key(request, ctx, state)
+        key = await current_key(request, state)
         if not key.is_admin:
             raise admin_key_required()
         if not key.is_operator:
