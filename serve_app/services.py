@@ -146,7 +146,7 @@ class GatewayServices:
             wallets=WalletAuth(billing.writer, sign_in_domains(settings)),
             payments=payments,
             top_ups=TopUps(billing, payments, settings.x402_facilitator_url,
-                           listen_hosts=listening_hosts(settings)),
+                           listen_hosts=listening_hosts(settings), limits=limits),
             jobs=jobs,
             results=results,
             job_runner=job_runner,

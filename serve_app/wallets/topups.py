@@ -2,7 +2,8 @@
 
 The way of one payment:
   1. decode the payment header and match it to a requirement we issue (auth/x402);
-  2. check its signature here, before anything is written;
+  2. check its signature here, before anything is written, then count the attempt against
+     its payer's per-minute cap (429 with Retry-After past TOP_UPS_PER_MINUTE);
   3. claim it: a PENDING row keyed by what makes the payment unique on its chain (EIP-3009
      authorization nonce, the Solana transfer message). A replay, or a second submission
      racing the first, finds the row and is refused;
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,9 @@ from serve_app.billing.ledger import Balances
 from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
 from serve_app.errors import ApiError, invalid_request
+from serve_app.limits.core import OK
+from serve_app.limits.policy import WINDOW_MS
+from serve_app.limits.rate_limits import RateLimits
 from serve_app.money import NANOS_PER_UNIT, from_nanos
 from serve_app.net_guard import is_loopback
 from serve_app.wallets.payment_required import encode_header, resource
@@ -48,6 +53,11 @@ from serve_app.wallets.x402 import (
 from serve_app.wallets.x402.requirements import X402_VERSION
 
 logger = logging.getLogger("serve_app.billing")
+
+# Top-up attempts a payer address may make per minute (counted once its signature checks out,
+# so that nobody else can spend an address's attempts): each attempt claims a row and calls
+# the facilitator.
+TOP_UPS_PER_MINUTE = 10
 
 NANOS_PER_BASE_UNIT = NANOS_PER_UNIT // 10**6  # USDC has 6 decimals
 PAYMENT_HEADERS = ("payment-signature", "x-402-payment", "x-payment")
@@ -181,8 +191,9 @@ def resolve_pending(session: Session, payment_id: str, transaction: str | None) 
 
 class TopUps:
     def __init__(self, billing: Billing, config: PaymentConfig, facilitator_url: str | None,
-                 *, listen_hosts: set[str]) -> None:
+                 *, listen_hosts: set[str], limits: RateLimits | None = None) -> None:
         self.billing = billing
+        self.limits = limits
         self.config = config
         self._facilitator_url = facilitator_url
         self._facilitator: FacilitatorClient | None = None
@@ -234,6 +245,7 @@ class TopUps:
         payload = decode_payment_header(header_value)
         requirement = match_requirement(payload, self.config)
         paid = verify_payment(payload, requirement)
+        await self._count_attempt(paid.payer)
         await self.billing.writer.run(lambda s: _claim(s, paid))
         # From the claim on, the payment runs to its end even if the client hangs up (Serve
         # cancels the request): money that moved is credited, a refusal frees the claim.
@@ -251,6 +263,23 @@ class TopUps:
             "paymentId": credited.payment_id,
         }}
         return body, settled.payment_response_header()
+
+    async def _count_attempt(self, payer: str) -> None:
+        """429 (with Retry-After) past TOP_UPS_PER_MINUTE attempts of `payer` in its minute:
+        before the claim and the facilitator, so a refused payment stays unused."""
+        if self.limits is None:
+            return
+        owner = f"wallet:{payer.lower() if payer.startswith('0x') else payer}"
+        outcome = await self.limits.count_account(owner, "x402_top_up", TOP_UPS_PER_MINUTE)
+        if outcome.code == OK:
+            return
+        now_ms = self.limits.clock() * 1000
+        retry_after = max(1, math.ceil((outcome.window_ms + WINDOW_MS - now_ms) / 1000))
+        message = (f"Too many top-up attempts: at most {TOP_UPS_PER_MINUTE} per minute for "
+                   f"wallet {payer}; retry after {retry_after} seconds (nothing was charged "
+                   "and the payment was not used)")
+        raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                       headers={"Retry-After": str(retry_after)})
 
     async def _settle_and_credit(self, payload, requirement: dict,
                                  paid: VerifiedPayment) -> tuple[Credited, SettleResult]:

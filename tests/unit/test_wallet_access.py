@@ -21,6 +21,7 @@ from sqlalchemy import update
 
 from serve_app.db.tables import Account as AccountRow
 from serve_app.settings import Settings
+from serve_app.wallets.topups import TOP_UPS_PER_MINUTE
 from serve_app.wallets.x402 import BASE_NETWORK, BASE_USDC, SOLANA_NETWORK, dev_facilitator
 from tests.rpc_node import RpcNode
 from tests.unit.conftest import Gateway, make_gateway
@@ -399,3 +400,35 @@ def test_pending_payments_are_resolved_by_the_operator(tmp_path: Path, node: Rpc
         assert gw.cli("pending-payments") == []
         with pytest.raises(SystemExit, match="no PENDING payment"):
             gw.cli("resolve-payment", "nope", "--drop")
+
+
+def test_top_up_attempts_are_capped_per_payer_and_a_refused_payment_stays_usable(
+        gw: Gateway) -> None:
+    """The attack: one payer floods /x402/top-up (each attempt claims a row and calls the
+    facilitator), here with replays of a payment already credited."""
+    wallet, other = Wallet(), Wallet()
+    asked = gw.client.post(f"{TOP_UP}?amount=5")
+    spent = wallet.pay(asked, BASE_NETWORK)
+    assert gw.client.post(TOP_UP, headers=spent).status_code == 200
+    for _ in range(TOP_UPS_PER_MINUTE - 1):
+        assert gw.client.post(TOP_UP, headers=spent).status_code == 409
+    fresh = wallet.pay(gw.client.post(f"{TOP_UP}?amount=5"), BASE_NETWORK)
+
+    resp = gw.client.post(TOP_UP, headers=fresh)
+
+    assert resp.status_code == 429, resp.text
+    assert resp.json()["code"] == "RATE_LIMIT_EXCEEDED"
+    assert 1 <= int(resp.headers["Retry-After"]) <= 60
+    assert gw.client.post(TOP_UP, headers=spent).status_code == 429  # replays too
+    assert not gw.cli("pending-payments")  # nothing claimed
+    account = next(a for a in gw.cli("accounts") if a["walletAddress"] == wallet.address)
+    assert account["usd"] == 5
+    # another payer is not throttled by it
+    assert top_up(gw, other, "5").status_code == 200
+    # a minute later the refused payment is still good, and credited once
+    limits = gw.state.limits
+    real_clock = limits.clock
+    limits.clock = lambda: real_clock() + 61
+    assert gw.client.post(TOP_UP, headers=fresh).status_code == 200
+    account = next(a for a in gw.cli("accounts") if a["walletAddress"] == wallet.address)
+    assert account["usd"] == 10
