@@ -14,7 +14,7 @@ import pytest
 from serve_app import metrics as metrics_module
 from serve_app.metrics import Metrics
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana" / "inference-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "configs" / "grafana" / "inference-dashboard.json"
 
 
 class Recorder:

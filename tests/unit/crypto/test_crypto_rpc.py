@@ -86,14 +86,14 @@ def test_networks_are_public_sorted_and_only_those_with_a_url(gw: Gateway) -> No
 
 
 def test_the_shipped_config_loads_and_offers_nothing_without_urls() -> None:
-    config = load_nodes(Path(__file__).parents[2] / "configs" / "crypto_rpc.yaml", environ={})
+    config = load_nodes(Path(__file__).parents[3] / "configs" / "crypto_rpc.yaml", environ={})
     assert config.networks == {}
     assert config.requests_per_minute == 100 and config.credits_per_day == 10_000_000
     assert config.price_per_credit_usd == Decimal("0.0000007")
     env = {"CRYPTO_RPC_SOLANA_MAINNET_URL": "https://sol.example/key123",
            "CRYPTO_RPC_ZKSYNC_MAINNET_URL": "https://zk.example",
            "CRYPTO_RPC_BASE_MAINNET_URL": "https://base.example"}
-    config = load_nodes(Path(__file__).parents[2] / "configs" / "crypto_rpc.yaml", environ=env)
+    config = load_nodes(Path(__file__).parents[3] / "configs" / "crypto_rpc.yaml", environ=env)
     assert config.slugs == ["base-mainnet", "solana-mainnet", "zksync-mainnet"]
     assert [(n.family, n.base_credits) for n in config.networks.values()] == [
         ("evm", 20), ("solana", 30), ("evm", 30)]
