@@ -104,10 +104,15 @@ def create_app(state: GatewayServices) -> FastAPI:
 
     def finished(scope: Scope, status: int, seconds: float) -> None:
         ctx: RequestContext | None = scope.get("state", {}).get("context")
-        record_request(scope, ctx, status, seconds)
-        if ctx is not None:
-            state.limits.request_finished(ctx.caller, ctx.limit_model, status, ctx.request_id,
-                                          unsupported_feature=ctx.unsupported_feature)
+        if ctx is None:
+            record_request(scope, status, seconds, model="", auth="none")
+            return
+        key = ctx.caller
+        record_request(scope, status, seconds,
+                       model=ctx.limit_model or str(ctx.headers.get("x-service-model-id", "")),
+                       auth="none" if key is None else "wallet" if key.wallet_address else "key")
+        state.limits.request_finished(key, ctx.limit_model, status, ctx.request_id,
+                                      unsupported_feature=ctx.unsupported_feature)
 
     app.add_middleware(RequestOutcomeMiddleware, on_finished=finished)
     return app  # the site (create_prefixed_app) adds the service headers around it

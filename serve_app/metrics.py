@@ -10,13 +10,10 @@ Outside Ray (unit tests, plain uvicorn) the same calls record nothing.
 from __future__ import annotations
 
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ray.util.metrics import Counter, Gauge, Histogram
 from starlette.types import Scope
-
-if TYPE_CHECKING:
-    from serve_app.pipeline.context import RequestContext
 
 # Seconds: from a cheap authenticated route to a long image edit or transcription.
 LATENCY_BOUNDARIES = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -84,14 +81,12 @@ def route_of(scope: dict[str, Any]) -> str:
     return path if isinstance(path, str) else "unmatched"
 
 
-def record_request(scope: Scope, ctx: RequestContext | None, status: int, seconds: float) -> None:
+def record_request(scope: Scope, status: int, seconds: float, *, model: str, auth: str
+                   ) -> None:
     """Count and time one HTTP request of the API: route template, status, model, kind of
-    credentials (from the request's context); the time runs to the end of the answer,
-    streams included."""
+    credentials (`none`, `key`, `wallet`); the time runs to the end of the answer, streams
+    included."""
     route = route_of(scope)
-    model = ctx.limit_model or str(ctx.headers.get("x-service-model-id", "")) if ctx else ""
-    key = ctx.caller if ctx else None
-    auth = "none" if key is None else "wallet" if key.wallet_address else "key"
     m = metrics()
     m.requests.inc(tags={"route": route, "status": str(status), "model": model, "auth": auth})
     m.request_seconds.observe(seconds, tags={"route": route, "model": model})

@@ -15,16 +15,13 @@ from datetime import datetime, timedelta
 from cachetools import TTLCache
 from sqlmodel import Session
 
-from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing import ledger
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost
 from serve_app.billing.writer import BatchWriter
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import utcnow
-from serve_app.errors import ApiError
 from serve_app.metrics import metrics
-from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT, from_nanos
 
 logger = logging.getLogger("serve_app.billing")
@@ -40,26 +37,6 @@ HOLDER_TIMEOUT = timedelta(seconds=30)
 SWEEP_INTERVAL_S = 30.0
 BALANCE_CACHE_TTL_S = 2.0
 ANALYTICS_CACHE_TTL_S = 600.0  # the spec's 10 minutes
-
-
-def payer_of(key: KeyRecord) -> Payer:
-    if key.wallet_address is not None:
-        return Payer(account_id=key.account_id, wallet_address=key.wallet_address)
-    return Payer(account_id=key.account_id, api_key_id=key.id, limit_period=key.limit_period,
-                 limit_usd_nanos=key.limit_usd_nanos, limit_diem_nanos=key.limit_diem_nanos)
-
-
-def check_privacy(key: KeyRecord, model: CatalogModel) -> None:
-    """The key's `modelPrivacy` tier against the model's privacy in the catalog."""
-    if key.model_privacy == "ALL" or model.is_private:
-        return
-    if key.model_privacy == "PRIVATE_TEXT" and model.type not in ("text", "embedding"):
-        return
-    rule = ("PRIVATE_ONLY allows only Private, TEE or E2EE models"
-            if key.model_privacy == "PRIVATE_ONLY"
-            else "PRIVATE_TEXT requires text and embedding models to be Private, TEE or E2EE")
-    raise ApiError(403, f"This API key's modelPrivacy is {key.model_privacy}: {rule}, and "
-                        f"model {model.id} is {model.privacy}", code="UNAUTHORIZED")
 
 
 class RemainingCredit:

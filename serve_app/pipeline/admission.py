@@ -25,9 +25,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.holds import Billing, Hold, check_privacy, payer_of
+from serve_app.billing.holds import Billing, Hold
+from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import Cost, price
-from serve_app.errors import UnsupportedFeature
+from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.limits.rate_limits import RateLimited, RateLimits, Ticket
 from serve_app.models.catalog import CatalogModel
 from serve_app.pipeline import respond
@@ -38,6 +39,26 @@ from serve_app.pipeline.settlement import Charge
 MaxUnits = Callable[[CatalogModel], dict[str, int]]
 # A limit other than the model's own per-minute limits (the crypto RPC proxy's caps).
 LimitCheck = Callable[[], Awaitable[Ticket | None]]
+
+
+def payer_of(key: KeyRecord) -> Payer:
+    if key.wallet_address is not None:
+        return Payer(account_id=key.account_id, wallet_address=key.wallet_address)
+    return Payer(account_id=key.account_id, api_key_id=key.id, limit_period=key.limit_period,
+                 limit_usd_nanos=key.limit_usd_nanos, limit_diem_nanos=key.limit_diem_nanos)
+
+
+def check_privacy(key: KeyRecord, model: CatalogModel) -> None:
+    """The key's `modelPrivacy` tier against the model's privacy in the catalog."""
+    if key.model_privacy == "ALL" or model.is_private:
+        return
+    if key.model_privacy == "PRIVATE_TEXT" and model.type not in ("text", "embedding"):
+        return
+    rule = ("PRIVATE_ONLY allows only Private, TEE or E2EE models"
+            if key.model_privacy == "PRIVATE_ONLY"
+            else "PRIVATE_TEXT requires text and embedding models to be Private, TEE or E2EE")
+    raise ApiError(403, f"This API key's modelPrivacy is {key.model_privacy}: {rule}, and "
+                        f"model {model.id} is {model.privacy}", code="UNAUTHORIZED")
 
 
 class Admission:

@@ -9,13 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from serve_app.billing.holds import Billing, check_privacy
+from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
 from serve_app.cli import run as cli
 from serve_app.errors import ApiError
 from serve_app.models.catalog import CatalogModel
 from serve_app.money import to_nanos
+from serve_app.pipeline.admission import check_privacy
 
 TEXT = CatalogModel(id="chat-a", type="text", name="Chat A", deployment="text-xs",
                     engine="vllm", size_class="XS",

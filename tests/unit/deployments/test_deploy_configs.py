@@ -17,7 +17,7 @@ from deployments.registry import (
     deployment_options,
     vllm_cpu_env,
 )
-from serve_app.app import AppArgs
+from serve_app.app import AppArgs, build_app
 from serve_app.settings import PROJECT_ROOT
 
 CONFIGS = PROJECT_ROOT / "configs"
@@ -179,3 +179,21 @@ def test_every_model_deployment_of_a_config_has_catalog_models_or_is_skipped(nam
     served = {d for d in args.model_deployments if any(m.deployment == d
                                                        for m in catalog.models)}
     assert {"text-xs", "embedding", "speech", "video-generation"} <= served
+
+
+def test_model_replicas_get_their_models_and_no_secret(tmp_path):
+    """A model deployment is bound with the models it serves and nothing of the platform's
+    settings: no admin key, database URL or provider key reaches a model replica, and the
+    Gateway's replicas are not given the admin key (only the first start needs it)."""
+    secrets = {"admin_api_key": "sk-test-admin-secret-000000000001",
+               "web_search_api_key": "search-provider-secret",
+               "database_url": f"sqlite:///{tmp_path}/database-secret.db"}
+    app = build_app({"settings": {"data_dir": str(tmp_path), **secrets},
+                     "model_deployments": ["embedding"]})
+    gateway_args = app._bound_deployment._replica_config.init_args
+    embedding = gateway_args[1]["embedding"]
+    (specs,) = embedding._bound_deployment._replica_config.init_args
+    assert [spec["id"] for spec in specs] == ["text-embedding-all-minilm-l6-v2"]
+    for secret in secrets.values():
+        assert secret not in repr(specs)
+    assert secrets["admin_api_key"] not in repr(gateway_args[0])
