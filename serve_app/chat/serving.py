@@ -13,13 +13,21 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 
-from deployments.protocol import Chunk, Sampling, TextEvent, TextRequest
+from deployments.protocol import Chunk, TextEvent, TextRequest
 from deployments.protocol import Usage as EngineUsage
 from deployments.streaming import coalesce
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
 from serve_app.characters import find_character
 from serve_app.chat import tools as tool_calls
+from serve_app.chat.engine_request import (
+    admission_tokens,
+    completion_limit,
+    output_schema,
+    prompt_estimate,
+    sampling,
+    service_parameters,
+)
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.prompt import (
     Composition,
@@ -97,9 +105,7 @@ class ChatPlan:
             body = req.model_dump_json(include={"messages", "tools", "response_format"})
             prompt = len(body.encode()) + 16 * len(req.messages) + 2048
             prompt = min(prompt, context) if context else prompt
-        output = req.completion_limit or model.max_completion_tokens or context or 4096
-        if model.max_completion_tokens:
-            output = min(output, model.max_completion_tokens)
+        output = completion_limit(req, model) or context or 4096
         return {"input": prompt, "output": output * req.n}
 
     def cost(self) -> Cost | None:
@@ -140,51 +146,6 @@ class ChatPlan:
         if self.params.enable_web_citations and self.web_documents:
             filters.append(CaretCitations())
         return FilterChain(filters)
-
-
-def _service_parameters(req: ChatCompletionRequest, suffix: dict[str, Any]) -> ServiceParameters:
-    """Body values win over the same parameters given as a model-name suffix."""
-    merged = {**suffix, **req.service_parameters.model_dump(
-        exclude_unset=True, exclude_defaults=False)}
-    try:
-        return ServiceParameters.model_validate(merged)
-    except Exception as exc:
-        raise ApiError(400, f"Invalid model suffix parameters: {exc}",
-                       code="INVALID_REQUEST") from exc
-
-
-def _sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
-    model = routed.model
-    defaults = {k: v.get("default") for k, v in model.constraints.items() if isinstance(v, dict)}
-    temperature = req.temperature if req.temperature is not None else defaults.get("temperature")
-    if temperature is not None:
-        # min_temp/max_temp bound the sampling temperature.
-        if req.min_temp is not None:
-            temperature = max(temperature, req.min_temp)
-        if req.max_temp is not None:
-            temperature = min(temperature, req.max_temp)
-    max_tokens = completion_limit(req, model)
-    return Sampling(
-        temperature=temperature,
-        top_p=req.top_p if req.top_p is not None else defaults.get("top_p"),
-        top_k=req.top_k, min_p=req.min_p,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty, seed=req.seed,
-        stop=tuple(req.stop_list or ()), stop_token_ids=tuple(req.stop_token_ids or ()),
-        max_tokens=max_tokens, n=req.n,
-        logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs,
-    )
-
-
-def _output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | None:
-    if mode == "forced":
-        return tool_calls.forced_call_schema(req)
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return {"type": "object"}
-    return fmt.json_schema.schema_ if fmt.json_schema else None
 
 
 class ChatService:
@@ -237,7 +198,7 @@ class ChatService:
         try:
             candidates = [primary] + [self.router.resolve(f.model, "text")
                                       for f in req.fallbacks or []]
-            params = _service_parameters(req, primary.suffix_params)
+            params = service_parameters(req, primary.suffix_params)
             req = req.model_copy(update={"service_parameters": params})
             check_capabilities(req, primary.model)
             mode = tool_calls.tool_mode(req)
@@ -261,8 +222,8 @@ class ChatService:
             plan.engine_request = TextRequest(
                 request_id=ctx.request_id,
                 messages=engine_messages(req, comp),
-                sampling=_sampling(req, primary),
-                json_schema=_output_schema(req, mode),
+                sampling=sampling(req, primary),
+                json_schema=output_schema(req, mode),
                 chat_template_kwargs={"enable_thinking": False} if params.disable_thinking
                 else {},
                 prompt_cache_key=req.prompt_cache_key,
@@ -298,7 +259,7 @@ class ChatService:
                         continue
                 handle = self.router.handle(routed.model)
                 request = dataclasses.replace(plan.engine_request,
-                                              sampling=_sampling(plan.req, routed))
+                                              sampling=sampling(plan.req, routed))
                 return routed, await call(handle, routed, request)
             except ModelFailed as exc:
                 last_error = exc
@@ -383,31 +344,6 @@ class ChatService:
         routed, stream, first = await self.start_model_stream(plan)
         plan.answered_by = routed
         return routed, _sse_events(plan, routed, chunks_with_first(first, stream))
-
-
-def prompt_estimate(req: ChatCompletionRequest) -> int:
-    """Tokens of a prompt before it is tokenised: about four bytes per token."""
-    return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
-
-
-def completion_limit(req: ChatCompletionRequest, model: CatalogModel) -> int | None:
-    """The most tokens one choice may generate on `model`: the request's `max_tokens` (or
-    `max_completion_tokens`) capped by the model's, the model's cap when the request sets
-    none; None: no limit but the context."""
-    limit = req.completion_limit
-    if model.max_completion_tokens:
-        limit = min(limit or model.max_completion_tokens, model.max_completion_tokens)
-    return limit
-
-
-def admission_tokens(req: ChatCompletionRequest, model: CatalogModel) -> int:
-    """The tokens a request counts toward tokens-per-minute when admitted: the prompt's
-    estimate plus the most the answer may generate (the completion limit, or the context
-    length when there is none, for each of the `n` choices), so that a key cannot ask for more
-    than its limit in one request. After the answer the count is corrected to the measured
-    total; a request that fails keeps only its prompt estimate counted."""
-    output = completion_limit(req, model) or model.context_length or 0
-    return prompt_estimate(req) + output * req.n
 
 
 def chunks_with_first(first: TextEvent, rest: AsyncIterator[TextEvent]

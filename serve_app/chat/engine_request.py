@@ -1,0 +1,84 @@
+"""What a chat request asks of the engine, derived from the request and its model: the
+service parameters (body over model-name suffix), the sampling, the output's JSON schema, and
+the token counts admission needs (the prompt's estimate, the completion limit)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deployments.protocol import Sampling
+from serve_app.chat import tools as tool_calls
+from serve_app.errors import ApiError
+from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import RoutedModel
+from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
+
+
+def service_parameters(req: ChatCompletionRequest, suffix: dict[str, Any]) -> ServiceParameters:
+    """Body values win over the same parameters given as a model-name suffix."""
+    merged = {**suffix, **req.service_parameters.model_dump(
+        exclude_unset=True, exclude_defaults=False)}
+    try:
+        return ServiceParameters.model_validate(merged)
+    except Exception as exc:
+        raise ApiError(400, f"Invalid model suffix parameters: {exc}",
+                       code="INVALID_REQUEST") from exc
+
+
+def sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
+    model = routed.model
+    defaults = {k: v.get("default") for k, v in model.constraints.items() if isinstance(v, dict)}
+    temperature = req.temperature if req.temperature is not None else defaults.get("temperature")
+    if temperature is not None:
+        # min_temp/max_temp bound the sampling temperature.
+        if req.min_temp is not None:
+            temperature = max(temperature, req.min_temp)
+        if req.max_temp is not None:
+            temperature = min(temperature, req.max_temp)
+    max_tokens = completion_limit(req, model)
+    return Sampling(
+        temperature=temperature,
+        top_p=req.top_p if req.top_p is not None else defaults.get("top_p"),
+        top_k=req.top_k, min_p=req.min_p,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty, seed=req.seed,
+        stop=tuple(req.stop_list or ()), stop_token_ids=tuple(req.stop_token_ids or ()),
+        max_tokens=max_tokens, n=req.n,
+        logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs,
+    )
+
+
+def output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | None:
+    if mode == "forced":
+        return tool_calls.forced_call_schema(req)
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    return fmt.json_schema.schema_ if fmt.json_schema else None
+
+
+def prompt_estimate(req: ChatCompletionRequest) -> int:
+    """Tokens of a prompt before it is tokenised: about four bytes per token."""
+    return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
+
+
+def completion_limit(req: ChatCompletionRequest, model: CatalogModel) -> int | None:
+    """The most tokens one choice may generate on `model`: the request's `max_tokens` (or
+    `max_completion_tokens`) capped by the model's, the model's cap when the request sets
+    none; None: no limit but the context."""
+    limit = req.completion_limit
+    if model.max_completion_tokens:
+        limit = min(limit or model.max_completion_tokens, model.max_completion_tokens)
+    return limit
+
+
+def admission_tokens(req: ChatCompletionRequest, model: CatalogModel) -> int:
+    """The tokens a request counts toward tokens-per-minute when admitted: the prompt's
+    estimate plus the most the answer may generate (the completion limit, or the context
+    length when there is none, for each of the `n` choices), so that a key cannot ask for more
+    than its limit in one request. After the answer the count is corrected to the measured
+    total; a request that fails keeps only its prompt estimate counted."""
+    output = completion_limit(req, model) or model.context_length or 0
+    return prompt_estimate(req) + output * req.n
