@@ -13,7 +13,7 @@ Calls (deployment method: arguments -> answer):
     embedding     embed(model_id, texts: list[str]) -> Embeddings | EngineError
     image-*       run(model_id, ImageRequest) -> ImageResult | EngineError
     speech        speak(model_id, SpeechRequest) -> stream: SpeechStart | EngineError first,
-                                                    then bytes, an EngineError on failure
+                                                    then SpeechPiece, an EngineError on failure
                   synthesize(model_id, MediaJob) -> MediaResult | EngineError (queued)
     transcription transcribe(model_id, TranscriptionRequest) -> Transcription | EngineError
     video-*       generate(model_id, MediaJob) -> MediaResult | EngineError (queued)
@@ -167,6 +167,15 @@ class SpeechStart:
     """The first item of a speech stream: the voice is loaded; audio pieces (bytes) follow."""
 
     sample_rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechPiece:
+    """Encoded audio of a speech stream and the input characters it covers (a stream's pieces
+    add up to the whole text): a client that leaves early pays for what it was sent."""
+
+    audio: bytes
+    characters: int
 
 
 @dataclass(frozen=True, slots=True)
