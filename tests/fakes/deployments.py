@@ -48,6 +48,9 @@ from deployments.protocol import (
     MediaJob,
     MediaResult,
     Message,
+    SpeechPiece,
+    SpeechRequest,
+    SpeechStart,
     TextEvent,
     TextRequest,
     Usage,
@@ -507,6 +510,40 @@ class FakeVideoDeployment(FakeDeployment):
         media = encode_mp4(round(width / shrink), round(height / shrink), frames, fps)
         self.made.append(media)
         return MediaResult(media=media, media_type="video/mp4", replica_ms=1.0)
+
+
+# ---- speech ------------------------------------------------------------------------------
+
+class FakeSpeechDeployment(FakeDeployment):
+    """A speech deployment (deployments/audio.py): `speak(model_id, SpeechRequest)` streams a
+    `SpeechStart`, then one `SpeechPiece` per sentence of the text (`pieces_for`): 16-bit PCM,
+    `SAMPLES_PER_CHARACTER` silent samples per character, whatever the format asked, each
+    piece with the characters of its sentence. `voices`: the ones it offers (None: any)."""
+
+    METHODS = ("speak",)
+    SAMPLE_RATE = 16_000
+    SAMPLES_PER_CHARACTER = 40
+
+    def __init__(self, deployment_name: str = "speech", models: list[str] | None = None,
+                 *, voices: list[str] | None = None) -> None:
+        super().__init__(deployment_name, models)
+        self.voices = voices
+
+    @classmethod
+    def pieces_for(cls, text: str) -> list[SpeechPiece]:
+        return [SpeechPiece(bytes(2 * cls.SAMPLES_PER_CHARACTER * len(sentence)), len(sentence))
+                for sentence in re.findall(r".+?(?:[.!?]+\s*|$)", text, re.S) if sentence]
+
+    async def _speak(self, model_id: str, request: SpeechRequest
+                     ) -> AsyncIterator[SpeechStart | SpeechPiece | EngineError]:
+        assert isinstance(request, SpeechRequest), request
+        if self.voices is not None and request.voice not in self.voices:
+            yield reported(400, f"voice {request.voice!r} is not offered", field="voice")
+            return
+        yield SpeechStart(self.SAMPLE_RATE)
+        for piece in self.pieces_for(request.text):
+            await asyncio.sleep(0)
+            yield piece
 
 
 # ---- a fleet for a catalog ---------------------------------------------------------------
