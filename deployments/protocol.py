@@ -57,7 +57,9 @@ def not_served(model_id: str) -> EngineError:
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """How to sample: None leaves a parameter to the engine's default. `max_tokens` None: as
-    many as the context leaves."""
+    many as the context leaves. `top_p` 0 keeps only the likeliest token and
+    `repetition_penalty` 0 means none: an engine that refuses either maps it. `reasoning_effort`
+    is set only for a model that reasons ("none": no thinking)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -73,6 +75,7 @@ class Sampling:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int | None = None
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from deployments.protocol import Chunk, EngineError, TextEvent, TextRequest, Usage
+from deployments.protocol import Chunk, EngineError, Sampling, TextEvent, TextRequest, Usage
 
 logger = logging.getLogger("deployments.text")
 
@@ -60,6 +60,48 @@ def _logprob_entries(tokenizer: Any, token_ids: list[int], logprobs: list[dict] 
     return entries
 
 
+def template_kwargs(request: TextRequest) -> dict[str, Any]:
+    """The chat template's variables: the request's own, and its reasoning effort (a template
+    that does not use a variable ignores it): "none" turns thinking off (`enable_thinking`),
+    another effort is handed on as `reasoning_effort`."""
+    kwargs: dict[str, Any] = {"add_generation_prompt": True, "continue_final_message": False,
+                              **request.chat_template_kwargs}
+    effort = request.sampling.reasoning_effort
+    if effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+    elif effort is not None:
+        kwargs["reasoning_effort"] = effort
+    if request.tools:
+        kwargs["tools"] = request.tools
+    return kwargs
+
+
+def sampling_kwargs(s: Sampling) -> dict[str, Any]:
+    """vLLM's sampling parameters for what the request asked (max_tokens, n and the output
+    kind aside). vLLM refuses `top_p` 0 and `repetition_penalty` 0, which the API accepts: top_p
+    0 keeps only the likeliest token, run as `top_k` 1 (greedy, but with n > 1 allowed, which
+    vLLM refuses at temperature 0); repetition_penalty 0 is no penalty (vLLM's 1.0)."""
+    params: dict[str, Any] = {
+        "stop": list(s.stop) or None,
+        "stop_token_ids": list(s.stop_token_ids) or None,
+        "seed": s.seed,
+    }
+    for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty"):
+        if getattr(s, name) is not None:
+            params[name] = getattr(s, name)
+    if s.top_k is not None:
+        params["top_k"] = s.top_k if s.top_k > 0 else 0
+    if s.top_p == 0:
+        del params["top_p"]
+        params["top_k"] = 1
+    if s.repetition_penalty == 0:
+        del params["repetition_penalty"]
+    if s.logprobs:
+        params["logprobs"] = max(1, s.top_logprobs or 0)
+    return params
+
+
 class VLLMEngine:
     """vLLM's in-process async engine (`AsyncLLM`), streaming one delta per engine step."""
 
@@ -96,11 +138,8 @@ class VLLMEngine:
         from vllm.renderers.params import ChatParams
 
         renderer = self.engine.renderer
-        kwargs = {"add_generation_prompt": True, "continue_final_message": False,
-                  **request.chat_template_kwargs}
-        if request.tools:
-            kwargs["tools"] = request.tools
-        chat_params = ChatParams(chat_template=None, chat_template_kwargs=kwargs)
+        chat_params = ChatParams(chat_template=None,
+                                 chat_template_kwargs=template_kwargs(request))
         tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
         _, (engine_input,) = await renderer.render_chat_async(
             [request.messages], chat_params, tok_params)
@@ -119,27 +158,15 @@ class VLLMEngine:
             raise _TooManyTokens(prompt_tokens, max_tokens, self.max_model_len)
         if max_tokens < 1:
             raise _TooManyTokens(prompt_tokens, 1, self.max_model_len)
-        params: dict[str, Any] = {
-            "n": s.n,
-            "max_tokens": max_tokens,
-            "output_kind": RequestOutputKind.DELTA,
-            "stop": list(s.stop) or None,
-            "stop_token_ids": list(s.stop_token_ids) or None,
-            "seed": s.seed,
-        }
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
-            if getattr(s, name) is not None:
-                params[name] = getattr(s, name)
-        if s.top_k is not None:
-            params["top_k"] = s.top_k if s.top_k > 0 else 0
-        if s.logprobs:
-            params["logprobs"] = max(1, s.top_logprobs or 0)
+        params = {"n": s.n, "max_tokens": max_tokens, "output_kind": RequestOutputKind.DELTA,
+                  **sampling_kwargs(s)}
         if request.json_schema is not None:
             params["structured_outputs"] = StructuredOutputsParams(json=request.json_schema)
         return SamplingParams(**params)
 
     async def generate(self, request: TextRequest) -> AsyncIterator[TextEvent]:
+        from vllm.exceptions import VLLMClientError
+
         try:
             engine_input = await self._render(request)
             prompt_tokens = len(engine_input["prompt_token_ids"])
@@ -147,7 +174,9 @@ class VLLMEngine:
         except _TooManyTokens as exc:
             yield EngineError(400, str(exc), code="TOO_MANY_TOKENS", field="max_tokens")
             return
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, VLLMClientError) as exc:
+            # vLLM's own refusals (VLLMValidationError, e.g. n > 1 at temperature 0) are not
+            # ValueErrors: without them here a client's mistake would be a 500
             yield EngineError(400, f"Invalid generation parameters: {exc}")
             return
         top = request.sampling.top_logprobs or 0

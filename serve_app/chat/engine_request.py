@@ -45,7 +45,26 @@ def sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
         stop=tuple(req.stop_list or ()), stop_token_ids=tuple(req.stop_token_ids or ()),
         max_tokens=max_tokens, n=req.n,
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs,
+        reasoning_effort=reasoning_effort(req, model),
     )
+
+
+def reasoning_effort(req: ChatCompletionRequest, model: CatalogModel) -> str | None:
+    """The reasoning effort `model` is asked for: `reasoning_effort` over `reasoning.effort`
+    (as the reference), `reasoning.enabled: false` as "none"; None when the model does not
+    reason (the request's reasoning is then ignored, as the reference ignores it) or the
+    request leaves it to the model. An effort other than "none" reaches only a model that
+    takes one (`supportsReasoningEffort`)."""
+    caps = model.capabilities
+    if not caps.get("supportsReasoning"):
+        return None
+    reasoning = req.reasoning
+    effort = req.reasoning_effort or (reasoning.effort if reasoning else None)
+    if effort is None and reasoning is not None and reasoning.enabled is False:
+        effort = "none"
+    if effort not in (None, "none") and not caps.get("supportsReasoningEffort"):
+        return None
+    return effort
 
 
 def output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | None:

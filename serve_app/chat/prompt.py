@@ -46,15 +46,10 @@ def check_capabilities(req: ChatCompletionRequest, model: CatalogModel) -> None:
                                  "response_format")
     if req.logprobs and not caps.get("supportsLogProbs"):
         raise UnsupportedFeature(f"Model {model.id} does not return logprobs", "logprobs")
-    wants_reasoning = (req.reasoning_effort not in (None, "none")) or (
-        req.reasoning is not None and (req.reasoning.enabled or
-                                       req.reasoning.effort not in (None, "none")))
-    if wants_reasoning and not caps.get("supportsReasoning"):
-        raise UnsupportedFeature(f"Model {model.id} is not a reasoning model", "reasoning")
+    # As the reference: `reasoning` / `reasoning_effort` on a model that does not reason are
+    # ignored (engine_request.reasoning_effort passes them on where it does), and
+    # `enable_e2ee` (its default is true) does not apply to a model without E2EE.
     sp = req.service_parameters
-    if sp.enable_e2ee and not caps.get("supportsE2EE"):
-        raise UnsupportedFeature(f"Model {model.id} does not support end-to-end encryption",
-                                 "service_parameters")
     if sp.enable_x_search and not caps.get("supportsXSearch"):
         raise UnsupportedFeature(f"Model {model.id} has no native X search",
                                  "service_parameters")

@@ -1,16 +1,21 @@
 """`POST /chat/completions` request, in the usual chat-completion convention plus
-`service_parameters`. Unlisted fields pass through (and are ignored)."""
+`service_parameters`. Unlisted fields pass through (and are ignored).
+
+Bounds follow the published reference (shared/reference/venice/openapi.yaml): what it accepts
+is accepted here, e.g. `max_tokens` of 0 or less (ignored), `top_p: 0`, any
+`repetition_penalty` from 0 up, `verbosity: "auto"`, ten fallbacks."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from serve_app.schemas.common import AnonUserId
 
 MAX_N = 8
 MAX_STOP = 16
+MAX_FALLBACKS = 10  # the reference's maxItems
 
 
 class _Open(BaseModel):
@@ -155,14 +160,17 @@ class StreamOptions(_Open):
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
+Verbosity = Literal["low", "medium", "high", "auto"]
+
+
 class Reasoning(_Open):
     effort: ReasoningEffort | None = None
     enabled: bool | None = None
-    summary: str | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class TextOptions(_Open):
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: Verbosity | None = None
 
 
 class Fallback(_Open):
@@ -188,19 +196,21 @@ class ChatCompletionRequest(_Open):
     messages: list[ChatMessage] = Field(min_length=1)
 
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    # 0 keeps only the likeliest token (the vLLM engine runs it as top_k 1)
+    top_p: float | None = Field(default=None, ge=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     min_temp: float | None = Field(default=None, ge=0, le=2)
     max_temp: float | None = Field(default=None, ge=0, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(default=None, gt=0, le=2)
+    # no upper bound in the reference; 0 is taken as no penalty (the engine's 1.0)
+    repetition_penalty: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = None  # 0 or less: ignored (the model's own limit)
+    max_completion_tokens: int | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -215,12 +225,12 @@ class ChatCompletionRequest(_Open):
 
     reasoning: Reasoning | None = None
     reasoning_effort: ReasoningEffort | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: Verbosity | None = None
     text: TextOptions | None = None
 
     user: str | None = None
     anon_user_id: AnonUserId | None = None
-    fallbacks: list[Fallback] | None = Field(default=None, max_length=5)
+    fallbacks: list[Fallback] | None = Field(default=None, max_length=MAX_FALLBACKS)
     store: bool | None = None
     include: list[str] | None = None
     metadata: dict[str, str] | None = None
@@ -237,6 +247,12 @@ class ChatCompletionRequest(_Open):
                 and "service_parameters" not in data:
             data = {**data, "service_parameters": data["venice_parameters"]}
         return data
+
+    @field_validator("max_tokens", "max_completion_tokens")
+    @classmethod
+    def _ignore_non_positive(cls, value: int | None) -> int | None:
+        """The reference ignores a limit of 0 or less: the model's own limit applies."""
+        return value if value is not None and value > 0 else None
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ChatCompletionRequest:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serve_app.schemas.chat import Fallback, Reasoning, ServiceParameters
+from serve_app.schemas.chat import MAX_FALLBACKS, Fallback, Reasoning, ServiceParameters
 
 
 class _Open(BaseModel):
@@ -69,13 +69,13 @@ class ResponsesRequest(_Open):
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_p: float | None = Field(default=None, ge=0, le=1)
     stream: bool = False
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     text: TextConfig | None = None
     reasoning: Reasoning | None = None
-    fallbacks: list[Fallback] | None = Field(default=None, max_length=5)
+    fallbacks: list[Fallback] | None = Field(default=None, max_length=MAX_FALLBACKS)
     include: list[str] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
