@@ -17,11 +17,12 @@ from typing import Any
 from ray import serve
 
 from deployments.base import ModelDeployment
-from deployments.engines.audio import CONTENT_TYPES, ENGINES, encode_audio
+from deployments.engines.audio import CONTENT_TYPES, ENGINES, encode_audio, encode_sentences
 from deployments.protocol import (
     EngineError,
     MediaJob,
     MediaResult,
+    SpeechPiece,
     SpeechRequest,
     SpeechStart,
     Transcription,
@@ -80,10 +81,11 @@ class SpeechDeployment(ModelDeployment):
         return list(self.engines[model_id].voices())
 
     async def speak(self, model_id: str, request: SpeechRequest
-                    ) -> AsyncIterator[SpeechStart | bytes | EngineError]:
+                    ) -> AsyncIterator[SpeechStart | SpeechPiece | EngineError]:
         """Encoded audio of the request's text, piece by piece as sentences are synthesized;
-        the first item is a `SpeechStart` (or an EngineError), the rest are bytes (an
-        EngineError last when the voice cannot read the text)."""
+        the first item is a `SpeechStart` (or an EngineError), the rest are `SpeechPiece`s,
+        each with the characters it reads (an EngineError last when the voice cannot read
+        the text)."""
         engine = self.engines.get(model_id)
         if engine is None:
             yield not_served(model_id)
@@ -94,15 +96,15 @@ class SpeechDeployment(ModelDeployment):
             return
         yield SpeechStart(engine.sample_rate)
 
-        def produce() -> Iterator[bytes]:
+        def produce() -> Iterator[tuple[bytes, int]]:
             with self._busy:
-                yield from encode_audio(
-                    engine.synthesize(request.text, request.voice, request.speed),
+                yield from encode_sentences(
+                    engine.sentences(request.text, request.voice, request.speed),
                     engine.sample_rate, request.format)
 
         try:
-            async for piece in in_thread(produce):
-                yield piece
+            async for audio, characters in in_thread(produce):
+                yield SpeechPiece(audio, characters)
         except ValueError as exc:  # text the voice cannot read
             yield EngineError(400, str(exc), field="input")
 

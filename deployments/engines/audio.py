@@ -22,7 +22,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -36,10 +36,20 @@ MIN_SPEED, MAX_SPEED = 0.25, 4.0
 WHISPER_RATE = 16_000  # what Whisper's feature extractor expects
 
 
+class Sentence(NamedTuple):
+    """A piece of synthesized speech: int16 mono PCM, and how many characters of the input
+    text it reads (the pieces of one text add up to its length)."""
+
+    pcm: np.ndarray
+    characters: int
+
+
 class SpeechEngine(Protocol):
     sample_rate: int
 
     def voices(self) -> list[str]: ...
+
+    def sentences(self, text: str, voice: str, speed: float) -> Iterator[Sentence]: ...
 
     def synthesize(self, text: str, voice: str, speed: float) -> Iterator[np.ndarray]: ...
 
@@ -122,6 +132,13 @@ class PiperSpeechEngine:
     def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[np.ndarray]:
         """int16 mono PCM at `sample_rate`, one array per sentence as each is synthesized.
         `speed` (0.25..4) divides the voice's phoneme length scale."""
+        return (sentence.pcm for sentence in self.sentences(text, voice, speed))
+
+    def sentences(self, text: str, voice: str, speed: float = 1.0) -> Iterator[Sentence]:
+        """`synthesize`, each sentence with the characters of `text` it reads. Piper reads
+        sentences as espeak splits them, which does not say where they lie in the text: a
+        sentence is given the share of the characters its phonemes are of all the text's
+        (the text is phonemized once more up front, a few milliseconds)."""
         from piper.config import SynthesisConfig
 
         if voice not in self._voices:
@@ -134,9 +151,32 @@ class PiperSpeechEngine:
         config = SynthesisConfig(speaker_id=speaker,
                                  length_scale=model.config.length_scale / speed)
         gap = np.zeros(round(self._silence * self.sample_rate), np.int16)
+        shares = _CharacterShares(len(text), sum(map(len, model.phonemize(text))))
         for index, chunk in enumerate(model.synthesize(text, config)):
             pcm = chunk.audio_int16_array
-            yield np.concatenate([gap, pcm]) if index and gap.size else pcm
+            yield Sentence(np.concatenate([gap, pcm]) if index and gap.size else pcm,
+                           shares.take(len(chunk.phonemes)))
+        if rest := shares.rest():  # sentences that made no sound (punctuation alone)
+            yield Sentence(np.zeros(0, np.int16), rest)
+
+
+class _CharacterShares:
+    """Hands out `characters` in proportion to `units` (phonemes) as they are read; rounded
+    so that the shares always add up to the whole."""
+
+    def __init__(self, characters: int, units: int) -> None:
+        self.characters, self.units = characters, max(1, units)
+        self.read = self.given = 0
+
+    def take(self, units: int) -> int:
+        self.read = min(self.units, self.read + units)
+        share = round(self.characters * self.read / self.units) - self.given
+        self.given += share
+        return share
+
+    def rest(self) -> int:
+        share, self.given = self.characters - self.given, self.characters
+        return share
 
 
 def _load_piper_voice(file: Path, threads: int) -> tuple[PiperVoice, dict[str, Any]]:
@@ -323,6 +363,28 @@ def encode_audio(chunks: Iterable[np.ndarray], sample_rate: int, fmt: str) -> It
             yield _s16le(chunk)
     else:
         yield from _encode_pyav(chunks, sample_rate, fmt)
+
+
+def encode_sentences(sentences: Iterable[Sentence], sample_rate: int, fmt: str
+                     ) -> Iterator[tuple[bytes, int]]:
+    """`encode_audio` of the sentences' PCM, each piece with the characters of the sentences
+    given to the encoder since the piece before. A sentence's characters come with the first
+    piece made after the encoder took it (an encoder may hold back a few milliseconds of its
+    audio for the next piece), so a client that leaves before the end is not sent a sentence it
+    was not charged for; the pieces add up to all the characters."""
+    fed = told = 0
+
+    def pcm() -> Iterator[np.ndarray]:
+        nonlocal fed
+        for sentence in sentences:
+            fed += sentence.characters
+            yield sentence.pcm
+
+    for piece in encode_audio(pcm(), sample_rate, fmt):
+        yield piece, fed - told
+        told = fed
+    if fed > told:
+        yield b"", fed - told
 
 
 def _s16le(chunk: np.ndarray) -> bytes:

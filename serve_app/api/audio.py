@@ -43,7 +43,7 @@ async def create_speech(body: SpeechRequest, ctx: Context, key: InferenceCaller,
     if body.streaming:
         return _SpeechStream(speech)
     try:
-        audio = b"".join([piece async for piece in speech.pieces])
+        audio = await speech.whole()
     finally:
         await speech.close()
     return Response(audio, media_type=speech.media_type)

@@ -1,19 +1,21 @@
 """Speech and transcription between the router and the audio deployments: the model, the
 limits (the SPEECH class), the hold, one call, the settlement. Speech is charged per character
-read aloud, once the whole audio is made; transcription per second of audio heard (started
-seconds), after holding the most the model accepts. A failure anywhere releases the hold.
+read aloud: the whole input once all of its audio is out, or, for a client that leaves a
+streamed answer early, the characters of the pieces it was sent. Transcription is charged per
+second of audio heard (started seconds), after holding the most the model accepts. A failure
+of ours anywhere releases the hold.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deployments import protocol
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.pricing import price
+from serve_app.billing.pricing import Cost, price
 from serve_app.errors import ApiError, invalid_request
 from serve_app.models.calls import call_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
@@ -33,24 +35,67 @@ CONVENTION_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable
 DEFAULT_MAX_AUDIO_SECONDS = 1800
 
 
-@dataclass
+@dataclass(eq=False)
 class Speech:
-    """A speech answer on its way: the audio pieces, and the hold settled when they end.
-    `close()` must run however the answer ends (the router's response does it): a client
-    that left before the last piece releases the hold and stops the synthesis."""
+    """A speech answer on its way: its audio `pieces` (or `whole()`), and the hold settled
+    when they end. `close()` must run however the answer ends (the router's response does
+    it): it stops the synthesis and settles what was delivered."""
 
     model: CatalogModel
     media_type: str
-    pieces: AsyncIterator[bytes]
-    stream: AsyncIterator[Any]
     charge: Charge
+    cost: Cost  # of the whole input
+    characters: int  # of the whole input
+    first: protocol.SpeechPiece | None
+    rest: AsyncIterator[Any]  # the deployment's stream: SpeechPiece, then its end
+    sent: int = 0  # characters of the pieces delivered
+    complete: bool = False  # all the audio is out (and charged)
+    failed: bool = False  # the model broke off: our failure, not charged
+    pieces: AsyncIterator[bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pieces = self._audio()
+
+    async def _audio(self) -> AsyncIterator[bytes]:
+        """The audio, piece by piece. A piece counts as delivered when its consumer comes
+        back for the next one (a streamed response: once it was written to the client); the
+        whole input is charged once the last piece is out, before the answer ends."""
+        piece = self.first
+        while piece is not None:
+            if piece.audio:
+                yield piece.audio
+            self.sent += piece.characters
+            try:
+                piece = await anext(self.rest, None)
+            except Exception:
+                self.failed = True
+                raise
+        self.complete = True
+        await self.charge.settle(self.cost)
+
+    async def whole(self) -> bytes:
+        """All the audio as one body: nothing of it is delivered unless all of it is."""
+        try:
+            return b"".join([piece async for piece in self.pieces])
+        except BaseException:
+            self.sent = 0
+            raise
 
     async def close(self) -> None:
+        """Stop the synthesis, then settle: the characters of the pieces delivered to a client
+        that left early (at least one piece), else release the hold (nothing delivered, or the
+        model failed). Once all is out, already settled: nothing to do."""
         try:
             await self.pieces.aclose()  # type: ignore[attr-defined]
-            await self.stream.aclose()  # type: ignore[attr-defined]
+            await self.rest.aclose()  # type: ignore[attr-defined]
         finally:
-            await self.charge.release()  # nothing left to do once settled
+            if self.complete:
+                pass
+            elif self.failed or self.sent <= 0:
+                await self.charge.release()
+            else:
+                await self.charge.settle(price(self.model, {
+                    "speech_characters": min(self.sent, self.characters)}))
 
 
 def pick_voice(model: CatalogModel, requested: str | None) -> str:
@@ -101,12 +146,11 @@ class AudioService:
                                       protocol.SpeechRequest(body.input, voice, body.speed,
                                                              fmt))
                 await anext(stream)  # SpeechStart: the voice is loaded and known
-                first = await anext(stream, b"")
+                first = await anext(stream, None)
         except BaseException:
             await charge.release()
             raise
-        return Speech(model, CONTENT_TYPES[fmt], _settled(charge, cost, first, stream), stream,
-                      charge)
+        return Speech(model, CONTENT_TYPES[fmt], charge, cost, len(body.input), first, stream)
 
     async def transcribe(self, ctx: RequestContext, key: KeyRecord,
                          body: TranscriptionRequest, audio: bytes) -> protocol.Transcription:
@@ -135,21 +179,6 @@ class AudioService:
         models = [self.router.resolve(model_name, "tts").model] if model_name else \
             self.catalog.of_type("tts")
         return [{"id": voice, "name": voice, "model": m.id} for m in models for voice in m.voices]
-
-
-async def _settled(charge: Charge, cost: Any, first: bytes,
-                   rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    """The audio pieces; the charge is settled when the last one is out, and released if the
-    stream breaks or the client leaves before it ends."""
-    done = False
-    try:
-        if first:
-            yield first
-        async for piece in rest:
-            yield piece
-        done = True
-    finally:
-        await charge.settle(cost if done else None)
 
 
 def transcription_payload(body: TranscriptionRequest, out: protocol.Transcription

@@ -24,6 +24,7 @@ from deployments.protocol import (
     MediaJob,
     MediaResult,
     Sampling,
+    SpeechPiece,
     SpeechRequest,
     SpeechStart,
     TextRequest,
@@ -44,7 +45,7 @@ VALUES = [
     EngineError(400, "too long", code="TOO_MANY_TOKENS", field="max_tokens"),
     ImageRequest(images=[b"\x89PNG"], fields=["image"], params={"scale": 2}, format="png"),
     ImageResult(images=[b"x"], width=2, height=2, blurred=False, replica_ms=1.0),
-    SpeechRequest("Hello.", "joe", 1.0, "wav"), SpeechStart(22050),
+    SpeechRequest("Hello.", "joe", 1.0, "wav"), SpeechStart(22050), SpeechPiece(b"ID3", 6),
     TranscriptionRequest(b"RIFF", "en", True),
     Transcription("hi", 1.0, "en", [{"text": "hi", "start": 0.0, "end": 1.0}], None, 2.0),
     MediaJob({"prompt": "a fox", "seconds": 2}, {"image": b"\x89PNG"}),
@@ -117,10 +118,12 @@ def test_a_speech_stream_starts_with_its_sample_rate_then_sends_audio() -> None:
     async def speak(request: SpeechRequest) -> list:
         return [item async for item in deployment.speak("m1", request)]
 
-    start, *pieces = asyncio.run(speak(SpeechRequest("Hello there.", voice, 1.0, "wav")))
+    text = "Hello there."
+    start, *pieces = asyncio.run(speak(SpeechRequest(text, voice, 1.0, "wav")))
     assert isinstance(start, SpeechStart) and start.sample_rate > 0
-    assert pieces and all(isinstance(p, bytes) for p in pieces)
-    assert b"".join(pieces)[:4] == b"RIFF"
+    assert pieces and all(isinstance(p, SpeechPiece) for p in pieces)
+    assert b"".join(p.audio for p in pieces)[:4] == b"RIFF"
+    assert sum(p.characters for p in pieces) == len(text)
 
     [refused] = asyncio.run(speak(SpeechRequest("Hello.", "nobody", 1.0, "wav")))
     assert isinstance(refused, EngineError)

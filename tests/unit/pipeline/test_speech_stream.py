@@ -1,0 +1,163 @@
+"""Speech through admission, the speech deployment and settlement, in process: what is
+delivered is charged. A streamed answer read to its end pays for the whole input; a client that
+leaves before the last piece pays for the characters of the pieces it was sent (nothing sent:
+nothing charged); a stream that breaks on our side is not charged. The client is an ASGI
+server's view of one: it reads pieces, then goes away the two ways servers report it (a write
+that fails, ASGI 2.4; or `http.disconnect` while a write waits, before 2.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.requests import ClientDisconnect
+
+from tests.fakes import crashed
+from tests.fakes.deployments import FakeSpeechDeployment
+from tests.unit.pipeline.books import per_million
+
+INPUT_USD = 10  # speaker (speech_catalog.yaml), USD per million characters
+TEXT = "The first sentence is short. The second one is a little longer. And a third ends it."
+SERVER_SPECS = ["2.4", "2.3"]
+
+
+@pytest.fixture
+def gateway_catalog() -> Path:
+    return Path(__file__).with_name("speech_catalog.yaml")
+
+
+@pytest.fixture
+def fakes() -> dict[str, FakeSpeechDeployment]:
+    return {"speech": FakeSpeechDeployment("speech", ["speaker"],
+                                           voices=["narrator", "whisperer"])}
+
+
+def _speak(gateway, key: str, body: dict[str, Any], *, leave_after: int | None = None,
+           spec: str = "2.4") -> tuple[int, dict[str, str], list[bytes]]:
+    """POST /api/v1/audio/speech into the gateway's ASGI app on its own loop, as a server
+    would. The client reads `leave_after` pieces of audio and goes away (None: it reads all).
+    Answers the status, the headers and the pieces it read."""
+    payload = json.dumps(body).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": spec},
+        "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/api/v1/audio/speech", "raw_path": b"/api/v1/audio/speech",
+        "root_path": "", "query_string": b"", "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    *[(k.lower().encode(), v.encode())
+                      for k, v in gateway.auth(key).items()]],
+    }
+
+    async def run() -> tuple[int, dict[str, str], list[bytes]]:
+        gone = asyncio.Event()
+        if leave_after == 0:
+            gone.set()
+        asked = False
+        start: dict[str, Any] = {}
+        pieces: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal asked
+            if not asked:
+                asked = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            if gone.is_set():
+                if spec >= "2.4":
+                    raise OSError("the client is gone")
+                await asyncio.Event().wait()  # a write that never drains, until cancelled
+            if message.get("body"):
+                pieces.append(message["body"])
+                if leave_after is not None and len(pieces) >= leave_after:
+                    gone.set()
+
+        with contextlib.suppress(OSError, ClientDisconnect):  # the client's leaving
+            await gateway.client.app(scope, receive, send)
+        headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
+        return start.get("status", 0), headers, pieces
+
+    return gateway.client.portal.call(run)
+
+
+def test_a_streamed_speech_read_to_the_end_pays_for_the_whole_input(fake_gateway, key, books):
+    before = books.balance_nanos()
+
+    status, headers, pieces = _speak(fake_gateway, key, {"input": TEXT, "streaming": True})
+
+    assert status == 200
+    expected = FakeSpeechDeployment.pieces_for(TEXT)
+    assert pieces == [p.audio for p in expected] and len(pieces) == 3
+    charge = books.only_charge(headers["cf-ray"])
+    assert charge.lines == {"speech_characters": (len(TEXT), per_million(INPUT_USD, len(TEXT)))}
+    assert books.balance_nanos() == before - charge.total_nanos
+    assert books.open_holds() == 0
+
+
+@pytest.mark.parametrize("spec", SERVER_SPECS)
+def test_a_client_leaving_after_the_first_piece_pays_for_its_characters(fake_gateway, key,
+                                                                         books, spec):
+    """The attack: read the first sentence of a long text, hang up, repeat. Before, it was
+    free (the hold was released); now the characters sent are charged, nothing more."""
+    before = books.balance_nanos()
+
+    status, headers, pieces = _speak(fake_gateway, key, {"input": TEXT, "streaming": True},
+                                     leave_after=1, spec=spec)
+
+    assert status == 200
+    first = FakeSpeechDeployment.pieces_for(TEXT)[0]
+    assert pieces == [first.audio]
+    charge = books.only_charge(headers["cf-ray"])
+    assert charge.lines == {"speech_characters": (first.characters,
+                                                  per_million(INPUT_USD, first.characters))}
+    assert 0 < first.characters < len(TEXT)
+    assert books.balance_nanos() == before - charge.total_nanos
+    assert books.held(headers["cf-ray"]) is None and books.open_holds() == 0
+
+
+@pytest.mark.parametrize("spec", SERVER_SPECS)
+def test_a_client_gone_before_any_audio_pays_nothing(fake_gateway, key, books, spec):
+    before = books.balance_nanos()
+
+    status, headers, pieces = _speak(fake_gateway, key, {"input": TEXT, "streaming": True},
+                                     leave_after=0, spec=spec)
+
+    assert status == 200 and pieces == []
+    assert books.charges(headers["cf-ray"]) == []
+    assert books.balance_nanos() == before and books.open_holds() == 0
+
+
+def test_a_stream_that_breaks_on_our_side_is_not_charged(fake_gateway, fakes, key, books):
+    fakes["speech"].fail_with(crashed(), after_pieces=2)  # the start and one piece, then breaks
+    before = books.balance_nanos()
+
+    status, headers, pieces = _speak(fake_gateway, key, {"input": TEXT, "streaming": True})
+
+    assert status == 200 and len(pieces) == 1
+    assert books.charges(headers["cf-ray"]) == []
+    assert books.balance_nanos() == before and books.open_holds() == 0
+
+
+def test_a_whole_speech_answer_pays_for_the_whole_input(fake_gateway, key, books):
+    before = books.balance_nanos()
+
+    resp = fake_gateway.client.post("/api/v1/audio/speech", headers=fake_gateway.auth(key),
+                                    json={"input": TEXT})
+
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "audio/pcm"
+    assert resp.content == b"".join(p.audio for p in FakeSpeechDeployment.pieces_for(TEXT))
+    charge = books.only_charge(resp.headers["cf-ray"])
+    assert charge.lines["speech_characters"][0] == len(TEXT)
+    assert books.balance_nanos() == before - charge.total_nanos
