@@ -26,6 +26,7 @@ from serve_app.db.engine import make_engine
 from serve_app.embeddings.serving import Embedder
 from serve_app.images.inputs import ImageSourceReader, image_fetcher
 from serve_app.images.serving import ImageService
+from serve_app.jobs.caps import FetchSlots
 from serve_app.jobs.requests import JobService
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore, open_result_store
@@ -125,7 +126,8 @@ class GatewayServices:
         image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
         job_runner = JobRunner(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment)
-        job_service = JobService(router, catalog, admission, jobs, results, job_runner, engine)
+        job_service = JobService(router, catalog, admission, jobs, results, job_runner, engine,
+                                 FetchSlots(settings.media_fetches_per_account))
         return cls(
             settings=settings,
             catalog=catalog,

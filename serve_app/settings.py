@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     # How long a job runner's claim on a job lasts unless renewed (it renews every third of
     # it): a runner that died gives its jobs up after this long.
     job_lease_s: float = Field(default=30.0, gt=0)
+    # Requests of one account that may read media inputs (fetch, decode, probe) at once on
+    # each Gateway replica; more are refused with a 429 (video jobs have no rate limit).
+    media_fetches_per_account: int = Field(default=2, ge=1)
     # JSON-RPC nodes of `/crypto/rpc/{network}` (configs/crypto_rpc.yaml documents the format).
     crypto_rpc_nodes: Path = PROJECT_ROOT / "configs" / "crypto_rpc.yaml"
 
