@@ -31,7 +31,7 @@ _PROCESSING = {"application/json": {"schema": {"type": "object", "properties": {
 @router.post("/video/quote", dependencies=[JsonBody], summary="Price of a video job")
 async def quote_video(body: QuoteVideoRequest, ctx: Context, key: InferenceCaller,
                       state: State) -> Response:
-    return json_response(ctx, await state.video.quote(body))
+    return json_response(ctx, await state.video.quote(ctx, key, body))
 
 
 @router.post("/video/queue", dependencies=[JsonBody], summary="Queue a video job")

@@ -5,9 +5,8 @@ its media). The runner (runner.py) does the work between.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from datetime import datetime
 
 from fastapi import Request, Response
@@ -17,12 +16,14 @@ from serve_app.accounts.key_store import KeyRecord
 from serve_app.accounts.provisioning import DOWNLOAD_SECRET, ensure_secret
 from serve_app.billing.pricing import Cost
 from serve_app.db.engine import run_in_session
-from serve_app.db.tables import JobStatus, MediaJob, utcnow
+from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
+from serve_app.jobs.caps import FetchSlots
+from serve_app.jobs.intake import JobIntake, floor_cost
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
-from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView, input_key
+from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
@@ -36,19 +37,13 @@ MODEL_TYPE_OF_KIND = {"video": "video", "audio": "music"}
 DEFAULT_EXECUTION_MS = 60_000.0
 
 
-@dataclass(frozen=True, slots=True)
-class InputFile:
-    data: bytes
-    media_type: str
-
-
 class JobService:
     """Queued media jobs as the routes see them: queue (admitted, inputs kept, row written),
     retrieve, download by signed link, complete."""
 
     def __init__(self, router: ModelRouter, catalog: Catalog, admission: Admission,
                  jobs: JobQueue, results: ResultStore, job_runner: JobRunner,
-                 database: Engine) -> None:
+                 database: Engine, fetch_slots: FetchSlots | None = None) -> None:
         self.router = router
         self.catalog = catalog
         self.admission = admission
@@ -56,47 +51,35 @@ class JobService:
         self.results = results
         self.job_runner = job_runner
         self.database = database
+        self.fetch_slots = fetch_slots or FetchSlots()
+
+    def intake(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
+               kind: str) -> JobIntake:
+        """A job on its way into the queue (intake.py): admit, keep its inputs, hold its
+        price, queue it; `async with` it so that a failure leaves nothing held or kept."""
+        return JobIntake(admission=self.admission, router=self.router, jobs=self.jobs,
+                         results=self.results, runner=self.job_runner, ctx=ctx, key=key,
+                         routed=routed, kind=kind)
 
     async def queue_job(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-                        kind: str, cost: Cost, params: dict, inputs: dict[str, InputFile]
-                        ) -> JobView:
-        """Hold `cost`, keep the inputs, write the job; the runner takes it from there. Nothing is
-        kept or held when any step fails."""
-        model = routed.model
-        self.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
-        charge = await self.admission.admit(ctx, key, model, 0, cost)
-        job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
-                       account_id=key.account_id, api_key_id=key.id if not key.wallet_address
-                       else None, wallet_address=key.wallet_address, params=params,
-                       cost_lines=[[line.line_type, line.units, line.nanos,
-                                    line.price_per_unit_usd] for line in cost.lines])
-        job.inputs = {name: input_key(job.queue_id, name) for name in inputs}
+                        kind: str, cost: Cost, params: dict) -> JobView:
+        """A job whose price is known and that has no input files (queued audio)."""
+        async with self.intake(ctx, key, routed, kind) as intake:
+            await intake.admit(cost)
+            return await intake.queue(cost, params)
 
-        async def write() -> JobView:
-            for name, file in inputs.items():
-                await self.results.put(job.inputs[name], file.data, file.media_type)
-            return await self.jobs.add(job)
-
-        # The write finishes even when the client leaves meanwhile, so that its outcome is known:
-        # a job its client never heard of is withdrawn (nobody could retrieve it), then released.
-        writing = asyncio.ensure_future(write())
+    @contextlib.asynccontextmanager
+    async def fetching(self, ctx: RequestContext, key: KeyRecord,
+                       model: CatalogModel) -> AsyncIterator[None]:
+        """Reading media for a request that queues nothing (a quote): the caller is counted
+        and must be able to pay (the floor hold, given back after), and takes one of its
+        account's fetch slots (429 when they are taken)."""
+        charge = await self.admission.admit(ctx, key, model, 0, floor_cost(model))
         try:
-            with ctx.step("queue"):
-                view = await asyncio.shield(writing)
-        except BaseException as exc:
-            with contextlib.suppress(BaseException):
-                await writing
-                if isinstance(exc, asyncio.CancelledError):
-                    await self.jobs.withdraw(job.queue_id, "The client left before the job "
-                                                            "was queued; nothing was charged")
+            async with self.fetch_slots.slot(key.account_id):
+                yield
+        finally:
             await charge.release()
-            for stored in job.inputs.values():
-                with contextlib.suppress(Exception):
-                    await self.results.delete(stored)
-            raise
-        respond.model_headers(ctx, model, routed.router)
-        self.job_runner.wake()
-        return view
 
     async def download_secret(self) -> str:
         return await run_in_session(self.database, lambda s: ensure_secret(s, DOWNLOAD_SECRET))

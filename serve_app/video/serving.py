@@ -19,7 +19,8 @@ from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing.video import SourceVideo, VideoAsk, plan_video
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images.inputs import ImageSourceReader, inspect_image
-from serve_app.jobs.requests import InputFile, JobService, delivery_url
+from serve_app.jobs.intake import JobIntake
+from serve_app.jobs.requests import JobService, delivery_url
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext
@@ -38,6 +39,8 @@ MEDIA_FIELDS: dict[str, frozenset[str]] = {
 ALL_MEDIA_FIELDS = ("image_url", "end_image_url", "audio_url", "video_url",
                     "reference_image_urls", "reference_video_urls", "reference_audio_urls",
                     "reference_document_urls", "scene_image_urls", "elements", "keyframes")
+# Operations priced by the source clip of `video_url` (a quote reads it for them alone).
+SOURCE_PRICED = frozenset({"video-upscale", "video-interpolate"})
 # The roles the consent body names, per media field.
 FACE_MEDIA_ROLES = {"image_url": "image", "end_image_url": "end_image",
                     "reference_image_urls": "reference_image", "video_url": "video",
@@ -70,27 +73,31 @@ class VideoService:
         data = await self.image_sources.read(value, field, allow_urls=True, media="video")
         return data, await probe(data, field)
 
-    async def quote(self, body: QuoteVideoRequest) -> dict[str, float]:
+    async def quote(self, ctx: RequestContext, key: KeyRecord,
+                    body: QuoteVideoRequest) -> dict[str, float]:
+        """The price of a job. Only a model priced by its source clip reads `video_url`
+        (counted, paid for and bounded as a queue's inputs are); others ignore it, as clients
+        of the published interface send it with every quote."""
         model = self.video_model(body.model).model
         source = None
-        if body.video_url is not None:
-            if "video_url" not in MEDIA_FIELDS[model.operation]:
-                raise invalid_request(f"{model.id} takes no video_url", "video_url")
-            _, source = await self._video(body.video_url, "video_url")
+        if body.video_url is not None and model.operation in SOURCE_PRICED:
+            async with self.job_service.fetching(ctx, key, model):
+                _, source = await self._video(body.video_url, "video_url")
         return {"quote": plan_video(model, _ask(body), source).quote_usd}
 
-    async def _inputs(self, model: CatalogModel, body: QueueVideoRequest
-                      ) -> tuple[dict[str, InputFile], SourceVideo | None]:
-        """The media the job needs, fetched, size-capped and checked from their headers."""
-        inputs: dict[str, InputFile] = {}
+    async def _inputs(self, body: QueueVideoRequest, intake: JobIntake) -> SourceVideo | None:
+        """The media the job needs, one at a time: fetched (size-capped), checked from their
+        headers, then spooled to the result store and dropped from memory."""
         source = None
         if body.image_url:
             data = await self.image_sources.read(body.image_url, "image_url", allow_urls=True)
             image = inspect_image(data, "image_url", min_pixels=MIN_IMAGE_PIXELS)
-            inputs["image"] = InputFile(data, f"image/{image.format.lower()}")
+            await intake.keep("image", data, f"image/{image.format.lower()}")
+            del data, image
         if body.video_url:
             data, source = await self._video(body.video_url, "video_url")
-            inputs["video"] = InputFile(data, "video/mp4")
+            await intake.keep("video", data, "video/mp4")
+            del data
         if body.reference_video_urls:
             clips = []
             for i, url in enumerate(body.reference_video_urls):
@@ -101,39 +108,57 @@ class VideoService:
                     raise invalid_request(f"the clip is {clip.seconds:g} s; reference clips must "
                                           f"be {low:g} to {high:g} s", field)
                 clips.append(clip)
-                inputs[f"reference-{i}"] = InputFile(data, "video/mp4")
+                await intake.keep(f"reference-{i}", data, "video/mp4")
+                del data
             total = sum(c.seconds for c in clips)
             if total > MAX_REFERENCE_TOTAL_SECONDS:
                 raise invalid_request(f"the reference clips last {total:g} s together; at most "
                                       f"{MAX_REFERENCE_TOTAL_SECONDS:g} s", "reference_video_urls")
             source = SourceVideo(total, clips[0].width, clips[0].height, clips[0].fps)
-        return inputs, source
+        return source
 
     async def queue(self, request: Request, ctx: RequestContext, key: KeyRecord,
                     body: QueueVideoRequest) -> dict[str, str]:
+        """Checks that need no input first (400s, 503); then the caller is counted and held
+        before any input is read: the job's price when it does not depend on the inputs,
+        else the floor (intake.py), replaced by the price once the inputs are probed."""
         routed = self.video_model(body.model)
         model = routed.model
-        self.router.handle(model)  # 503 before fetching anything when the model is offline
+        self.router.handle(model)  # 503 before anything is held or fetched
         _check_prompt(model, body)
         _check_media_fields(model, body)
         _check_consent(model, body)
-        inputs, source = await self._inputs(model, body)
-        plan = plan_video(model, _ask(body), source)
-        params = {"prompt": body.prompt, "negative_prompt": body.negative_prompt,
-                  "seconds": plan.seconds, "width": plan.width, "height": plan.height,
-                  "fps": plan.fps, "audio": plan.audio, "seed": 0,
-                  "upscale_factor": body.upscale_factor
-                  or model.constraints.get("default_upscale_factor", 2),
-                  "target_fps": body.target_fps, "slowdown_factor": body.slowdown_factor,
-                  "enhancement_model": body.enhancement_model, "creativity": body.creativity}
-        # read before queueing: once the job is queued, nothing may fail the answer
-        secret = await self.job_service.download_secret() if model.is_private else None
-        job = await self.job_service.queue_job(ctx, key, routed, "video", plan.cost, params, inputs)
+        ask = _ask(body)
+        known = None if _priced_by_inputs(model) else plan_video(model, ask, None)
+        async with self.job_service.intake(ctx, key, routed, "video") as intake:
+            await intake.admit(known.cost if known is not None else None)
+            source = None
+            if any(getattr(body, f) for f in MEDIA_FIELDS[model.operation]):
+                async with self.job_service.fetch_slots.slot(key.account_id):
+                    source = await self._inputs(body, intake)
+            plan = known or plan_video(model, ask, source)
+            await intake.hold(plan.cost)
+            params = {"prompt": body.prompt, "negative_prompt": body.negative_prompt,
+                      "seconds": plan.seconds, "width": plan.width, "height": plan.height,
+                      "fps": plan.fps, "audio": plan.audio, "seed": 0,
+                      "upscale_factor": body.upscale_factor
+                      or model.constraints.get("default_upscale_factor", 2),
+                      "target_fps": body.target_fps, "slowdown_factor": body.slowdown_factor,
+                      "enhancement_model": body.enhancement_model,
+                      "creativity": body.creativity}
+            # read before queueing: once the job is queued, nothing may fail the answer
+            secret = await self.job_service.download_secret() if model.is_private else None
+            job = await intake.queue(plan.cost, params)
         queued = {"model": model.id, "queue_id": job.queue_id}
         if secret is not None:  # the spec: a short-lived delivery URL, for private models only
             queued["download_url"] = delivery_url(request, self.public_api_url, secret,
                                                   job.queue_id)
         return queued
+
+
+def _priced_by_inputs(model: CatalogModel) -> bool:
+    """Whether the job's price depends on its input clips (their length, their size)."""
+    return model.operation in SOURCE_PRICED or model.operation == "reference-to-video"
 
 
 def _ask(body: QuoteVideoRequest | QueueVideoRequest) -> VideoAsk:

@@ -1,0 +1,147 @@
+"""One media job on its way into the queue, in the order that keeps abuse cheap:
+
+1. `admit`: the caller is counted and held before anything is read: the job's price when it is
+   known without its inputs, otherwise the least hold that shows the account can pay (a 402
+   comes before any byte is fetched);
+2. `keep`: each input, once read and checked, is spooled to the result store under the job's
+   key and dropped from memory (one at a time, never all of them at once);
+3. `hold`: the job's real price, once the inputs told it (an upscale's length), replaces the
+   first hold;
+4. `queue`: the row is written; the runner takes it from there.
+
+Used as `async with`: whatever fails on the way releases the hold and deletes what was kept,
+so nothing is charged or stored for a job that was not queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.pricing import Cost, PricedLine
+from serve_app.db.tables import MediaJob
+from serve_app.jobs.runner import JobRunner
+from serve_app.jobs.store import ResultStore
+from serve_app.jobs.table import JobQueue, JobView, input_key
+from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import ModelRouter, RoutedModel
+from serve_app.pipeline import respond
+from serve_app.pipeline.admission import Admission, payer_of
+from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.settlement import Charge
+
+logger = logging.getLogger("serve_app.jobs")
+
+# What is held before the inputs are read when the price depends on them: any positive
+# amount shows the account (and the key's spending limit) can pay something.
+FLOOR_HOLD_NANOS = 1
+
+
+def floor_cost(model: CatalogModel) -> Cost:
+    """The hold that admits a job whose price is known only once its inputs are read."""
+    return Cost(model, (PricedLine("video_seconds", 0, FLOOR_HOLD_NANOS, 0.0),))
+
+
+class JobIntake:
+    def __init__(self, *, admission: Admission, router: ModelRouter, jobs: JobQueue,
+                 results: ResultStore, runner: JobRunner, ctx: RequestContext,
+                 key: KeyRecord, routed: RoutedModel, kind: str) -> None:
+        self.admission, self.router, self.jobs = admission, router, jobs
+        self.results, self.runner = results, runner
+        self.ctx, self.key, self.routed = ctx, key, routed
+        model = routed.model
+        self.job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
+                            account_id=key.account_id,
+                            api_key_id=key.id if not key.wallet_address else None,
+                            wallet_address=key.wallet_address)
+        self.job.inputs = {}
+        self.kept_bytes = 0
+        self._charge: Charge | None = None
+        self._held = 0
+        self._written = False
+        self._queued = False
+
+    @property
+    def queue_id(self) -> str:
+        return self.job.queue_id
+
+    async def admit(self, cost: Cost | None) -> None:
+        """Count the caller and hold `cost`; None: the price is not known before the inputs
+        are read, so hold the floor. 503 when the model is offline, 429, 403, 402."""
+        model = self.routed.model
+        self.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
+        held = cost if cost is not None else floor_cost(model)
+        self._charge = await self.admission.admit(self.ctx, self.key, model, 0, held)
+        self._held = held.nanos
+
+    async def keep(self, name: str, data: bytes, media_type: str) -> None:
+        """Spool one checked input to the result store (the caller then drops its bytes)."""
+        stored = input_key(self.job.queue_id, name)
+        self.job.inputs = {**self.job.inputs, name: stored}  # before the write: undone on failure
+        await self.results.put(stored, data, media_type)
+        self.kept_bytes += len(data)
+
+    async def hold(self, cost: Cost) -> None:
+        """Hold the job's real price in place of what `admit` held (402 when the account
+        cannot pay it: the first hold is then already given back)."""
+        charge = self._charge
+        assert charge is not None, "admit first"
+        if cost.nanos == self._held:
+            return
+        await charge.release()
+        with self.ctx.step("hold"):
+            hold = await self.admission.billing.hold(self.ctx.request_id, payer_of(self.key),
+                                                     cost.nanos)
+        self._charge = Charge(self.ctx, hold, charge.ticket)
+        self._held = cost.nanos
+
+    async def queue(self, cost: Cost, params: dict) -> JobView:
+        """Write the job at `cost` (what was held). The write finishes even when the client
+        leaves meanwhile, so that its outcome is known: a job its client never heard of is
+        withdrawn (nobody could retrieve it), and released on the way out."""
+        assert cost.nanos == self._held, "hold the job's price before queueing it"
+        job = self.job
+        job.params = params
+        job.cost_lines = [[line.line_type, line.units, line.nanos, line.price_per_unit_usd]
+                          for line in cost.lines]
+        writing = asyncio.ensure_future(self.jobs.add(job))
+        try:
+            with self.ctx.step("queue"):
+                view = await asyncio.shield(writing)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                await writing
+                self._written = True
+                if isinstance(exc, asyncio.CancelledError):
+                    await self.jobs.withdraw(job.queue_id, "The client left before the job "
+                                                           "was queued; nothing was charged")
+            raise
+        self._queued = True
+        respond.model_headers(self.ctx, self.routed.model, self.routed.router)
+        self.runner.wake()
+        return view
+
+    async def __aenter__(self) -> JobIntake:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if not self._queued:
+            await self._abandon()
+
+    async def _abandon(self) -> None:
+        """Nothing is charged and nothing is kept: the hold goes back, the inputs go."""
+        if self._charge is not None:
+            await self._charge.release()
+        for stored in self.job.inputs.values():
+            try:
+                await self.results.delete(stored)
+            except Exception:  # the expiry sweep deletes it with its withdrawn job
+                logger.warning("could not delete input %s of job %s", stored,
+                               self.job.queue_id, exc_info=True)
+        if self._written:
+            with contextlib.suppress(Exception):
+                await self.jobs.mark_deleted(self.job.queue_id)
