@@ -168,6 +168,12 @@ class PendingAdmission:
             raise held
         return Charge(ctx, held, admitted)
 
+    async def decided(self) -> None:
+        """Wait for the limiter's decision (its 429 raised here): work the server does before
+        the hold (reading a chat's files, which sizes it) starts only for a counted caller."""
+        with self._ctx.step("limits"):
+            await self._deciding
+
     async def abandon(self, reason: BaseException | None = None) -> None:
         """The request was refused before its hold: the limiter's refusal (429) comes first;
         an unsupported feature counts toward its own budget."""
