@@ -373,6 +373,10 @@ class MediaJob(SQLModel, table=True):
     error_code: str | None = Field(default=None, max_length=64)
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     media_deleted: bool = Field(default=False)
+    # Bytes the job keeps in the result store (its inputs, then its media; 0 once deleted):
+    # an account's sum is capped.
+    stored_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False,
+                                                          server_default="0"))
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
     started_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
     finished_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
