@@ -28,6 +28,9 @@ LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
     "credits": ("credits", 1, "credits", "Credits"),  # crypto RPC calls
     "input_images": ("inputImages", 1, "images", "Input Images"),  # edits: extra inputs
     "prompt_enhancement": ("enhancePrompt", 1, "requests", "Prompt Enhancement"),
+    # Chat's usage-priced extras: searches the provider answered, pages scraped.
+    "web_search": ("web_search", 1, "searches", "Web Search"),
+    "web_scraping": ("web_scraping", 1, "pages", "Web Scraping"),
     # Speech: characters read aloud, priced per million as published (`input`); audio
     # transcribed, per second (`per_audio_second`).
     "speech_characters": ("input", 1_000_000, "chars", "Characters"),
@@ -116,6 +119,17 @@ def price(model: CatalogModel, units: dict[str, int]) -> Cost:
         nanos = int((per_unit * count * NANOS_PER_UNIT / scale).to_integral_value(ROUND_CEILING))
         lines.append(PricedLine(line_type, count, nanos, float(per_unit)))
     return Cost(model, tuple(lines))
+
+
+def token_units(model: CatalogModel, prompt_tokens: int, completion_tokens: int,
+                cached_tokens: int = 0) -> dict[str, int]:
+    """The priced lines of a text answer: the prompt's tokens served from the prefix cache at
+    the model's cache-read price (`cache_input`), the rest at its input price; a model without
+    a cache-read price bills the whole prompt at its input price."""
+    cached = min(max(cached_tokens, 0), prompt_tokens)
+    if model.pricing.get(LINE_TYPES["cache_read"][0]) is None:
+        cached = 0
+    return {"input": prompt_tokens - cached, "cache_read": cached, "output": completion_tokens}
 
 
 def sku(model: CatalogModel, line_type: str) -> str:
