@@ -96,8 +96,9 @@ class TextRequest:
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """One choice advanced by `tokens` tokens of `text`. The first chunk of a stream carries
-    the prompt's token count (billed even if the client leaves mid-stream); the last of a
-    choice its `finish_reason`. `logprobs`: one entry per token, when asked for."""
+    the prompt's token count and how many of them the engine's prefix cache served (billed
+    even if the client leaves mid-stream); the last of a choice its `finish_reason`.
+    `logprobs`: one entry per token, when asked for."""
 
     index: int
     text: str
@@ -105,14 +106,18 @@ class Chunk:
     finish_reason: str | None = None
     logprobs: list[dict[str, Any]] | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """The engine's final count of a generation: the last item of its stream."""
+    """The engine's final count of a generation: the last item of its stream.
+    `cached_tokens`: the prompt's tokens served from the prefix cache (at most
+    `prompt_tokens`), billed at the model's cache-read price."""
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 # What a text engine yields: chunks, then its usage; or an error instead of anything else.

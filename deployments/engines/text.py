@@ -124,6 +124,11 @@ class VLLMEngine:
             max_num_seqs=int(options.get("max_num_seqs", 8)),
             disable_log_stats=True,
             seed=int(options.get("seed", 0)),
+            # Repeated prefixes (a conversation's earlier turns, a shared system prompt) are
+            # read from the KV cache instead of recomputed; their count is reported as
+            # cached_tokens and billed at the cache-read price. vLLM's default for most models,
+            # set here so that it stays on.
+            enable_prefix_caching=bool(options.get("enable_prefix_caching", True)),
             # Compact JSON under a schema: fewer tokens, and no model can pad it with endless
             # whitespace until max_tokens.
             structured_outputs_config=StructuredOutputsConfig(
@@ -180,23 +185,29 @@ class VLLMEngine:
             yield EngineError(400, f"Invalid generation parameters: {exc}")
             return
         top = request.sampling.top_logprobs or 0
-        completion = 0
+        completion = cached = 0
         first = True
         try:
             # Cancelling this generator (a client that disconnects) makes vLLM abort.
             async for out in self.engine.generate(engine_input, params, request.request_id):
+                # The prompt's tokens the prefix cache served, known once it is read.
+                cached = min(out.num_cached_tokens or cached, prompt_tokens)
                 for choice in out.outputs:
                     completion += len(choice.token_ids)
                     # The first chunk carries the prompt's tokens: they are billed even if
                     # the client leaves mid-stream.
-                    yield self._chunk(choice, params, top, prompt_tokens if first else None)
+                    yield self._chunk(choice, params, top, (prompt_tokens, cached) if first
+                                      else (None, None))
                     first = False
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled.append(completion)
             raise
-        yield Usage(prompt_tokens=prompt_tokens, completion_tokens=completion)
+        yield Usage(prompt_tokens=prompt_tokens, completion_tokens=completion,
+                    cached_tokens=cached)
 
-    def _chunk(self, choice: Any, params: Any, top: int, prompt_tokens: int | None) -> Chunk:
+    def _chunk(self, choice: Any, params: Any, top: int,
+               prompt: tuple[int, int] | tuple[None, None]) -> Chunk:
+        """A choice's delta; `prompt`: the prompt's tokens and those cached (first chunk)."""
         return Chunk(
             index=choice.index,
             text=choice.text,
@@ -204,7 +215,8 @@ class VLLMEngine:
             finish_reason=choice.finish_reason,
             logprobs=_logprob_entries(self.tokenizer, list(choice.token_ids),
                                       choice.logprobs, top) if params.logprobs else None,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=prompt[0],
+            cached_tokens=prompt[1],
         )
 
     def stats(self) -> dict[str, Any]:
