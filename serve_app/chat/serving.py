@@ -17,7 +17,7 @@ from deployments.protocol import Chunk, TextEvent, TextRequest
 from deployments.protocol import Usage as EngineUsage
 from deployments.streaming import coalesce
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.pricing import Cost, price
+from serve_app.billing.pricing import Cost, price, token_units
 from serve_app.characters import find_character
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.engine_request import (
@@ -55,23 +55,26 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's, served by the engine's prefix cache
 
     def saw(self, chunk: Chunk) -> None:
-        """Count a streamed chunk: the first carries the prompt's tokens."""
+        """Count a streamed chunk: the first carries the prompt's tokens (and the cached)."""
         if chunk.prompt_tokens is not None:
             self.prompt_tokens = chunk.prompt_tokens
+            self.cached_tokens = chunk.cached_tokens or 0
         self.completion_tokens += chunk.tokens
 
     def record(self, reported: EngineUsage) -> None:
         """Take the engine's final count (it replaces the running count of the stream)."""
         self.prompt_tokens = reported.prompt_tokens
         self.completion_tokens = reported.completion_tokens
+        self.cached_tokens = reported.cached_tokens
 
     def as_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": 0}}
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 @dataclass
@@ -112,8 +115,9 @@ class ChatPlan:
         """What the answer measured, priced for the model that answered."""
         if self.answered_by is None:
             return None
-        return price(self.answered_by.model, {"input": self.usage.prompt_tokens,
-                                              "output": self.usage.completion_tokens})
+        usage, model = self.usage, self.answered_by.model
+        return price(model, token_units(model, usage.prompt_tokens, usage.completion_tokens,
+                                        usage.cached_tokens))
 
     async def release(self) -> None:
         """Give the hold back: the request failed before, or on our side of, the work."""
