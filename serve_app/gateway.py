@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.api import (
@@ -30,13 +31,14 @@ from serve_app.api import (
 )
 from serve_app.billing.ledger import InsufficientBalance
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
-from serve_app.errors import error_response, install_error_handlers
+from serve_app.errors import ApiError, error_response, install_error_handlers
 from serve_app.metrics import record_request
 from serve_app.middleware import (
     RequestIdLogFilter,
     RequestOutcomeMiddleware,
     ServiceHeadersMiddleware,
 )
+from serve_app.pipeline import respond
 from serve_app.pipeline.context import RequestContext
 from serve_app.services import GatewayServices
 from serve_app.version import service_version
@@ -155,11 +157,38 @@ class Site:
             await JSONResponse({"error": "Not found"}, status_code=404)(scope, receive, send)
 
 
+def _bearer_secret(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, secret = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not secret.strip():
+                return None
+            return secret.strip()
+    return None
+
+
 def create_prefixed_app(state: GatewayServices) -> ASGIApp:
     """The Gateway's site: the API under `/api/v1` and the console under `/console`. Serve
     runs it with route prefix `/`; tests and plain uvicorn run it as it is."""
     console = ConsoleFiles(state.settings.console_dir)
-    return ServiceHeadersMiddleware(Site(create_app(state), console))
+
+    async def key_windows(scope: Scope, ctx: RequestContext, answer: MutableHeaders) -> None:
+        """The key's rate-limit windows on an answer that tells none: a route that checked
+        the key, or a public one (/models) the client sent a valid key to."""
+        if respond.tells_its_limits(ctx, answer):
+            return
+        key = ctx.caller
+        if key is None:
+            secret = _bearer_secret(scope)
+            if secret is None:
+                return
+            try:
+                key = await state.keys.authenticate(secret)
+            except ApiError:
+                return  # a public route answers a bad key as if none was sent
+        await respond.key_rate_limit_headers(ctx, key, state.limits, state.catalog.models)
+
+    return ServiceHeadersMiddleware(Site(create_app(state), console), on_start=key_windows)
 
 
 def create_uvicorn_app() -> ASGIApp:

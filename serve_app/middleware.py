@@ -1,9 +1,11 @@
 """Step 1 of every request: identify it, and stamp the service headers on whatever answers.
 
 One pure-ASGI middleware, outermost in the app, so that every response, errors and 404s
-included, carries `CF-RAY`, `x-service-version`, `x-service-timestamp` and `Server-Timing`
-(serve_app/timing.py), plus the headers that later steps put in the request's context
-(serve_app/pipeline/context.py: model, balance, rate limits...).
+included, carries `CF-RAY`, `x-service-version`, `x-service-timestamp`, `x-service-host-name`
+and `Server-Timing` (serve_app/timing.py), `x-service-request-timestamp-ms` when the client
+sent one, plus the headers that later steps put in the request's context
+(serve_app/pipeline/context.py: model, balance, rate limits...), completed when the answer
+starts by `on_start` (the gateway's: the key's rate-limit windows).
 It also turns an unexpected exception into a 500 standard error logged with the request id,
 and refuses bodies over the size cap before anything reads them.
 """
@@ -13,9 +15,11 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
+import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from starlette.datastructures import MutableHeaders
@@ -36,6 +40,14 @@ ONE_IMAGE_BODY_BYTES = 25 * 1024 * 1024 * 4 // 3 + 1024 * 1024
 # four layers; a video job: a source clip and an image; more come as URLs).
 MEDIA_ROUTES = {"/image/upscale": 1, "/image/background-remove": 1, "/image/edit": 1,
                 "/image/multi-edit": 4, "/video/quote": 1, "/video/queue": 2}
+# The client's own timestamp of its request (milliseconds), echoed under the same name; a
+# value that is not a number of milliseconds is not echoed.
+REQUEST_TIMESTAMP = b"x-service-request-timestamp-ms"
+_MILLISECONDS = re.compile(rb"\d{1,16}(\.\d{1,6})?")
+
+# Completes the context's headers when the answer starts: (the request's scope, its context,
+# the answer's headers).
+OnStart = Callable[[Scope, RequestContext, MutableHeaders], Awaitable[None]]
 
 
 class RequestIdLogFilter(logging.Filter):
@@ -68,10 +80,13 @@ def _json_error(status: int, body: dict, headers: dict[str, str] | None = None
 
 
 class ServiceHeadersMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES, *,
+                 on_start: OnStart | None = None, host_name: str | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.version = service_version().encode()
+        self.on_start = on_start
+        self.host_name = host_name or socket.gethostname()
 
     def _body_cap(self, scope: Scope) -> int:
         path = scope.get("path", "").rstrip("/")
@@ -90,10 +105,13 @@ class ServiceHeadersMiddleware:
         request_id = uuid.uuid4().hex
         token = request_id_var.set(request_id)
         accept_encoding = ""
+        client_timestamp = None
         for name, value in scope.get("headers", ()):
-            if name == b"accept-encoding":  # the first, as Starlette's headers read it
+            # the first of each, as Starlette's headers read it
+            if name == b"accept-encoding" and not accept_encoding:
                 accept_encoding = value.decode("latin-1")
-                break
+            elif name == REQUEST_TIMESTAMP and client_timestamp is None:
+                client_timestamp = value.strip()
         ctx = RequestContext(request_id, accept_encoding)
         state["request_id"] = request_id
         state["context"] = ctx
@@ -104,10 +122,19 @@ class ServiceHeadersMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 headers = MutableHeaders(scope=message)
+                if self.on_start is not None:
+                    try:
+                        await self.on_start(scope, ctx, headers)
+                    except Exception:  # a header left out must not break the answer
+                        logging.getLogger("serve_app.middleware").exception(
+                            "completing the answer's headers failed")
                 headers["CF-RAY"] = request_id
                 headers["x-service-version"] = self.version.decode()
                 headers["x-service-timestamp"] = datetime.now(UTC).isoformat(
                     timespec="milliseconds").replace("+00:00", "Z")
+                headers["x-service-host-name"] = self.host_name
+                if client_timestamp and _MILLISECONDS.fullmatch(client_timestamp):
+                    headers["x-service-request-timestamp-ms"] = client_timestamp.decode()
                 for name, value in ctx.header_items():
                     headers[name] = value
                 headers["Server-Timing"] = ctx.times.header()

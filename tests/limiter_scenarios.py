@@ -69,5 +69,19 @@ async def exact_under_concurrency(backend: LimiterBackend, count: int = 300,
     assert sum(o.code == OVER_REQUESTS for o in outcomes) == count - limit
 
 
+async def reading_counts_counts_nothing(backend: LimiterBackend) -> None:
+    owner = _fresh()
+    used, idle = f"{owner}|class:XS", f"{owner}|class:IMAGE"
+    assert await backend.peek([used, idle], T0) == [0, 0, 0, 0, 0, 0]
+    await backend.decide(used, 3, 100, 10, [], T0)
+    await backend.decide(used, 3, 100, 15, [], T0 + 5)
+    for _ in range(3):  # reading, however often, neither counts nor starts a window
+        assert await backend.peek([used, idle], T0 + 10) == [T0, 2, 25, 0, 0, 0]
+    assert (await backend.decide(used, 3, 100, 1, [], T0 + 20)).requests == 3
+    assert (await backend.decide(idle, 20, 0, 0, [], T0 + 30)).window_ms == T0 + 30
+    # An ended window reads empty.
+    assert await backend.peek([used], T0 + 60_000) == [0, 0, 0]
+
+
 SCENARIOS = [requests_per_minute, tokens_per_minute, error_budget_trips_and_recovers,
-             exact_under_concurrency]
+             exact_under_concurrency, reading_counts_counts_nothing]

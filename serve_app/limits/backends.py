@@ -42,6 +42,9 @@ class LimiterBackend(Protocol):
 
     async def record(self, key: str, now_ms: int, member: str) -> int: ...
 
+    async def peek(self, buckets: list[str], now_ms: int) -> list[int]:
+        """`LimiterCore.peek` on the shared count: reads, never counts nor writes."""
+
     async def close(self) -> None: ...
 
 
@@ -65,6 +68,9 @@ class LocalLimiter:
     async def record(self, key: str, now_ms: int, member: str) -> int:
         return self.core.record(key, now_ms, BUDGET_WINDOW_MS)
 
+    async def peek(self, buckets: list[str], now_ms: int) -> list[int]:
+        return self.core.peek(buckets, now_ms, WINDOW_MS)
+
     async def close(self) -> None:
         return None
 
@@ -81,6 +87,9 @@ def run_calls(core: LimiterCore, calls: list[tuple]) -> list[list[int] | None]:
         elif kind == GIVE_BACK:
             core.give_back(*call[1:])
             out.append(None)
+        elif kind == PEEK:
+            _, buckets, now = call
+            out.append(core.peek(buckets, now, WINDOW_MS))
         elif kind == LEASE:
             _, bucket, slots, tokens, rpm, tpm, budgets, now = call
             out.append(core.lease(bucket, slots, tokens, rpm, tpm, WINDOW_MS, budgets, now,
@@ -121,8 +130,9 @@ def _actor_class() -> Any:
 Call = tuple[str, int, int, int, list[tuple[str, int]], int]
 # Operations travelling with the decisions to the actor: a token correction
 # (ADJUST, bucket, window_ms, delta); a lease request (LEASE, bucket, slots, tokens, rpm, tpm,
-# budgets, now_ms); what a lease did not use (GIVE_BACK, bucket, window_ms, slots, tokens).
-ADJUST, LEASE, GIVE_BACK = "adjust", "lease", "give_back"
+# budgets, now_ms); what a lease did not use (GIVE_BACK, bucket, window_ms, slots, tokens);
+# a read of counts (PEEK, buckets, now_ms).
+ADJUST, LEASE, GIVE_BACK, PEEK = "adjust", "lease", "give_back", "peek"
 
 
 class DecisionBatcher:
@@ -235,6 +245,10 @@ class RayLimiter:
             # The actor's own rules on this replica's count; no leases while counting here.
             return [None if call[0] in (LEASE, GIVE_BACK)
                     else run_calls(self._fallback.core, [call])[0] for call in calls]
+
+    async def peek(self, buckets: list[str], now_ms: int) -> list[int]:
+        # With the decisions waiting beside it, in one actor call.
+        return await self._batcher.ask((PEEK, buckets, now_ms))
 
     async def adjust(self, bucket: str, window_ms: int, delta: int) -> None:
         await (await self._get_actor()).adjust.remote(bucket, window_ms, delta)

@@ -91,6 +91,19 @@ class LimiterCore:
         state[2] += tokens
         return Outcome(code=OK, window_ms=start, requests=state[1], tokens=state[2])
 
+    def peek(self, buckets: list[str], now: int, window: int) -> list[int]:
+        """The current count of each bucket, read without counting anything or creating a
+        bucket: `[window start, requests, tokens]` per bucket, flattened; a bucket with no
+        window running reads `[0, 0, 0]`."""
+        out: list[int] = []
+        for bucket in buckets:
+            state = self._buckets.get(bucket)
+            if state is None or now >= state[0] + window:
+                out += (0, 0, 0)
+            else:
+                out += state
+        return out
+
     def lease(self, bucket: str, slots: int, tokens: int, rpm: int, tpm: int, window: int,
               budgets: list[tuple[str, int]], now: int, budget_window: int) -> list[int]:
         """Count up to `slots` more requests and `tokens` more tokens for a replica to hand

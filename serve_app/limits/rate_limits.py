@@ -122,6 +122,7 @@ class RateLimits:
         # key had, as far as this replica knows.
         self._last_counts: dict[str, tuple[int, int, int]] = {}
         self._published: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+        self._classes: dict[tuple[str, bool], list[Limits]] = {}
 
     def published(self, models: list[CatalogModel], tier: str, is_partner: bool
                   ) -> list[dict[str, Any]]:
@@ -141,6 +142,43 @@ class RateLimits:
                 entries.append({"apiModelId": model.id, "rateLimits": amounts})
             self._published[(tier, is_partner)] = entries
         return entries
+
+    def _limits_of(self, models: list[CatalogModel], key: KeyRecord) -> list[Limits]:
+        """The distinct per-minute limits (one per bucket) a key of this tier has over
+        `models` (the catalog), in catalog order; built once per tier."""
+        mark = (key.rate_limit_tier, key.is_partner)
+        found = self._classes.get(mark)
+        if found is None:
+            seen: dict[str, Limits] = {}
+            for model in models:
+                limits = limits_for(model, is_partner=key.is_partner, tier=key.rate_limit_tier,
+                                    tiers=self.tiers)
+                if limits is not None and limits.requests_per_minute:
+                    seen.setdefault(limits.bucket, limits)
+            found = self._classes[mark] = list(seen.values())
+        return found
+
+    async def current(self, key: KeyRecord, models: list[CatalogModel]) -> LimitState | None:
+        """The key's window nearest its limits (the largest share of its requests or tokens
+        used; the first of the catalog when none is used), read from the shared count without
+        counting a request or writing anything: the rate-limit headers of an answer that made
+        no decision (a route without a model). None: the catalog limits nothing."""
+        classes = self._limits_of(models, key)
+        if not classes:
+            return None
+        now = self._now_ms()
+        counts = await self.backend.peek([f"{key.id}|{c.bucket}" for c in classes], now)
+        best: tuple[float, Limits, Outcome] | None = None
+        for i, limits in enumerate(classes):
+            start, requests, tokens = counts[3 * i:3 * i + 3]
+            used = requests / limits.requests_per_minute
+            if limits.tokens_per_minute:
+                used = max(used, tokens / limits.tokens_per_minute)
+            if best is None or used > best[0]:
+                best = (used, limits, Outcome(window_ms=start or now, requests=requests,
+                                              tokens=tokens))
+        assert best is not None
+        return _limit_state(best[1], best[2], now, key)
 
     def _bucket(self, key: KeyRecord, model: CatalogModel) -> tuple[Limits, str]:
         limits = limits_for(model, is_partner=key.is_partner, tier=key.rate_limit_tier,

@@ -76,6 +76,27 @@ return redis.call('ZCARD', KEYS[1])
 """
 
 
+# KEYS: bucket hashes (one owner: one slot); ARGV: now, window. Reads only.
+PEEK = """
+local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 1, #KEYS do
+  local b = redis.call('HMGET', KEYS[i], 's', 'r', 't')
+  local start = tonumber(b[1])
+  if (not start) or now >= start + window then
+    table.insert(out, 0)
+    table.insert(out, 0)
+    table.insert(out, 0)
+  else
+    table.insert(out, start)
+    table.insert(out, tonumber(b[2]) or 0)
+    table.insert(out, tonumber(b[3]) or 0)
+  end
+end
+return out
+"""
+
+
 def _tagged(prefix: str, key: str) -> str:
     owner, _, rest = key.partition("|")
     return f"{prefix}:{{{owner}}}|{rest}"
@@ -97,6 +118,7 @@ class RedisLimiter:
         self._decide = self._redis.register_script(DECIDE)
         self._adjust = self._redis.register_script(ADJUST)
         self._record = self._redis.register_script(RECORD)
+        self._peek = self._redis.register_script(PEEK)
         self._fallback = LocalLimiter()
         self._down_until = 0.0
         self._batcher = DecisionBatcher(self._send)
@@ -160,6 +182,15 @@ class RedisLimiter:
             except (RedisError, OSError) as exc:
                 self._went_down(exc)
         return await self._fallback.record(key, now_ms, member)
+
+    async def peek(self, buckets: list[str], now_ms: int) -> list[int]:
+        if self._available():
+            try:
+                keys = [_tagged(self._prefix, bucket) for bucket in buckets]
+                return [int(x) for x in await self._peek(keys=keys, args=[now_ms, WINDOW_MS])]
+            except (RedisError, OSError) as exc:
+                self._went_down(exc)
+        return await self._fallback.peek(buckets, now_ms)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -4,22 +4,34 @@ client accepts it. The outermost middleware sends what the context holds."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import logging
 import math
+from collections.abc import Container
 from typing import Any
 
 import brotli
 import orjson
 from fastapi import Response
 
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.ledger import Balances
-from serve_app.limits.rate_limits import LimitState
+from serve_app.limits.rate_limits import LimitState, RateLimits
 from serve_app.models.catalog import CatalogModel
 from serve_app.money import from_nanos
 from serve_app.pipeline.context import LateHeader, RequestContext
 
+logger = logging.getLogger("serve_app.pipeline")
+
 # Below this size compression costs more than it saves.
 MIN_COMPRESS_BYTES = 1024
+# An answer carrying one of these tells its limits already: the per-window headers of its
+# decision, an error budget's (which replace the per-window headers), the crypto proxy's caps.
+_OWN_LIMIT_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining",
+                      "x-ratelimit-limit")
+# The longest an answer waits for the key's counts; past it, it goes without the headers.
+KEY_WINDOWS_TIMEOUT_S = 1.0
 
 
 def _accepted_encoding(accept_encoding: str) -> str | None:
@@ -76,6 +88,28 @@ def rate_limit_headers(ctx: RequestContext, state: LimitState) -> None:
         headers["x-ratelimit-reset-tokens"] = str(
             max(0, math.ceil((state.reset_at_ms - state.now_ms) / 1000)))
     headers["x-ratelimit-type"] = state.caller_type
+
+
+def tells_its_limits(ctx: RequestContext, answer: Container[str]) -> bool:
+    """Whether the answer carries rate-limit headers already (`answer`: its header names)."""
+    return any(name in ctx.headers or name in answer for name in _OWN_LIMIT_HEADERS)
+
+
+async def key_rate_limit_headers(ctx: RequestContext, key: KeyRecord, limits: RateLimits,
+                                 models: list[CatalogModel]) -> None:
+    """`x-ratelimit-*` of an authenticated answer that made no limiter decision (a route
+    without a model: /models, /api_keys, /billing, a job's retrieval): the key's window
+    nearest its limits, read from the shared count without counting a request or writing
+    anything."""
+    try:
+        with ctx.step("limits-read"):
+            state = await asyncio.wait_for(limits.current(key, models), KEY_WINDOWS_TIMEOUT_S)
+    except Exception as exc:  # the count is out of reach: the answer goes without them
+        logger.warning("rate-limit headers left out: the key's counts could not be read (%s)",
+                       exc)
+        return
+    if state is not None:
+        rate_limit_headers(ctx, state)
 
 
 def content_headers(ctx: RequestContext, *, blurred: bool | None = None) -> None:
