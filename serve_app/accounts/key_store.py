@@ -52,6 +52,7 @@ class KeyRecord:
     # Set for a wallet signed in with SIGN-IN-WITH-X (auth/wallets.py): no secret, and `id`
     # is the wallet account's id.
     wallet_address: str | None = None
+    limit_vcu_nanos: int | None = None  # the legacy name of a DIEM limit (1 VCU = 1 DIEM)
 
     @property
     def is_admin(self) -> bool:
@@ -71,6 +72,7 @@ class KeyRecord:
             limit_period=row.limit_period,
             limit_usd_nanos=row.limit_usd_nanos,
             limit_diem_nanos=row.limit_diem_nanos,
+            limit_vcu_nanos=row.limit_vcu_nanos,
             expires_at=as_utc(row.expires_at),
             is_partner=is_partner,
             rate_limit_tier=rate_limit_tier,

@@ -134,7 +134,8 @@ def update_key(session: Session, account_id: str, req: UpdateApiKeyRequest) -> t
     row.updated_at = utcnow()
     session.add(row)
     if given & {"consumptionLimit", "limitPeriod"}:
-        if row.limit_usd_nanos is None and row.limit_diem_nanos is None:
+        if row.limit_usd_nanos is None and row.limit_diem_nanos is None \
+                and row.limit_vcu_nanos is None:
             drop_windows(session, row.id)
         else:
             seed_window(session, row.id, account_id, row.limit_period, row.updated_at)
@@ -167,7 +168,8 @@ def _with_usage(session: Session, rows: list[ApiKey]) -> list[dict[str, Any]]:
         usd, diem = week.get(row.id, (0, 0))
         record["usage"] = {"trailingSevenDays": {"usd": _amount(usd), "vcu": _amount(0),
                                                  "diem": _amount(diem)}}
-        if row.limit_usd_nanos is not None or row.limit_diem_nanos is not None:
+        if row.limit_usd_nanos is not None or row.limit_diem_nanos is not None \
+                or row.limit_vcu_nanos is not None:
             window = session.get(KeySpendWindow, (row.id, window_start(row.limit_period, now)))
             record["currentPeriodUsage"] = {
                 "usd": _amount(window.usd_nanos if window else 0),
