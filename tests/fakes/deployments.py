@@ -276,10 +276,14 @@ def _message_text(message: Message) -> str:
     return ""
 
 
+def prompt_token_list(messages: list[Message]) -> list[str]:
+    """The fake's tokenizer: one token per word of each message, after one for its role."""
+    return [token for m in messages
+            for token in [f"<{m.get('role')}>", *_words(_message_text(m))]]
+
+
 def count_prompt_tokens(messages: list[Message]) -> int:
-    """The fake's tokenizer: one token per word of each message, plus one per message (its
-    role)."""
-    return sum(len(_words(_message_text(m))) + 1 for m in messages)
+    return len(prompt_token_list(messages))
 
 
 class FakeTextDeployment(FakeDeployment):
@@ -288,6 +292,8 @@ class FakeTextDeployment(FakeDeployment):
 
     Every choice answers `reply`, one token per word, sent in `pieces` chunks; `max_tokens`
     cuts it (finish_reason `length`). The prompt counts one token per word and per message.
+    Like vLLM's prefix cache, a prompt's longest prefix shared with an earlier prompt of the
+    same model counts as cached (all but its last token at most): `cached_tokens`.
     """
 
     METHODS = ("generate", "complete", "stats")
@@ -297,6 +303,7 @@ class FakeTextDeployment(FakeDeployment):
         super().__init__(deployment_name, models)
         self.reply = reply
         self.pieces = max(1, pieces)
+        self._prompts_seen: dict[str, list[list[str]]] = {}  # model -> prompts, as tokens
 
     @property
     def requests(self) -> list[TextRequest]:
@@ -308,7 +315,14 @@ class FakeTextDeployment(FakeDeployment):
         words = len(_words(self.reply))
         return min(words, max_tokens) if max_tokens else words
 
-    def _chunks(self, request: TextRequest) -> list[TextEvent]:
+    def cached_tokens(self, model_id: str, prompt: list[str]) -> int:
+        """What the prefix cache serves of `prompt`, which it then holds too."""
+        seen = self._prompts_seen.setdefault(model_id, [])
+        shared = max((_common_prefix(prompt, earlier) for earlier in seen), default=0)
+        seen.append(prompt)
+        return min(shared, len(prompt) - 1)
+
+    def _chunks(self, request: TextRequest, model_id: str = "") -> list[TextEvent]:
         assert isinstance(request, TextRequest), request
         n = request.sampling.n
         words = _words(self.reply)
@@ -318,7 +332,8 @@ class FakeTextDeployment(FakeDeployment):
             words, finish = words[:limit], "length"
         size = max(1, -(-len(words) // self.pieces))
         groups = [words[i:i + size] for i in range(0, len(words), size)] or [[]]
-        prompt = count_prompt_tokens(request.messages)
+        prompt_list = prompt_token_list(request.messages)
+        prompt, cached = len(prompt_list), self.cached_tokens(model_id, prompt_list)
         chunks: list[TextEvent] = []
         for index in range(n):
             for g, group in enumerate(groups):
@@ -326,19 +341,21 @@ class FakeTextDeployment(FakeDeployment):
                     index=index, text="".join(group), tokens=len(group),
                     finish_reason=finish if g == len(groups) - 1 else None,
                     # the real engine puts the prompt's count on the first chunk
-                    prompt_tokens=prompt if not chunks else None))
+                    prompt_tokens=prompt if not chunks else None,
+                    cached_tokens=cached if not chunks else None))
         chunks.append(Usage(prompt_tokens=prompt,
-                            completion_tokens=n * sum(len(g) for g in groups)))
+                            completion_tokens=n * sum(len(g) for g in groups),
+                            cached_tokens=cached))
         return chunks
 
     async def _generate(self, model_id: str, request: TextRequest
                         ) -> AsyncIterator[list[TextEvent]]:
-        for chunk in self._chunks(request):
+        for chunk in self._chunks(request, model_id):
             await asyncio.sleep(0)
             yield [chunk]  # the real deployment yields lists (deployments/streaming.py)
 
     async def _complete(self, model_id: str, request: TextRequest) -> list[TextEvent]:
-        return _merge(self._chunks(request))
+        return _merge(self._chunks(request, model_id))
 
     async def _stats(self) -> dict[str, dict[str, Any]]:
         return {}
@@ -365,8 +382,18 @@ def _merge(events: list[TextEvent]) -> list[TextEvent]:
         out[position] = Chunk(index=current.index, text=current.text + event.text,
                               tokens=current.tokens + event.tokens,
                               finish_reason=event.finish_reason,
-                              prompt_tokens=current.prompt_tokens)
+                              prompt_tokens=current.prompt_tokens,
+                              cached_tokens=current.cached_tokens)
     return out
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 # ---- embeddings --------------------------------------------------------------------------
