@@ -318,7 +318,9 @@ def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, start
         request_id, payer.account_id, payer.api_key_id, payer.wallet_address, model.id,
         model.type, unit_type(model), db.json(cost.units), usd, diem, execution_ms,
         db.datetime(started_at), created))
-    prompt = cost.units.get("input") if model.type in ("text", "embedding") else None
+    # the whole prompt: the tokens read from the prefix cache (cache_read) included
+    prompt = sum(cost.units.get(t, 0) for t in ("input", "cache_read")) \
+        if model.type in ("text", "embedding") else None
     completion = cost.units.get("output") if model.type == "text" else None
     day = db.date(now.astimezone(UTC).date())
     lines, rollups, diem_left = [], [], diem
