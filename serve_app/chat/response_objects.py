@@ -91,7 +91,8 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
 
 def _usage(plan: ChatPlan) -> dict[str, Any]:
     u = plan.usage
-    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt_tokens + u.completion_tokens}
