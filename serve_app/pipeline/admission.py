@@ -41,11 +41,19 @@ MaxUnits = Callable[[CatalogModel], dict[str, int]]
 LimitCheck = Callable[[], Awaitable[Ticket | None]]
 
 
+def _diem_limit(key: KeyRecord) -> int | None:
+    """The key's DIEM limit: `vcu` is DIEM's legacy name (the spec: "the legacy unit being
+    deprecated in favor of diem"; the reference: "VCU (Legacy Diem)"), so a vcu limit caps
+    the same DIEM spending, 1 VCU per DIEM, in the same window; with both, the lower holds."""
+    limits = [n for n in (key.limit_diem_nanos, key.limit_vcu_nanos) if n is not None]
+    return min(limits) if limits else None
+
+
 def payer_of(key: KeyRecord) -> Payer:
     if key.wallet_address is not None:
         return Payer(account_id=key.account_id, wallet_address=key.wallet_address)
     return Payer(account_id=key.account_id, api_key_id=key.id, limit_period=key.limit_period,
-                 limit_usd_nanos=key.limit_usd_nanos, limit_diem_nanos=key.limit_diem_nanos)
+                 limit_usd_nanos=key.limit_usd_nanos, limit_diem_nanos=_diem_limit(key))
 
 
 def check_privacy(key: KeyRecord, model: CatalogModel) -> None:

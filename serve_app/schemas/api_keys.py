@@ -42,7 +42,9 @@ class ConsumptionLimit(BaseModel):
 
     usd: LimitAmount | None = None
     diem: LimitAmount | None = None
-    vcu: LimitAmount | None = None
+    vcu: LimitAmount | None = Field(
+        default=None, description="Deprecated: DIEM's legacy name. Limits the same DIEM "
+                                  "spending (1 VCU = 1 DIEM); with `diem` too, the lower holds.")
 
 
 class CreateApiKeyRequest(BaseModel):
