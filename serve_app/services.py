@@ -26,7 +26,7 @@ from serve_app.db.engine import make_engine
 from serve_app.embeddings.serving import Embedder
 from serve_app.images.inputs import ImageSourceReader, image_fetcher
 from serve_app.images.serving import ImageService
-from serve_app.jobs.caps import FetchSlots
+from serve_app.jobs.caps import FetchSlots, JobCaps
 from serve_app.jobs.requests import JobService
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore, open_result_store
@@ -127,7 +127,9 @@ class GatewayServices:
         job_runner = JobRunner(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment)
         job_service = JobService(router, catalog, admission, jobs, results, job_runner, engine,
-                                 FetchSlots(settings.media_fetches_per_account))
+                                 FetchSlots(settings.media_fetches_per_account),
+                                 JobCaps(settings.job_open_per_account,
+                                         settings.job_stored_mb_per_account * 1024 * 1024))
         return cls(
             settings=settings,
             catalog=catalog,

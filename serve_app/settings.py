@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # Requests of one account that may read media inputs (fetch, decode, probe) at once on
     # each Gateway replica; more are refused with a 429 (video jobs have no rate limit).
     media_fetches_per_account: int = Field(default=2, ge=1)
+    # Per-account caps on queued video and audio jobs: jobs queued or running at once, and
+    # the megabytes their inputs and finished media keep in the result store (429 past them).
+    job_open_per_account: int = Field(default=20, ge=1)
+    job_stored_mb_per_account: int = Field(default=2048, ge=1)
     # JSON-RPC nodes of `/crypto/rpc/{network}` (configs/crypto_rpc.yaml documents the format).
     crypto_rpc_nodes: Path = PROJECT_ROOT / "configs" / "crypto_rpc.yaml"
 
