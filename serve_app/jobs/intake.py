@@ -2,9 +2,11 @@
 
 1. `admit`: the caller is counted and held before anything is read: the job's price when it is
    known without its inputs, otherwise the least hold that shows the account can pay (a 402
-   comes before any byte is fetched);
+   comes before any byte is fetched); then the account's caps on open jobs and stored bytes
+   (caps.py, 429);
 2. `keep`: each input, once read and checked, is spooled to the result store under the job's
-   key and dropped from memory (one at a time, never all of them at once);
+   key and dropped from memory (one at a time, never all of them at once), within the
+   account's stored-bytes cap;
 3. `hold`: the job's real price, once the inputs told it (an upscale's length), replaces the
    first hold;
 4. `queue`: the row is written; the runner takes it from there.
@@ -23,6 +25,7 @@ from types import TracebackType
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, PricedLine
 from serve_app.db.tables import MediaJob
+from serve_app.jobs.caps import JobCaps
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import JobQueue, JobView, input_key
@@ -47,10 +50,11 @@ def floor_cost(model: CatalogModel) -> Cost:
 
 class JobIntake:
     def __init__(self, *, admission: Admission, router: ModelRouter, jobs: JobQueue,
-                 results: ResultStore, runner: JobRunner, ctx: RequestContext,
-                 key: KeyRecord, routed: RoutedModel, kind: str) -> None:
+                 results: ResultStore, runner: JobRunner, caps: JobCaps,
+                 ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
+                 kind: str) -> None:
         self.admission, self.router, self.jobs = admission, router, jobs
-        self.results, self.runner = results, runner
+        self.results, self.runner, self.caps = results, runner, caps
         self.ctx, self.key, self.routed = ctx, key, routed
         model = routed.model
         self.job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
@@ -59,6 +63,7 @@ class JobIntake:
                             wallet_address=key.wallet_address)
         self.job.inputs = {}
         self.kept_bytes = 0
+        self._stored_before = 0  # what the account's other jobs keep in the store
         self._charge: Charge | None = None
         self._held = 0
         self._written = False
@@ -70,15 +75,21 @@ class JobIntake:
 
     async def admit(self, cost: Cost | None) -> None:
         """Count the caller and hold `cost`; None: the price is not known before the inputs
-        are read, so hold the floor. 503 when the model is offline, 429, 403, 402."""
+        are read, so hold the floor. 503 when the model is offline, 429, 403, 402; then 429
+        when the account has its most open jobs or stored bytes."""
         model = self.routed.model
         self.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
         held = cost if cost is not None else floor_cost(model)
         self._charge = await self.admission.admit(self.ctx, self.key, model, 0, held)
         self._held = held.nanos
+        open_jobs, self._stored_before = await self.jobs.account_usage(self.key.account_id)
+        self.caps.check_open(open_jobs)
+        self.caps.check_stored(self._stored_before)
 
     async def keep(self, name: str, data: bytes, media_type: str) -> None:
-        """Spool one checked input to the result store (the caller then drops its bytes)."""
+        """Spool one checked input to the result store (the caller then drops its bytes);
+        429 when it would take the account past its stored-bytes cap."""
+        self.caps.check_stored(self._stored_before + self.kept_bytes, len(data))
         stored = input_key(self.job.queue_id, name)
         self.job.inputs = {**self.job.inputs, name: stored}  # before the write: undone on failure
         await self.results.put(stored, data, media_type)
@@ -105,6 +116,7 @@ class JobIntake:
         assert cost.nanos == self._held, "hold the job's price before queueing it"
         job = self.job
         job.params = params
+        job.stored_bytes = self.kept_bytes
         job.cost_lines = [[line.line_type, line.units, line.nanos, line.price_per_unit_usd]
                           for line in cost.lines]
         writing = asyncio.ensure_future(self.jobs.add(job))

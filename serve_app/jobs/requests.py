@@ -19,7 +19,7 @@ from serve_app.db.engine import run_in_session
 from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
-from serve_app.jobs.caps import FetchSlots
+from serve_app.jobs.caps import FetchSlots, JobCaps
 from serve_app.jobs.intake import JobIntake, floor_cost
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
@@ -43,7 +43,8 @@ class JobService:
 
     def __init__(self, router: ModelRouter, catalog: Catalog, admission: Admission,
                  jobs: JobQueue, results: ResultStore, job_runner: JobRunner,
-                 database: Engine, fetch_slots: FetchSlots | None = None) -> None:
+                 database: Engine, fetch_slots: FetchSlots | None = None,
+                 caps: JobCaps | None = None) -> None:
         self.router = router
         self.catalog = catalog
         self.admission = admission
@@ -52,14 +53,15 @@ class JobService:
         self.job_runner = job_runner
         self.database = database
         self.fetch_slots = fetch_slots or FetchSlots()
+        self.caps = caps or JobCaps()
 
     def intake(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                kind: str) -> JobIntake:
         """A job on its way into the queue (intake.py): admit, keep its inputs, hold its
         price, queue it; `async with` it so that a failure leaves nothing held or kept."""
         return JobIntake(admission=self.admission, router=self.router, jobs=self.jobs,
-                         results=self.results, runner=self.job_runner, ctx=ctx, key=key,
-                         routed=routed, kind=kind)
+                         results=self.results, runner=self.job_runner, caps=self.caps,
+                         ctx=ctx, key=key, routed=routed, kind=kind)
 
     async def queue_job(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                         kind: str, cost: Cost, params: dict) -> JobView:

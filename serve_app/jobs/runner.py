@@ -37,6 +37,7 @@ from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost, PricedLine
 from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
+from serve_app.jobs import downloads
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import JobQueue, JobView, result_key
 from serve_app.models.calls import call_model
@@ -54,6 +55,9 @@ SWEEP_INTERVAL_S = 10.0
 FULL_BACKOFF_S = 2.0
 # A job still queued after this long is failed and released: its deployment never came back.
 MAX_QUEUED = timedelta(hours=24)
+# A made job's media is deleted this long after it was made: its download link's lifetime
+# (links are signed when the job is queued, so none outlives the media).
+RESULT_LIFETIME_S = downloads.VALID_FOR_S
 
 
 def job_cost(model: CatalogModel, job: JobView) -> Cost:
@@ -134,12 +138,31 @@ class JobRunner:
                 logger.warning("settling job %s, completed without its settlement",
                                job.queue_id)
                 await self._hold(job).settle(job_cost(model, job))
+        await self.expire()
 
     async def _fail_unowned(self, job: JobView, condition: Any, message: str) -> None:
         if await self.queue.fail_if(job.queue_id, condition, 500, "INFERENCE_FAILED",
                                     message):
             logger.warning("job %s failed: %s", job.queue_id, message)
             await self._hold(job).finish(None)
+            await self._delete_files(job)
+
+    async def expire(self) -> None:
+        """Delete the files ended jobs still keep: a failed job's inputs (its runner died
+        before deleting them), a made job's media once its download link has expired."""
+        made_before = self.queue.clock() - timedelta(seconds=RESULT_LIFETIME_S)
+        for job in await self.queue.expired(made_before):
+            await self._delete_files(job)
+
+    async def _delete_files(self, job: JobView) -> None:
+        """Delete everything the job keeps in the store (inputs and media), then note it."""
+        for stored in (*job.inputs.values(), *([job.result_key] if job.result_key else [])):
+            await self.results.delete(stored)
+        await self.queue.mark_deleted(job.queue_id)
+
+    async def _delete_inputs(self, job: JobView) -> None:
+        for stored in job.inputs.values():
+            await self.results.delete(stored)
 
     def _hold(self, job: JobView) -> Hold:
         """The hold taken when the job was queued (keyed by its request id)."""
@@ -185,9 +208,10 @@ class JobRunner:
 
     async def _fail(self, job: JobView, status: int, code: str, message: str) -> None:
         # The job is marked first: should this replica die before the release, the hold
-        # sweeper releases a hold that no open job keeps.
+        # sweeper releases a hold that no open job keeps (and the expiry, its inputs).
         if await self.queue.fail(job.queue_id, self.owner, status, code, message):
             await self._hold(job).finish(None)
+            await self._delete_files(job)
 
     async def _make(self, job: JobView) -> None:
         model = self.catalog.by_id[job.model_id]  # claimed among the served models
@@ -203,8 +227,12 @@ class JobRunner:
                                             MediaJob(dict(job.params), inputs))
         key = result_key(job.queue_id)
         await self.results.put(key, out.media, out.media_type)
-        if not await self.queue.complete(job.queue_id, self.owner, key, out.media_type):
+        if not await self.queue.complete(job.queue_id, self.owner, key, out.media_type,
+                                         job.stored_bytes + len(out.media)):
             logger.warning("job %s finished after its lease was lost: its new runner "
                            "settles it", job.queue_id)
             return
         await self._hold(job).settle(job_cost(model, job))
+        # Made: the inputs have served (the media stays until it is deleted or expires).
+        await self._delete_inputs(job)
+        await self.queue.set_stored_bytes(job.queue_id, len(out.media))

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, and_, or_, true, update
+from sqlalchemy import Engine, and_, func, or_, true, update
 from sqlmodel import Session, col, select
 
 from serve_app.db.tables import (
@@ -62,6 +62,7 @@ class JobView:
     error_code: str | None
     error: str | None
     media_deleted: bool
+    stored_bytes: int
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -72,7 +73,8 @@ class JobView:
                    row.account_id, row.api_key_id, row.wallet_address, dict(row.params),
                    dict(row.inputs), list(row.cost_lines), row.attempts, row.result_key,
                    row.media_type, row.error_status, row.error_code, row.error,
-                   row.media_deleted, as_utc(row.created_at),  # type: ignore[arg-type]
+                   row.media_deleted, row.stored_bytes,
+                   as_utc(row.created_at),  # type: ignore[arg-type]
                    as_utc(row.started_at), as_utc(row.finished_at))
 
 
@@ -106,8 +108,12 @@ class JobQueue:
         return await self._run(read)
 
     async def claim(self, owner: str, model_ids: list[str]) -> JobView | None:
-        """Take the oldest job of `model_ids` that is queued, or whose runner's lease ran out
-        (another attempt), for `owner`; None when there is none."""
+        """Take a job of `model_ids` that is queued, or whose runner's lease ran out (another
+        attempt), for `owner`; None when there is none.
+
+        Accounts take turns: the job comes from the account served least recently (one never
+        served first, then the one whose last job started longest ago), its oldest job first.
+        One account's thousand queued jobs then wait beside another's one, not before it."""
         now = self.clock()
         claimable = and_(col(MediaJob.model_id).in_(model_ids), or_(
             col(MediaJob.status) == JobStatus.QUEUED,
@@ -116,21 +122,24 @@ class JobQueue:
                  col(MediaJob.attempts) < self.max_attempts)))
 
         def take(session: Session) -> JobView | None:
-            candidates = session.exec(select(MediaJob.queue_id).where(claimable)
-                                      .order_by(col(MediaJob.created_at)).limit(4)).all()
-            for queue_id in candidates:
-                taken = session.execute(
-                    update(MediaJob).where(col(MediaJob.queue_id) == queue_id, claimable)
-                    .values(status=JobStatus.PROCESSING, lease_owner=owner,
-                            lease_expires_at=now + self.lease,
-                            attempts=MediaJob.attempts + 1,  # type: ignore[operator]
-                            started_at=now))
-                if taken.rowcount == 1:  # type: ignore[attr-defined]
-                    session.commit()
-                    row = session.get(MediaJob, queue_id)
-                    assert row is not None
-                    session.refresh(row)
-                    return JobView.of(row)
+            for account_id in _accounts_in_turn(session, claimable):
+                candidates = session.exec(
+                    select(MediaJob.queue_id).where(claimable,
+                                                    col(MediaJob.account_id) == account_id)
+                    .order_by(col(MediaJob.created_at)).limit(2)).all()
+                for queue_id in candidates:
+                    taken = session.execute(
+                        update(MediaJob).where(col(MediaJob.queue_id) == queue_id, claimable)
+                        .values(status=JobStatus.PROCESSING, lease_owner=owner,
+                                lease_expires_at=now + self.lease,
+                                attempts=MediaJob.attempts + 1,  # type: ignore[operator]
+                                started_at=now))
+                    if taken.rowcount == 1:  # type: ignore[attr-defined]
+                        session.commit()
+                        row = session.get(MediaJob, queue_id)
+                        assert row is not None
+                        session.refresh(row)
+                        return JobView.of(row)
             return None
         return await self._run(take)
 
@@ -149,11 +158,12 @@ class JobQueue:
         return await self._owned_update(queue_id, owner, **values)
 
     async def complete(self, queue_id: str, owner: str, result_key: str,
-                       media_type: str) -> bool:
+                       media_type: str, stored_bytes: int) -> bool:
+        """`stored_bytes`: what the job keeps in the store now (its inputs and media)."""
         return await self._owned_update(
             queue_id, owner, status=JobStatus.COMPLETED, result_key=result_key,
             media_type=media_type, finished_at=self.clock(), lease_owner=None,
-            lease_expires_at=None)
+            lease_expires_at=None, stored_bytes=stored_bytes)
 
     def _failed(self, status: int, code: str, message: str) -> dict[str, Any]:
         return {"status": JobStatus.FAILED, "error_status": status, "error_code": code,
@@ -229,13 +239,48 @@ class JobQueue:
         return await self._run(read)
 
     async def mark_deleted(self, queue_id: str) -> bool:
-        """Note that the job's media is gone (`complete`, or retrieve with deletion)."""
+        """Note that the job keeps nothing in the store any more: its media was deleted
+        (`complete`, retrieve with deletion, expiry), or it failed and its inputs went."""
         def write(session: Session) -> bool:
             done = session.execute(update(MediaJob).where(
                 col(MediaJob.queue_id) == queue_id,
-                col(MediaJob.media_deleted).is_(False)).values(media_deleted=True))
+                col(MediaJob.media_deleted).is_(False)).values(media_deleted=True,
+                                                               stored_bytes=0))
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
+
+    async def set_stored_bytes(self, queue_id: str, stored_bytes: int) -> None:
+        """What a finished job keeps once its inputs were deleted (its media)."""
+        def write(session: Session) -> None:
+            session.execute(update(MediaJob).where(
+                col(MediaJob.queue_id) == queue_id,
+                col(MediaJob.media_deleted).is_(False)).values(stored_bytes=stored_bytes))
+        await self._run(write)
+
+    async def account_usage(self, account_id: str) -> tuple[int, int]:
+        """The account's open jobs, and the bytes its jobs keep in the store."""
+        def read(session: Session) -> tuple[int, int]:
+            open_jobs = session.exec(select(func.count()).select_from(MediaJob).where(
+                col(MediaJob.account_id) == account_id,
+                col(MediaJob.status).in_(OPEN_STATUSES))).one()
+            stored = session.exec(select(func.coalesce(func.sum(MediaJob.stored_bytes), 0))
+                                  .where(col(MediaJob.account_id) == account_id,
+                                         col(MediaJob.media_deleted).is_(False))).one()
+            return int(open_jobs), int(stored)
+        return await self._run(read)
+
+    async def expired(self, made_before: datetime, limit: int = 100) -> list[JobView]:
+        """Ended jobs that still keep files: failed ones (their inputs), and completed ones
+        made before `made_before` (their media, past its download link's lifetime)."""
+        def read(session: Session) -> list[JobView]:
+            rows = session.exec(select(MediaJob).where(
+                col(MediaJob.media_deleted).is_(False),
+                or_(col(MediaJob.status) == JobStatus.FAILED,
+                    and_(col(MediaJob.status) == JobStatus.COMPLETED,
+                         col(MediaJob.finished_at) < made_before)))
+                .order_by(col(MediaJob.finished_at)).limit(limit)).all()
+            return [JobView.of(row) for row in rows]
+        return await self._run(read)
 
     async def p80_execution_ms(self, model_id: str) -> float | None:
         """The 80th percentile of the model's recent completed jobs' run times (ms)."""
@@ -250,6 +295,28 @@ class JobQueue:
                 return None
             return times[min(len(times) - 1, int(0.8 * len(times)))]
         return await self._run(read)
+
+
+def _accounts_in_turn(session: Session, claimable: Any) -> list[str]:
+    """The accounts with a claimable job, least recently served first (never served before
+    served; then the oldest last start), ties to the one waiting longest."""
+    waiting = session.exec(select(MediaJob.account_id, func.min(MediaJob.created_at))
+                           .where(claimable).group_by(col(MediaJob.account_id))).all()
+    if not waiting:
+        return []
+    served = dict(session.exec(
+        select(MediaJob.account_id, func.max(MediaJob.started_at))
+        .where(col(MediaJob.account_id).in_([account for account, _ in waiting]))
+        .group_by(col(MediaJob.account_id))).all())
+
+    def turn(entry: tuple[str, datetime]) -> tuple[bool, datetime, datetime]:
+        account, oldest = entry
+        last = as_utc(served.get(account))
+        return last is not None, last or _EPOCH, as_utc(oldest) or _EPOCH
+    return [account for account, _ in sorted(waiting, key=turn)]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def input_key(queue_id: str, name: str) -> str:

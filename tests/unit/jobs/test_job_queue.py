@@ -76,8 +76,8 @@ def test_one_claim_per_job_and_leases_decide_who_writes(books):
         clock.now += timedelta(seconds=31)  # the owner stopped renewing: it died
         again = await queue.claim("next", ["piper-narrator"])
         assert again is not None and again.attempts == 2
-        assert not await queue.complete(job.queue_id, owner, "k", "audio/wav")  # lost it
-        assert await queue.complete(job.queue_id, "next", "k", "audio/wav")
+        assert not await queue.complete(job.queue_id, owner, "k", "audio/wav", 10)  # lost it
+        assert await queue.complete(job.queue_id, "next", "k", "audio/wav", 10)
         done = await queue.get(job.queue_id)
         assert done.status == "COMPLETED" and done.result_key == "k"
         assert not await queue.withdraw(job.queue_id, "too late")

@@ -30,10 +30,13 @@ def media() -> Iterator[MediaServer]:
 
 
 @pytest.fixture
-def gateway_settings(tmp_path: Path, media: MediaServer) -> dict:
-    """What the video gateway runs with; a test may change it before using `gateway`."""
+def gateway_settings(request: pytest.FixtureRequest, tmp_path: Path,
+                     media: MediaServer) -> dict:
+    """What the video gateway runs with; a test changes it by parametrizing this fixture
+    (indirect) with the settings to override."""
     return {"data_dir": tmp_path, "initial_credit_usd": 10, "model_catalog": CATALOG,
-            "web_fetch_allowed_hosts": media.host, "media_fetches_per_account": 1}
+            "web_fetch_allowed_hosts": media.host, "media_fetches_per_account": 1,
+            **getattr(request, "param", {})}
 
 
 @pytest.fixture
