@@ -15,6 +15,7 @@ from serve_app import characters
 from serve_app.accounts import keys as service
 from serve_app.accounts.key_store import mark_account_keys_changed
 from serve_app.accounts.provisioning import bootstrap, show_admin_key
+from serve_app.billing.wallet_accounts import find_or_create_wallet_account
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
 from serve_app.errors import ApiError
@@ -24,7 +25,7 @@ from serve_app.schemas.api_keys import CreateApiKeyRequest
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 from serve_app.settings import Settings
 from serve_app.wallets import topups
-from serve_app.wallets.sign_in import find_or_create_wallet_account, normalize_address
+from serve_app.wallets.sign_in import normalize_address
 
 
 def _account_id(session: Session, given: str | None) -> str:

@@ -147,7 +147,7 @@ class GatewayServices:
             crypto_rpc=CryptoRpc(load_nodes(settings.crypto_rpc_nodes), admission=admission,
                                  limits=limits, writer=billing.writer, database=engine,
                                  clock=billing.clock),
-            wallets=WalletAuth(billing.writer, sign_in_domains(settings)),
+            wallets=WalletAuth(engine, sign_in_domains(settings)),
             payments=payments,
             top_ups=TopUps(billing, payments, settings.x402_facilitator_url,
                            listen_hosts=listening_hosts(settings), limits=limits),

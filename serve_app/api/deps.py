@@ -20,7 +20,7 @@ from serve_app.pipeline import respond
 from serve_app.pipeline.context import RequestContext
 from serve_app.services import GatewayServices
 from serve_app.wallets import payment_required
-from serve_app.wallets.sign_in import siwx_header
+from serve_app.wallets.sign_in import SignedInWallet, siwx_header
 
 T = TypeVar("T")
 
@@ -97,19 +97,21 @@ async def key_or_wallet(request: Request, state: State) -> KeyRecord:
     host = request.headers.get("host", "")
     ctx = context_of(request)
     with ctx.step("auth"):
-        key = await state.wallets.authenticate(header, host)
-        ctx.caller = key
+        wallet = await state.wallets.authenticate(header, host)
+        key = ctx.caller = wallet.caller
         state.limits.check_failed_budget(key)
-        respond.balance_headers(ctx, await remaining_credit(ctx, state, key))
+        respond.balance_headers(ctx, await remaining_credit(ctx, state, wallet))
     return key
 
 
 async def remaining_credit(ctx: RequestContext, state: GatewayServices,
-                           wallet: KeyRecord) -> Balances:
-    """`X-Balance-Remaining` on a wallet's answer; returns the balance before the request."""
-    before = await state.billing.balances(wallet.account_id)
-    respond.remaining_credit_header(ctx, RemainingCredit(state.billing, wallet.account_id,
-                                                         before))
+                           wallet: SignedInWallet) -> Balances:
+    """`X-Balance-Remaining` on a wallet's answer; returns the balance before the request
+    (0 for a wallet whose account row is not written yet: nothing to read)."""
+    account_id = wallet.caller.account_id
+    before = (await state.billing.balances(account_id) if wallet.has_account
+              else Balances(0, 0))
+    respond.remaining_credit_header(ctx, RemainingCredit(state.billing, account_id, before))
     return before
 
 

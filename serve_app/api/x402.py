@@ -51,11 +51,11 @@ async def wallet_reader(request: Request, ctx: Context, state: State,
     if header is None:
         raise authentication_failed("Authentication failed: sign in with the wallet "
                                     "(SIGN-IN-WITH-X header)")
-    caller = await state.wallets.authenticate(header, request.headers.get("host", ""))
-    if caller.wallet_address != address:
+    wallet = await state.wallets.authenticate(header, request.headers.get("host", ""))
+    if wallet.caller.wallet_address != address:
         raise ApiError(403, "The signed-in wallet does not match the requested wallet",
                        code="X402_WALLET_MISMATCH")
-    await remaining_credit(ctx, state, caller)
+    await remaining_credit(ctx, state, wallet)
     return address
 
 

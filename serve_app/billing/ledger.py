@@ -17,6 +17,7 @@ from sqlalchemy import JSON, Date, DateTime, and_, delete, func, or_, select
 from sqlmodel import Session
 
 from serve_app.billing.pricing import Cost, sku, unit_type
+from serve_app.billing.wallet_accounts import create_wallet_account
 from serve_app.billing.windows import epoch_day, window_start
 from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import (
@@ -74,6 +75,11 @@ class InsufficientBalance(ApiError):
         self.needed_nanos = needed_nanos
 
 
+class AccountNotFound(ApiError):
+    def __init__(self) -> None:
+        super().__init__(401, "Account not found", code="AUTHENTICATION_FAILED")
+
+
 class _Statements:
     """Driver-level statements inside the session's transaction.
 
@@ -126,7 +132,7 @@ def _locked_account(db: _Statements, account_id: str, now: datetime) -> tuple[in
     row = db.first("SELECT usd_balance_nanos, diem_balance_nanos, diem_epoch, staked_tokens "
                    "FROM accounts WHERE id = ?{lock}", (account_id,))
     if row is None:
-        raise ApiError(401, "Account not found", code="AUTHENTICATION_FAILED")
+        raise AccountNotFound()
     usd, diem, epoch, staked = row
     today = epoch_day(now)
     if epoch != today:
@@ -154,7 +160,17 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
     """Reserve the most the request may cost against balance and key limit, or refuse (402).
     `holder`: the billing service taking it (see `stale_holds`)."""
     db = _Statements(session)
-    usd_balance, diem_balance, epoch = _locked_account(db, payer.account_id, now)
+    try:
+        usd_balance, diem_balance, epoch = _locked_account(db, payer.account_id, now)
+    except AccountNotFound:
+        # A wallet's row is written at its first top-up or charge (billing/wallet_accounts):
+        # until then its balance is 0, and a refusal writes nothing.
+        if payer.wallet_address is None:
+            raise
+        if amount_nanos > 0:
+            raise InsufficientBalance(0, amount_nanos) from None
+        create_wallet_account(session, payer.wallet_address)
+        usd_balance, diem_balance, epoch = _locked_account(db, payer.account_id, now)
     before = Balances(usd_balance, diem_balance)
     diem_room = diem_balance
     window = start = None

@@ -1,40 +1,38 @@
-"""Wallet callers: a verified SIGN-IN-WITH-X payload -> the wallet's account, as a caller.
+"""Wallet callers: a verified SIGN-IN-WITH-X payload -> the wallet, as a caller.
 
-Each signed sign-in is good for one request: its nonce is written to `siwx_nonces` in the
-same transaction that finds (or, on first sight, creates) the wallet's account, so a replay is
-refused on every replica and node that shares the database. Nonces are swept once their
-message has expired (a replayed expired message is refused by its expiry already).
+A sign-in writes no account: the wallet's account row is written at its first top-up or
+charge (billing/wallet_accounts.py); until then the caller is a payer with balance 0 that the
+hold refuses (402) with nothing written. The one thing a sign-in stores is its nonce
+(nonces.py: its own sessions, off the money writer, expiring with the message), so a replay
+is refused on every replica and node that shares the database.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from cachetools import TTLCache
 from eth_utils import to_checksum_address
-from sqlalchemy import delete, select
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.writer import BatchWriter
-from serve_app.db.engine import dialect_insert
-from serve_app.db.tables import Account, AccountKind, SiwxNonce, new_id, utcnow
-from serve_app.domain import DEFAULT_RATE_LIMIT_TIER
+from serve_app.billing.wallet_accounts import WalletAccount, find_wallet_account
+from serve_app.db.engine import run_in_session
+from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
 from serve_app.net_guard import is_loopback
 from serve_app.settings import Settings
 from serve_app.wallets import siwx
+from serve_app.wallets.nonces import run_nonce_sweeper, sweep_nonces, use_nonce
 
 logger = logging.getLogger("serve_app.auth")
 
 SIWX_HEADERS = ("sign-in-with-x", "x-sign-in-with-x")
-NONCE_SWEEP_INTERVAL_S = 300.0
-NONCE_SWEEP_MARGIN = timedelta(minutes=5)
 
 
 _EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -53,15 +51,13 @@ def normalize_address(value: str) -> str:
             "(base58)"]}})
 
 
-def nonce_used() -> ApiError:
-    return ApiError(401, "This nonce has already been used", code="AUTHENTICATION_FAILED")
-
-
 @dataclass(frozen=True, slots=True)
-class WalletAccount:
-    account_id: str
-    is_partner: bool
-    rate_limit_tier: str
+class SignedInWallet:
+    """A wallet signed in for one request: the caller, and whether its account row exists
+    (without one its balance is 0, read from nothing)."""
+
+    caller: KeyRecord
+    has_account: bool
 
 
 def first_header(headers: Mapping[str, str], names: Iterable[str]) -> str | None:
@@ -85,32 +81,6 @@ def wallet_caller(address: str, account: WalletAccount) -> KeyRecord:
         wallet_address=address)
 
 
-def _use_nonce(session: Session, sign_in: siwx.SignIn) -> None:
-    stmt = (dialect_insert(session)(SiwxNonce)
-            .values(address=sign_in.address, nonce=sign_in.nonce, expires_at=sign_in.expires_at)
-            .on_conflict_do_nothing(index_elements=["address", "nonce"])
-            .returning(SiwxNonce.nonce))
-    if session.execute(stmt).first() is None:
-        raise nonce_used()
-
-
-def find_or_create_wallet_account(session: Session, address: str) -> WalletAccount:
-    """The account of `address`, created (no balance) when the wallet is new. Two replicas
-    creating it at once: the unique address makes one insert do nothing, both read the same
-    account."""
-    query = select(Account.id, Account.is_partner, Account.rate_limit_tier).where(
-        Account.wallet_address == address)
-    row = session.execute(query).first()
-    if row is None:
-        session.execute(dialect_insert(session)(Account).values(
-            id=new_id(), kind=AccountKind.WALLET.value, wallet_address=address,
-            usd_balance_nanos=0, diem_balance_nanos=0, is_partner=False,
-            rate_limit_tier=DEFAULT_RATE_LIMIT_TIER, is_operator=False, staked_tokens=0,
-            created_at=utcnow()).on_conflict_do_nothing(index_elements=["wallet_address"]))
-        row = session.execute(query).one()
-    return WalletAccount(row[0], bool(row[1]), row[2])
-
-
 def sign_in_domains(settings: Settings) -> frozenset[str]:
     """The domains a sign-in may name: SIWX_DOMAINS, or, on a platform that listens on a
     loopback address only, its own `host:port` names. Never the Host header of a request: a
@@ -126,10 +96,11 @@ def sign_in_domains(settings: Settings) -> frozenset[str]:
 
 
 class WalletAuth:
-    """Verifies SIGN-IN-WITH-X and resolves the wallet's account (cached per replica)."""
+    """Verifies SIGN-IN-WITH-X, uses its nonce once, and finds the wallet's account (read
+    only; an account that exists is cached per replica)."""
 
-    def __init__(self, writer: BatchWriter, accepted_domains: frozenset[str]) -> None:
-        self.writer = writer
+    def __init__(self, engine: Engine, accepted_domains: frozenset[str]) -> None:
+        self.engine = engine
         self.accepted_domains = accepted_domains
         self._accounts: TTLCache[str, WalletAccount] = TTLCache(maxsize=100_000, ttl=60.0)
 
@@ -141,7 +112,7 @@ class WalletAuth:
         return sorted(self.accepted_domains)[0]
 
     async def authenticate(self, header_value: str, request_host: str,
-                           now: datetime | None = None) -> KeyRecord:
+                           now: datetime | None = None) -> SignedInWallet:
         if not self.accepted_domains:
             raise ApiError(401, "Wallet sign-in is not configured on this server: the operator "
                                 "sets SIWX_DOMAINS to the host names clients sign in to",
@@ -149,34 +120,19 @@ class WalletAuth:
         payload = siwx.decode_header(header_value)
         sign_in = siwx.verify(payload, accepted_domains=self.accepted_domains,
                               request_host=request_host.lower(), now=now or utcnow())
-        account = self._accounts.get(sign_in.address)
+        cached = self._accounts.get(sign_in.address)
 
-        def use(session: Session) -> WalletAccount | None:
-            _use_nonce(session, sign_in)
-            if account is not None:
-                return None
-            return find_or_create_wallet_account(session, sign_in.address)
+        def use(session: Session) -> WalletAccount:
+            use_nonce(session, sign_in)  # committed on its own: the read below writes nothing
+            return cached or find_wallet_account(session, sign_in.address)
 
-        found = await self.writer.run(use)
-        if found is not None:
-            account = self._accounts[sign_in.address] = found
-        assert account is not None
-        return wallet_caller(sign_in.address, account)
+        account = await run_in_session(self.engine, use)
+        if account.exists:  # a wallet without a row is read again at its next sign-in
+            self._accounts[sign_in.address] = account
+        return SignedInWallet(wallet_caller(sign_in.address, account), account.exists)
 
     async def sweep_nonces(self) -> int:
-        # A margin for replicas whose clocks differ: a nonce outlives its message by minutes.
-        now = utcnow() - NONCE_SWEEP_MARGIN
+        return await sweep_nonces(self.engine)
 
-        def sweep(session: Session) -> int:
-            result = session.execute(delete(SiwxNonce).where(SiwxNonce.expires_at < now))
-            return result.rowcount or 0
-
-        return await self.writer.run(sweep)
-
-    async def run_nonce_sweeper(self, interval_s: float = NONCE_SWEEP_INTERVAL_S) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.sweep_nonces()
-            except Exception:
-                logger.exception("sweeping expired SIWX nonces failed")
+    async def run_nonce_sweeper(self) -> None:
+        await run_nonce_sweeper(self.engine)

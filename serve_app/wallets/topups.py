@@ -29,6 +29,7 @@ from sqlmodel import Session
 
 from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Balances
+from serve_app.billing.wallet_accounts import find_or_create_wallet_account
 from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
 from serve_app.errors import ApiError, invalid_request
@@ -38,7 +39,7 @@ from serve_app.limits.rate_limits import RateLimits
 from serve_app.money import NANOS_PER_UNIT, from_nanos
 from serve_app.net_guard import is_loopback
 from serve_app.wallets.payment_required import encode_header, resource
-from serve_app.wallets.sign_in import find_or_create_wallet_account, first_header
+from serve_app.wallets.sign_in import first_header
 from serve_app.wallets.x402 import (
     FacilitatorClient,
     PaymentConfig,

@@ -17,9 +17,10 @@ import pytest
 import yaml
 from eth_account import Account
 from solders.keypair import Keypair
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from serve_app.db.tables import Account as AccountRow
+from serve_app.db.tables import LedgerEntry, Reservation, X402Payment
 from serve_app.settings import Settings
 from serve_app.wallets.topups import TOP_UPS_PER_MINUTE
 from serve_app.wallets.x402 import BASE_NETWORK, BASE_USDC, SOLANA_NETWORK, dev_facilitator
@@ -149,17 +150,66 @@ def test_a_key_account_without_balance_keeps_insufficient_balance(
 # --- sign-in ----------------------------------------------------------------------------------
 
 
-def test_a_signed_in_wallet_is_created_once_and_its_nonce_works_once(each_db_gw: Gateway) -> None:
+def _books(gw: Gateway) -> dict[str, list]:
+    """Every row a sign-in must not write: accounts, holds, ledger entries, payments."""
+    with gw.state.engine.connect() as db:
+        return {table: sorted(tuple(row) for row in db.execute(select(model)))
+                for table, model in (("accounts", AccountRow), ("holds", Reservation),
+                                     ("ledger", LedgerEntry), ("payments", X402Payment))}
+
+
+SIGN_IN_ATTACKS = {  # what each fresh wallet sends, signed in: (method, url, body)
+    "invalid rpc body": ("POST", RPC_URL, {"jsonrpc": "1.0"}),
+    "invalid chat body": ("POST", CHAT_URL, {"messages": "not a list"}),
+    "no funds": ("POST", RPC_URL, CALL),
+    "balance read": ("GET", f"{ORIGIN}/api/v1/x402/balance/{{address}}", None),
+    "transactions read": ("GET", f"{ORIGIN}/api/v1/x402/transactions/{{address}}", None),
+}
+
+
+def test_fresh_wallets_signing_in_write_no_account_and_a_replay_is_refused(
+        each_db_gw: Gateway) -> None:
+    """The attack: fresh keypairs sign in, one request each, with bodies the route refuses,
+    with no funds, or to read their credit. Before: each made a permanent account row (and a
+    write on the money thread) at sign-in. Now: nothing but the expiring nonce."""
     gw = each_db_gw
-    wallet = Wallet()
-    headers = signed_in(gw.client, wallet, RPC_URL, CHAT_URL)
-    first = gw.client.post(RPC_URL, json=CALL, headers=headers)
-    assert first.status_code == 402  # recognised (no credit yet): not a 401
-    again = gw.client.post(RPC_URL, json=CALL, headers=headers)
+    before = _books(gw)
+    answers: dict[str, list[int]] = {}
+    replayable: tuple[str, str, dict] | None = None
+    for name, (method, url, body) in SIGN_IN_ATTACKS.items():
+        for _ in range(3):
+            wallet = Wallet()
+            target = url.format(address=wallet.address)
+            headers = signed_in(gw.client, wallet, target, CHAT_URL)
+            resp = gw.client.request(method, target, json=body, headers=headers)
+            answers.setdefault(name, []).append(resp.status_code)
+            if name == "balance read":
+                data = resp.json()["data"]
+                assert (data["balanceUsd"], data["canConsume"]) == (0, False)
+                assert nanos(resp.headers["X-Balance-Remaining"]) == 0
+            if name == "transactions read":
+                data = resp.json()["data"]
+                assert (data["currentBalance"], data["transactions"]) == (0, [])
+            replayable = (method, target, headers)
+    assert answers == {"invalid rpc body": [400] * 3, "invalid chat body": [400] * 3,
+                       "no funds": [402] * 3, "balance read": [200] * 3,
+                       "transactions read": [200] * 3}
+    assert _books(gw) == before
+    assert replayable is not None
+    method, target, headers = replayable
+    again = gw.client.request(method, target, headers=headers)
     assert again.status_code == 401
     assert again.json()["error"] == "This nonce has already been used"
+
+
+def test_a_wallet_account_is_written_at_its_first_top_up(gw: Gateway) -> None:
+    wallet = Wallet()
+    assert rpc_call(gw, wallet).status_code == 402
+    assert not [a for a in gw.cli("accounts") if a["walletAddress"] == wallet.address]
+    assert top_up(gw, wallet, "5").status_code == 200
     accounts = [a for a in gw.cli("accounts") if a["walletAddress"] == wallet.address]
     assert len(accounts) == 1 and accounts[0]["kind"] == "WALLET"
+    assert rpc_call(gw, wallet).status_code == 200  # the account signed in before pays
 
 
 def test_the_legacy_header_name_signs_in_too(gw: Gateway) -> None:
