@@ -1,16 +1,23 @@
 """What a video file is (length, size, frame rate), read from its container with PyAV (FFmpeg)
-without decoding a frame. Refuses what is not an MP4, MOV or WebM video."""
+without decoding a frame. Refuses what is not an MP4, MOV or WebM video, and a clip of more
+than `MAX_SOURCE_FPS` frames a second, whether its header declares them or its packets hold
+them: enhancement works on every frame but is priced per second, so a 1 s clip of 700 frames
+would cost one second of work it does not pay for."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import math
+from typing import Any
 
 from serve_app.billing.pricing.video import SourceVideo
 from serve_app.errors import ApiError
 
 ACCEPTED_CONTAINERS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm")
 MAX_SOURCE_PIXELS = 3840 * 2160
+# The highest frame rate a source clip may have (the highest `target_fps` a job may ask).
+MAX_SOURCE_FPS = 120
 
 
 def _refused(field: str, message: str) -> ApiError:
@@ -40,6 +47,11 @@ def probe_video(data: bytes, field: str) -> SourceVideo:
                 seconds = stream.frames / fps
             else:
                 raise _refused(field, "the video's length cannot be read")
+            if fps > MAX_SOURCE_FPS:
+                raise _refused(field, f"the video declares {fps:g} frames a second; at most "
+                                      f"{MAX_SOURCE_FPS} are accepted")
+            if seconds > 0:
+                _check_frames(container, stream, seconds, field)
     except ApiError:
         raise
     except (av.FFmpegError, ValueError, OSError) as exc:  # not a video FFmpeg can read
@@ -49,6 +61,19 @@ def probe_video(data: bytes, field: str) -> SourceVideo:
     if width * height > MAX_SOURCE_PIXELS:
         raise _refused(field, f"the video is {width}x{height}; at most 3840x2160 is accepted")
     return SourceVideo(seconds=round(seconds, 3), width=width, height=height, fps=fps or 24.0)
+
+
+def _check_frames(container: Any, stream: Any, seconds: float, field: str) -> None:
+    """Count the clip's frames from its packets (demuxed, not decoded; the count stops past
+    the cap): a header that understates the rate does not let more frames through."""
+    most = math.floor(MAX_SOURCE_FPS * seconds) + 1
+    frames = 0
+    for packet in container.demux(stream):
+        if packet.size:
+            frames += 1
+            if frames > most:
+                raise _refused(field, f"the video holds more than {MAX_SOURCE_FPS} frames a "
+                                      f"second ({frames}+ frames in {seconds:g} s)")
 
 
 async def probe(data: bytes, field: str) -> SourceVideo:

@@ -13,9 +13,10 @@ A video model's `pricing` holds one base rate, and may add rules to it:
 - `audio_per_second`: added per second when the job makes audio;
 - `reference_per_megapixel_second`: with reference videos, replaces the base rate and bills
   the reference seconds and the output seconds together;
-- `high_fps_multiplier` (with `high_fps_from`, default 48): upscalers, when `target_fps` is
-  that high;
-- `fps_base`: interpolators, the price scales with `target_fps / fps_base`.
+- `high_fps_multiplier` (with `high_fps_from`, default 48): upscalers, when the output rate
+  (`target_fps`, or else the source's own) is that high;
+- `fps_base`: interpolators, the price scales with `target_fps / fps_base` (without
+  `target_fps`, with the source's rate over it when that is higher).
 
 `constraints` says what the model accepts: `durations` (`1s`.. `30s`, `1 gen`, `auto`),
 `resolutions`, `aspect_ratios` (with `adaptive`/`auto` for reference models), `audio`,
@@ -339,11 +340,19 @@ def plan_video(model: CatalogModel, ask: VideoAsk,
         chosen = ask.enhancement_model or (names[0] if names else next(iter(table)))
         rate = _usd(table.get(chosen), f"enhancement model {chosen}")
 
-    if ask.target_fps is not None:
-        if op == "video-upscale" and ask.target_fps >= int(pricing.get("high_fps_from", 48)):
+    # Enhancement works on every frame it delivers: at `target_fps`, or else at the source's
+    # own rate (a 60 fps source upscaled is a high-rate output too).
+    delivered_fps = ask.target_fps if ask.target_fps is not None else (
+        source.fps if source is not None and op in ("video-upscale", "video-interpolate")
+        else None)
+    if delivered_fps:
+        if op == "video-upscale" and delivered_fps >= int(pricing.get("high_fps_from", 48)):
             rate *= Decimal(str(pricing.get("high_fps_multiplier", 2)))
         elif op == "video-interpolate":
-            rate *= Decimal(ask.target_fps) / Decimal(str(pricing.get("fps_base", DEFAULT_FPS)))
+            scale = Decimal(str(delivered_fps)) / Decimal(str(pricing.get("fps_base",
+                                                                          DEFAULT_FPS)))
+            # asked: linear in target_fps; kept at the source rate: never below the base
+            rate *= scale if ask.target_fps is not None else max(scale, Decimal(1))
 
     lines: list[PricedLine] = []
     if base == "per_generation":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+from fractions import Fraction
 
 from PIL import Image
 
@@ -25,3 +26,25 @@ def png(size: tuple[int, int] = (256, 256), colour: tuple[int, int, int] = (135,
 
 def data_url(data: bytes, media_type: str) -> str:
     return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def webm_understating_its_rate(frames: int, seconds: float, declared_fps: int = 24) -> bytes:
+    """A WebM whose header declares `declared_fps` while it holds `frames` frames over
+    `seconds` (each frame's timestamp says when it shows)."""
+    import av
+    import numpy as np
+
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="webm") as container:
+        stream = container.add_stream("libvpx", rate=declared_fps)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 1000)
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i % 256, np.uint8),
+                                               format="rgb24")
+            frame.pts, frame.time_base = int(i * seconds * 1000 / frames), Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
