@@ -18,6 +18,8 @@ from serve_app.accounts.key_store import KeyStore
 from serve_app.audio.jobs import QueuedAudio
 from serve_app.audio.serving import AudioService
 from serve_app.billing.holds import Billing
+from serve_app.chat.extraction import Extractor
+from serve_app.chat.files import FileReader
 from serve_app.chat.serving import ChatService
 from serve_app.chat.web import WebTools
 from serve_app.crypto.networks import load_nodes
@@ -80,6 +82,7 @@ class GatewayServices:
     keys: KeyStore
     key_events: KeyEvents
     router: ModelRouter
+    extractor: Extractor
     web: WebTools
     billing: Billing
     limits: RateLimits
@@ -121,8 +124,10 @@ class GatewayServices:
         limits = RateLimits(limiter_backend(settings), engine,
                             tiers=load_tiers(settings.rate_limit_tiers))
         admission = Admission(limits, billing)
+        extractor = Extractor()  # files and scraped pages are parsed by its processes
         web = WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
-                       settings.web_search_url, settings.web_search_api_key)
+                       settings.web_search_url, settings.web_search_api_key,
+                       extractor=extractor)
         image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
         job_runner = JobRunner(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment)
@@ -137,6 +142,7 @@ class GatewayServices:
             keys=KeyStore(engine, ttl_s=settings.key_cache_ttl_s),
             key_events=key_events or LocalKeyEvents(),
             router=router,
+            extractor=extractor,
             web=web,
             billing=billing,
             limits=limits,
@@ -154,7 +160,7 @@ class GatewayServices:
             jobs=jobs,
             results=results,
             job_runner=job_runner,
-            chat=ChatService(router, catalog, web, engine, admission),
+            chat=ChatService(router, catalog, web, engine, admission, FileReader(extractor)),
             images=ImageService(catalog, router, admission),
             audio=AudioService(router, catalog, admission),
             job_service=job_service,
@@ -184,6 +190,7 @@ class GatewayServices:
         with contextlib.suppress(Exception):
             await self.crypto_rpc.close()
         self.top_ups.close()
+        await self.extractor.close()
         self.billing.close()
         await self.limits.close()
         self.engine.dispose()

@@ -1,19 +1,33 @@
-"""File parts of chat messages, extracted to text before the model sees them."""
+"""File parts of chat messages, turned into text before the prompt is built: the model (and
+the prompt composer, chat/prompt.py) sees a text part `[File: name]` followed by the file's
+text, and the hold is sized from that text.
+
+Plain text is decoded here; PDF, DOCX, PPTX and XLSX go to the extraction workers
+(chat/extraction.py) with their caps: size before decoding, pages, decoded streams, zip
+members and expanded size, output and time.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import io
 import re
 
-from serve_app.errors import invalid_request
+from serve_app.chat.extraction import ExtractionFailed, Extractor
+from serve_app.errors import ApiError, invalid_request, payload_too_large
+from serve_app.schemas.chat import ChatCompletionRequest, ChatMessage, FilePart, TextPart
 
 MAX_FILE_BYTES = 10 * 1024 * 1024
-MAX_FILE_CHARS = 100_000
+MAX_FILES = 20  # file parts in one request
 _DATA_URL = re.compile(r"^data:([\w.+/-]+)?(;[\w=.-]+)*;base64,", re.I)
 _TEXT_SUFFIXES = (".txt", ".md", ".csv", ".json", ".xml", ".html", ".htm", ".py", ".yaml",
                   ".yml", ".log", ".tsv")
+_OOXML_TYPES = {
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx",
+    "application/vnd.openxmlformats-officedocument.presentationml.presentation": ".pptx",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": ".xlsx",
+}
+_FIELD = "messages"
 
 
 def _decode(file_data: str) -> tuple[bytes, str]:
@@ -24,40 +38,89 @@ def _decode(file_data: str) -> tuple[bytes, str]:
         file_data = file_data[match.end():]
     # Check the size before decoding: base64 is 4 characters per 3 bytes.
     if len(file_data) * 3 // 4 > MAX_FILE_BYTES:
-        raise invalid_request(f"file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MB",
-                              "messages")
+        raise payload_too_large(f"A file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MB")
     try:
         return base64.b64decode(file_data, validate=True), media_type
     except (binascii.Error, ValueError) as exc:
-        raise invalid_request("file_data is not valid base64", "messages") from exc
+        raise invalid_request("file_data is not valid base64", _FIELD) from exc
 
 
-def _pdf_text(data: bytes) -> str:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
-
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        return "\n\n".join(page.extract_text() or "" for page in reader.pages)
-    except (PdfReadError, ValueError, KeyError) as exc:
-        raise invalid_request(f"the PDF could not be read: {exc}", "messages") from exc
-
-
-def extract_file_text(file_data: str | None, filename: str | None) -> str:
-    if not file_data:
-        raise invalid_request("file parts need file_data (base64 or a data: URL)", "messages")
-    data, media_type = _decode(file_data)
-    name = (filename or "").lower()
+def file_kind(data: bytes, media_type: str, filename: str) -> str:
+    """`pdf`, `ooxml` (DOCX, PPTX, XLSX) or `text`; a 400 for anything else."""
+    name = filename.lower()
     if media_type == "application/pdf" or name.endswith(".pdf") or data.startswith(b"%PDF"):
-        text = _pdf_text(data)
-    elif media_type.startswith("text/") or media_type in ("application/json", "") \
+        return "pdf"
+    if media_type in _OOXML_TYPES or name.endswith((".docx", ".pptx", ".xlsx")) or (
+            data.startswith(b"PK\x03\x04") and not media_type.startswith("text/")):
+        return "ooxml"
+    if media_type.startswith("text/") or media_type in ("application/json", "") \
             or name.endswith(_TEXT_SUFFIXES):
+        return "text"
+    raise invalid_request(f"files of type {media_type or name!r} cannot be read as text; "
+                          "send PDF, DOCX, PPTX, XLSX or UTF-8 text", _FIELD)
+
+
+def _refusal(failed: ExtractionFailed, filename: str) -> ApiError:
+    message = f"The file {filename!r} was refused: {failed.message}"
+    if failed.reason == "too_large":
+        return payload_too_large(message)
+    if failed.reason == "unavailable":
+        return ApiError(503, message, code="SERVICE_UNAVAILABLE")
+    return invalid_request(message, _FIELD)
+
+
+class FileReader:
+    """Turns the file parts of a chat request into text parts, through `extractor`."""
+
+    def __init__(self, extractor: Extractor) -> None:
+        self.extractor = extractor
+
+    async def text_of(self, part: FilePart) -> str:
+        file = part.file
+        if not file.file_data:
+            raise invalid_request("file parts need file_data (base64 or a data: URL)", _FIELD)
+        name = file.filename or "attachment"
+        data, media_type = _decode(file.file_data)
+        kind = file_kind(data, media_type, file.filename or "")
+        max_chars = self.extractor.limits.max_chars
+        if kind == "text":
+            try:
+                return data.decode("utf-8")[:max_chars]
+            except UnicodeDecodeError as exc:
+                raise invalid_request(f"The file {name!r} is neither UTF-8 text nor a PDF, "
+                                      "DOCX, PPTX or XLSX document", _FIELD) from exc
         try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise invalid_request("the file is neither UTF-8 text nor a PDF",
-                                  "messages") from exc
-    else:
-        raise invalid_request(f"files of type {media_type or name!r} cannot be read as text",
-                              "messages")
-    return text[:MAX_FILE_CHARS]
+            extracted = await self.extractor.run(kind, data, max_chars=max_chars)
+        except ExtractionFailed as failed:
+            raise _refusal(failed, name) from failed
+        return extracted.text
+
+    async def inline(self, req: ChatCompletionRequest) -> ChatCompletionRequest:
+        """`req` with each file part replaced by a text part of its contents (the same request
+        when it has none). One file at a time: a request never holds more than one worker."""
+        parts = [p for m in req.messages if isinstance(m.content, list) for p in m.content
+                 if isinstance(p, FilePart)]
+        if not parts:
+            return req
+        if len(parts) > MAX_FILES:
+            raise invalid_request(f"at most {MAX_FILES} files may be sent in one request",
+                                  _FIELD)
+        messages: list[ChatMessage] = []
+        for message in req.messages:
+            if not isinstance(message.content, list):
+                messages.append(message)
+                continue
+            content = []
+            for part in message.content:
+                if isinstance(part, FilePart):
+                    text = await self.text_of(part)
+                    name = part.file.filename or "attachment"
+                    part = TextPart(type="text", text=f"[File: {name}]\n{text}")
+                content.append(part)
+            messages.append(message.model_copy(update={"content": content}))
+        return req.model_copy(update={"messages": messages})
+
+
+def has_files(req: ChatCompletionRequest) -> bool:
+    return any(isinstance(p, FilePart) for m in req.messages if isinstance(m.content, list)
+               for p in m.content)

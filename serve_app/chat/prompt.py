@@ -1,6 +1,7 @@
 """The conversation the engine sees: system prompts composed in order (the service's default,
 a character's, web context, tool descriptions, then the caller's), multimodal parts checked
-against the model's capabilities, files turned into text, tool turns written as plain text."""
+against the model's capabilities (files are text parts by now: chat/files.py), tool turns
+written as plain text."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.chat.files import extract_file_text
 from serve_app.chat.web import WebDocument
 from serve_app.errors import UnsupportedFeature
 from serve_app.models.catalog import CatalogModel
@@ -16,7 +16,6 @@ from serve_app.schemas.chat import (
     AudioPart,
     ChatCompletionRequest,
     ChatMessage,
-    FilePart,
     ImagePart,
     TextPart,
     VideoPart,
@@ -82,11 +81,9 @@ def _content_text(message: ChatMessage) -> str:
         return message.content or ""
     pieces = []
     for part in message.content:
+        # File parts arrive as text parts: chat/files.py extracts them before the prompt.
         if isinstance(part, TextPart):
             pieces.append(part.text)
-        elif isinstance(part, FilePart):
-            text = extract_file_text(part.file.file_data, part.file.filename)
-            pieces.append(f"[File: {part.file.filename or 'attachment'}]\n{text}")
     return "\n\n".join(pieces)
 
 

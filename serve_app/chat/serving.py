@@ -17,7 +17,7 @@ from deployments.protocol import Chunk, TextEvent, TextRequest
 from deployments.protocol import Usage as EngineUsage
 from deployments.streaming import coalesce
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.pricing import Cost, price, token_units
+from serve_app.billing.pricing import Cost, price, token_units, unit_price_usd
 from serve_app.characters import find_character
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.engine_request import (
@@ -28,6 +28,7 @@ from serve_app.chat.engine_request import (
     sampling,
     service_parameters,
 )
+from serve_app.chat.files import FileReader, has_files
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.prompt import (
     Composition,
@@ -47,6 +48,9 @@ from serve_app.pipeline.settlement import Charge
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 
 T = TypeVar("T")
+# Usage-priced extras of a chat, charged on its own ledger entry at the answering model's
+# catalog price (`pricing.web_search` per search, `pricing.web_scraping` per page read).
+WEB_LINES = ("web_search", "web_scraping")
 
 
 @dataclass
@@ -86,7 +90,9 @@ class ChatPlan:
     engine_request: TextRequest | None  # None until planned
     tool_mode: str
     web_documents: list[WebDocument] = field(default_factory=list)
-    scraped_urls: int = 0
+    query: str = ""  # the last user message's text (its files aside): search and scraping
+    searches: int = 0  # searches the provider answered
+    scraped_urls: int = 0  # pages read (only those are billed)
     usage: Usage = field(default_factory=Usage)
     answered_by: RoutedModel | None = None
     charge: Charge | None = None  # the hold and the rate-limit count, settled once
@@ -109,15 +115,23 @@ class ChatPlan:
             prompt = len(body.encode()) + 16 * len(req.messages) + 2048
             prompt = min(prompt, context) if context else prompt
         output = completion_limit(req, model) or context or 4096
-        return {"input": prompt, "output": output * req.n}
+        return {"input": prompt, "output": output * req.n,
+                "web_search": int(self.params.enable_web_search != "off"),
+                "web_scraping": len(find_urls(self.query)) if self.params.enable_web_scraping
+                else 0}
 
     def cost(self) -> Cost | None:
-        """What the answer measured, priced for the model that answered."""
+        """What the answer measured, and the web searches and pages it used, priced for the
+        model that answered (extras it does not price are left out)."""
         if self.answered_by is None:
             return None
-        usage, model = self.usage, self.answered_by.model
-        return price(model, token_units(model, usage.prompt_tokens, usage.completion_tokens,
-                                        usage.cached_tokens))
+        model = self.answered_by.model
+        used = {"web_search": self.searches, "web_scraping": self.scraped_urls}
+        usage = self.usage
+        return price(model, {**token_units(model, usage.prompt_tokens,
+                                           usage.completion_tokens, usage.cached_tokens),
+                             **{line: n for line, n in used.items()
+                                if n and unit_price_usd(model, line)}})
 
     async def release(self) -> None:
         """Give the hold back: the request failed before, or on our side of, the work."""
@@ -157,10 +171,11 @@ class ChatService:
     planned (model, fallbacks, prompt, sampling), answered unary or streamed."""
 
     def __init__(self, router: ModelRouter, catalog: Catalog, web: WebTools, database: Engine,
-                 admission: Admission) -> None:
+                 admission: Admission, files: FileReader) -> None:
         self.router = router
         self.catalog = catalog
         self.web = web
+        self.files = files
         self.database = database
         self.admission = admission
 
@@ -170,7 +185,7 @@ class ChatService:
         return character.system_prompt
 
     async def _web_context(self, plan: ChatPlan) -> None:
-        params, text = plan.params, last_user_text(plan.req)
+        params, text = plan.params, plan.query
         if params.enable_web_scraping:
             urls = find_urls(text)
             if urls:
@@ -185,6 +200,7 @@ class ChatService:
             return
         try:
             plan.web_documents = await self.web.search(text[:500])
+            plan.searches = 1
         except WebUnavailable as exc:
             if params.enable_web_search == "on":
                 raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
@@ -193,8 +209,10 @@ class ChatService:
                    req: ChatCompletionRequest) -> ChatPlan:
         """Validate, admit and plan. The limiter decides as soon as the model is known, and the
         request is checked against the model meanwhile: a refusal by the limits (429) comes before
-        any error of the request. The hold (for the model and its fallbacks) is taken once the
-        request is known to be valid, before any work (characters, web search, the model)."""
+        any error of the request. Files are read (by the extraction workers) once the limiter
+        has counted the caller, and become text parts; the hold (for the model and its
+        fallbacks) is then sized from that text, before any other work (characters, web
+        search, the model)."""
         primary = self.router.resolve(req.model, "text")
         pending = self.admission.start(ctx, key, primary.model,
                                        admission_tokens(req, primary.model),
@@ -206,11 +224,16 @@ class ChatService:
             req = req.model_copy(update={"service_parameters": params})
             check_capabilities(req, primary.model)
             mode = tool_calls.tool_mode(req)
+            query = last_user_text(req)
+            if has_files(req):
+                await pending.decided()
+                with ctx.step("files"):
+                    req = await self.files.inline(req)
         except BaseException as exc:
             await pending.abandon(exc)
             raise
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
-                        engine_request=None, tool_mode=mode, key=key)
+                        engine_request=None, tool_mode=mode, key=key, query=query)
         plan.charge = await pending.hold([c.model for c in candidates], plan.max_units)
         try:
             comp = Composition(citations=params.enable_web_citations)
@@ -325,8 +348,8 @@ class ChatService:
                     message = {"role": "assistant", "content": None, "tool_calls": calls}
                     reason = "tool_calls"
             if plan.params.return_search_results_as_documents and plan.web_documents:
-                message.setdefault("tool_calls", []).append(tool_calls.new_call(
-                    "web_search_documents", {"documents": _citations(plan)}))
+                message.setdefault("tool_calls", []).append(
+                    tool_calls.search_documents_call(_citations(plan)))
             choices.append({"index": i, "message": message, "logprobs": _choice_logprobs(
                 logprobs.get(i)), "finish_reason": reason})
         response: dict[str, Any] = {
@@ -395,10 +418,20 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
     filters: dict[int, TextFilter] = {}
     held: dict[int, str] = {}  # text held back while it may still be a tool call
     started: set[int] = set()
+    first_call = 0  # the index of a choice's first own tool call (after the documents)
     try:
         if plan.params.include_search_results_in_stream and plan.web_documents:
             yield _sse({**base, "choices": [],
                         "service_parameters": {"web_search_citations": _citations(plan)}})
+        if plan.params.return_search_results_as_documents and plan.web_documents:
+            # The documents come first, as a tool call of each choice; the choice's own
+            # calls (if any) follow it.
+            documents = tool_calls.search_documents_call(_citations(plan))
+            first_call = 1
+            for i in range(plan.req.n):
+                started.add(i)
+                yield event(i, {"role": "assistant", "content": "",
+                                "tool_calls": [dict(documents, index=0)]})
         async for chunk in _queued(chunks):
             if isinstance(chunk, EngineUsage):
                 plan.usage.record(chunk)
@@ -426,7 +459,7 @@ async def _sse_events(plan: ChatPlan, routed: RoutedModel,
                     if plan.tool_mode != "none" else None
                 if calls:
                     yield event(i, {"tool_calls": [dict(c, index=n) for n, c in
-                                                   enumerate(calls)]})
+                                                   enumerate(calls, start=first_call)]})
                     reason = "tool_calls"
                 elif rest:
                     yield event(i, {"content": rest})

@@ -12,6 +12,9 @@ from typing import Any
 from serve_app.schemas.chat import ChatCompletionRequest, ToolChoiceFunction
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+# The published name of the call that carries web results as documents
+# (`return_search_results_as_documents`), for frameworks that read tool calls.
+SEARCH_DOCUMENTS_TOOL = "venice_web_search_documents"
 
 
 def tool_mode(req: ChatCompletionRequest) -> str:
@@ -48,6 +51,11 @@ def new_call(name: str, arguments: Any) -> dict[str, Any]:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": args}}
+
+
+def search_documents_call(documents: list[dict[str, str]]) -> dict[str, Any]:
+    """The tool call that hands the web results to the client as documents."""
+    return new_call(SEARCH_DOCUMENTS_TOOL, {"documents": documents})
 
 
 def parse_calls(text: str, known: set[str]) -> list[dict[str, Any]] | None:

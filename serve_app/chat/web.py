@@ -4,7 +4,8 @@ The search provider is an HTTP service configured by `WEB_SEARCH_URL`: it receiv
 `POST {"query": str, "limit": int}` and answers `{"results": [{"title", "url", "content"}]}`.
 Scraping fetches at most five URLs found in the last user message, through the SSRF guard, each
 within `SCRAPE_FETCH_DEADLINE_S` and all of them within `SCRAPE_DEADLINE_S` (a page that misses
-either is skipped, like one that failed). The search provider's key goes only to the origin of
+either is skipped, like one that failed); an HTML page is parsed by the extraction workers
+(chat/extraction.py), never on the event loop. The search provider's key goes only to the origin of
 `WEB_SEARCH_URL`, never on to another host it redirects to (net_guard).
 """
 
@@ -17,8 +18,8 @@ import re
 from dataclasses import asdict, dataclass
 
 import httpx
-from bs4 import BeautifulSoup
 
+from serve_app.chat.extraction import ExtractionFailed, Extractor
 from serve_app.net_guard import (
     BlockedAddress,
     FetchTimedOut,
@@ -62,18 +63,6 @@ def find_urls(text: str) -> list[str]:
     return seen[:MAX_SCRAPE_URLS]
 
 
-def html_to_text(html: bytes, content_type: str) -> tuple[str, str]:
-    """(title, readable text) of a page; plain text passes through."""
-    if "html" not in content_type:
-        return "", html.decode("utf-8", errors="replace")
-    soup = BeautifulSoup(html, "html.parser")
-    for tag in soup(["script", "style", "noscript", "template", "svg"]):
-        tag.decompose()
-    title = soup.title.get_text(strip=True) if soup.title else ""
-    text = re.sub(r"\n\s*\n+", "\n\n", soup.get_text("\n", strip=True))
-    return title, text
-
-
 def _why(exc: Exception) -> str:
     """What a client may read of a failed search (nothing of the provider's address)."""
     if isinstance(exc, (FetchTimedOut, httpx.TimeoutException)):
@@ -87,11 +76,12 @@ def _why(exc: Exception) -> str:
 
 class WebTools:
     def __init__(self, fetcher: GuardedFetcher, search_url: str | None,
-                 search_api_key: str | None = None, *,
+                 search_api_key: str | None = None, *, extractor: Extractor,
                  fetch_deadline_s: float = SCRAPE_FETCH_DEADLINE_S,
                  scrape_deadline_s: float = SCRAPE_DEADLINE_S,
                  search_deadline_s: float = SEARCH_DEADLINE_S) -> None:
         self.fetcher = fetcher
+        self.extractor = extractor  # pages are parsed by its workers, off the event loop
         self.search_url = search_url
         self.search_api_key = search_api_key
         self.fetch_deadline_s = fetch_deadline_s
@@ -127,7 +117,19 @@ class WebTools:
             return None
         if fetched.status != 200:
             return None
-        title, text = html_to_text(fetched.body, fetched.content_type)
+        title, text = "", ""
+        if "html" in fetched.content_type:
+            try:
+                page = await self.extractor.run("html", fetched.body,
+                                                content_type=fetched.content_type,
+                                                max_chars=MAX_DOCUMENT_CHARS,
+                                                deadline_s=self.fetch_deadline_s)
+            except ExtractionFailed as exc:
+                logger.info("not scraped %s: %s", url, exc)
+                return None
+            title, text = page.title, page.text
+        else:
+            text = fetched.body[:4 * MAX_DOCUMENT_CHARS].decode("utf-8", errors="replace")
         if not text.strip():
             return None
         return WebDocument(title=title or url, url=url, content=text[:MAX_DOCUMENT_CHARS])

@@ -1,17 +1,15 @@
-"""The engine-independent pieces of chat: output filters, tool calls, files, the SSRF guard."""
+"""The engine-independent pieces of chat: output filters, tool calls, the SSRF guard (files and
+pages: test_file_extraction.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 
 import pytest
 
-from serve_app.chat.files import extract_file_text
 from serve_app.chat.filters import CaretCitations, FilterChain, ThinkStripper
 from serve_app.chat.tools import forced_call_schema, parse_calls
-from serve_app.chat.web import find_urls, html_to_text
-from serve_app.errors import ApiError
+from serve_app.chat.web import find_urls
 from serve_app.net_guard import BlockedAddress, GuardedFetcher, is_public
 from serve_app.schemas.chat import ChatCompletionRequest
 
@@ -57,25 +55,9 @@ def test_forced_schema_names_the_chosen_tool():
     assert schema["properties"]["name"]["const"] == "b"
 
 
-def test_files_are_read_as_text_with_size_and_type_checks():
-    text = base64.b64encode(b"hello file").decode()
-    assert extract_file_text(text, "a.txt") == "hello file"
-    assert extract_file_text("data:text/plain;base64," + text, None) == "hello file"
-    with pytest.raises(ApiError):
-        extract_file_text("not base64!!", "a.txt")
-    with pytest.raises(ApiError):
-        extract_file_text(base64.b64encode(b"\x89PNG\x00\xff").decode(), "a.png")
-
-
 def test_urls_are_found_and_capped_at_five():
     text = " ".join(f"https://example.org/{i}." for i in range(8))
     assert find_urls(text) == [f"https://example.org/{i}" for i in range(5)]
-
-
-def test_html_is_reduced_to_readable_text():
-    title, text = html_to_text(b"<html><title>T</title><script>bad()</script><p>Good</p>",
-                               "text/html")
-    assert title == "T" and "Good" in text and "bad" not in text
 
 
 @pytest.mark.parametrize("address,public", [

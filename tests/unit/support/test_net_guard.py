@@ -11,14 +11,16 @@ import threading
 import time
 import tracemalloc
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
+from serve_app.chat.extraction import Extractor
 from serve_app.chat.web import WebTools, WebUnavailable
 from serve_app.errors import ApiError
 from serve_app.images.inputs import ImageSourceReader, image_fetcher
@@ -148,6 +150,14 @@ def web() -> Iterator[Web]:
     server.close()
 
 
+@pytest_asyncio.fixture(loop_scope="function")
+async def extractor() -> AsyncIterator[Extractor]:
+    """The extraction workers that parse scraped pages."""
+    pool = Extractor(workers=1)
+    yield pool
+    await pool.close()
+
+
 @pytest.fixture
 def gateway(tmp_path: Path, web: Web) -> Iterator[Gateway]:
     """The gateway, allowed to fetch from `web` (standing for a public host)."""
@@ -241,11 +251,12 @@ async def test_one_layer_of_compression_within_the_cap_is_read(web: Web, encodin
     assert await reader.read(web.url("/cat.png"), "image", allow_urls=True) == image
 
 
-async def test_scraping_skips_bombs_and_reads_a_compressed_page(web: Web):
+async def test_scraping_skips_bombs_and_reads_a_compressed_page(web: Web, extractor: Extractor):
     web.routes["/stacked"] = answer(STACKED_BOMB, Content_Encoding="gzip, gzip")
     web.routes["/bomb"] = answer(BOMB, Content_Encoding="gzip")
     web.routes["/page"] = answer(gzip.compress(PAGE), Content_Encoding="gzip")
-    tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), None)
+    tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), None,
+                     extractor=extractor)
     with measured() as cost:
         docs = await tools.scrape([web.url("/stacked"), web.url("/bomb"), web.url("/page")])
     assert [(d.title, d.content) for d in docs] == [
@@ -253,10 +264,12 @@ async def test_scraping_skips_bombs_and_reads_a_compressed_page(web: Web):
     assert cost["seconds"] < 2 and cost["peak_mb"] < 50, cost
 
 
-async def test_a_search_provider_answering_a_bomb_is_a_failed_search(web: Web):
+async def test_a_search_provider_answering_a_bomb_is_a_failed_search(
+        web: Web, extractor: Extractor):
     web.routes["/search"] = answer(STACKED_BOMB, "application/json",
                                    Content_Encoding="gzip, gzip")
-    tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), web.url("/search"))
+    tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), web.url("/search"),
+                     extractor=extractor)
     with pytest.raises(WebUnavailable) as excinfo:
         await tools.search("zebras")
     assert str(excinfo.value).startswith("web search failed: the provider's answer was "
@@ -268,25 +281,26 @@ async def test_a_search_provider_answering_a_bomb_is_a_failed_search(web: Web):
 # 2. Deadlines
 
 
-async def test_scraping_cuts_a_trickling_page_at_its_deadline(web: Web):
+async def test_scraping_cuts_a_trickling_page_at_its_deadline(web: Web, extractor: Extractor):
     web.routes["/slow"] = trickle
     web.routes["/page"] = answer(PAGE)
     tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), None,
-                     fetch_deadline_s=0.5)
+                     extractor=extractor, fetch_deadline_s=0.5)
     started = time.monotonic()
     docs = await tools.scrape([web.url("/slow"), web.url("/page")])
     assert [d.title for d in docs] == ["Zebra facts"]
     assert 0.4 < time.monotonic() - started < 1.5
 
 
-async def test_scraping_ends_at_the_request_deadline_keeping_the_pages_read(web: Web):
+async def test_scraping_ends_at_the_request_deadline_keeping_the_pages_read(
+        web: Web, extractor: Extractor):
     """Four trickling URLs, each within its own (long) deadline: the request's deadline cuts
     them all, and the page that came in time is kept."""
     for i in range(4):
         web.routes[f"/slow{i}"] = trickle
     web.routes["/page"] = answer(PAGE)
     tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), None,
-                     fetch_deadline_s=30, scrape_deadline_s=0.6)
+                     extractor=extractor, fetch_deadline_s=30, scrape_deadline_s=0.6)
     started = time.monotonic()
     docs = await tools.scrape([web.url(f"/slow{i}") for i in range(4)] + [web.url("/page")])
     assert [d.url for d in docs] == [web.url("/page")]
@@ -309,7 +323,7 @@ async def test_one_deadline_covers_every_redirect(web: Web):
 
 
 def test_the_default_deadlines_are_bounded():
-    tools = WebTools(GuardedFetcher(), None)
+    tools = WebTools(GuardedFetcher(), None, extractor=Extractor())
     assert tools.fetch_deadline_s <= 10 and tools.scrape_deadline_s <= 20
     assert GuardedFetcher().deadline_s <= 30 and image_fetcher().deadline_s <= 30
 
@@ -366,12 +380,13 @@ def elsewhere() -> Iterator[Web]:
 
 
 @pytest.mark.parametrize("status", [302, 307, 308])
-async def test_the_search_key_is_not_sent_to_another_host(web: Web, elsewhere: Web,
-                                                          status: int):
+async def test_the_search_key_is_not_sent_to_another_host(
+        web: Web, extractor: Extractor, elsewhere: Web, status: int):
     web.routes["/search"] = redirect(elsewhere.url("/search"), status)
     elsewhere.routes["/search"] = answer(RESULTS, "application/json")
     fetcher = GuardedFetcher(allowed_hosts=frozenset({web.host, elsewhere.host}))
-    tools = WebTools(fetcher, web.url("/search"), search_api_key="sk-secret")
+    tools = WebTools(fetcher, web.url("/search"), search_api_key="sk-secret",
+                     extractor=extractor)
     docs = await tools.search("zebras")
     assert [d.content for d in docs] == ["Striped."]
     assert web.headers_at("/search")[0]["Authorization"] == "Bearer sk-secret"
@@ -379,15 +394,16 @@ async def test_the_search_key_is_not_sent_to_another_host(web: Web, elsewhere: W
     assert "sk-secret" not in str(received) and "Authorization" not in received
 
 
-async def test_the_search_key_follows_a_redirect_within_its_origin_only(web: Web,
-                                                                        elsewhere: Web):
+async def test_the_search_key_follows_a_redirect_within_its_origin_only(
+        web: Web, extractor: Extractor, elsewhere: Web):
     """Kept on a hop within the origin; once dropped, not sent again on a way back."""
     web.routes["/search"] = redirect("/v2/search", 307)
     web.routes["/v2/search"] = redirect(elsewhere.url("/bounce"), 307)
     elsewhere.routes["/bounce"] = redirect(web.url("/v3/search"), 307)
     web.routes["/v3/search"] = answer(RESULTS, "application/json")
     fetcher = GuardedFetcher(allowed_hosts=frozenset({web.host, elsewhere.host}))
-    tools = WebTools(fetcher, web.url("/search"), search_api_key="sk-secret")
+    tools = WebTools(fetcher, web.url("/search"), search_api_key="sk-secret",
+                     extractor=extractor)
     assert [d.title for d in await tools.search("zebras")] == ["Zebras"]
     assert web.headers_at("/v2/search")[0]["Authorization"] == "Bearer sk-secret"
     assert "Authorization" not in elsewhere.headers_at("/bounce")[0]
