@@ -8,8 +8,10 @@ The steps of one request:
    every method allowed on the network's chain family (methods.py), no two calls of a batch
    sharing an id, or 400 naming each offending method or id; nothing is counted or charged;
 3. the caller's caps (per account, as the reference's per-user caps): requests per minute in
-   the shared rate-limit backend (429 with `X-RateLimit-*`), then credits per rolling 24 hours
-   from the ledger (429); each 429 carries a `customMessage` naming the cap;
+   the shared rate-limit backend (429 with `X-RateLimit-*` in requests), then credits per
+   rolling 24 hours from the ledger (credits.py; 429 with `X-RateLimit-*` in credits, the reset
+   when enough of the oldest leave the window); each 429 carries a `customMessage` naming the
+   cap;
 4. the most the call may cost (every call at its full tier) is held against the balance (402);
 5. the body is forwarded through one shared HTTP client (total timeout, no redirects, capped
    answer size); a node that cannot be reached, times out, answers a non-2xx status or
@@ -25,27 +27,24 @@ import asyncio
 import json
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import Request, Response
-from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
 from serve_app.crypto import idempotency
+from serve_app.crypto.credits import LINE_TYPE, CreditWindow
 from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
 from serve_app.crypto.networks import Network, NodeConfig
-from serve_app.db.engine import run_in_session
-from serve_app.db.tables import LedgerLine, utcnow
+from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError, nest_errors
 from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
@@ -64,11 +63,6 @@ MAX_BATCH = 100
 MAX_METHOD_CHARS = 128
 # The ledger's model type of crypto RPC usage (fits its 16-character column).
 MODEL_TYPE = "crypto_rpc"
-LINE_TYPE = "credits"
-CREDIT_WINDOW = timedelta(hours=24)
-# How long a replica trusts its last reading of an account's credits of the past 24 hours
-# (its own settlements since are added to it): one ledger read per account every few seconds.
-CREDIT_READ_TTL_S = 5.0
 _NOT_JSON = object()
 
 
@@ -254,52 +248,6 @@ def upstream_error(message: str) -> ApiError:
     return ApiError(500, f"{message}; you were not charged", code="UPSTREAM_ERROR")
 
 
-# --- the caps -----------------------------------------------------------------------------
-
-class CreditWindow:
-    """Credits each account used in the past 24 hours, from the ledger (every replica and
-    restart sees the same), read at most every CREDIT_READ_TTL_S per account; this replica's
-    own settlements since the read, and its calls in flight, are added to the reading."""
-
-    def __init__(self, read_ttl_s: float = CREDIT_READ_TTL_S) -> None:
-        self.read_ttl_s = read_ttl_s
-        self._readings: dict[str, list[float | int]] = {}  # account -> [read at, credits]
-        self._in_flight: Counter[str] = Counter()
-
-    @staticmethod
-    def _settled_since(session: Session, account_id: str, since: datetime) -> int:
-        lines = LedgerLine.__table__.c
-        # A line paid partly in DIEM and partly in USD is two rows with the same units.
-        per_request = (select(func.max(lines.units).label("credits"))
-                       .where(lines.account_id == account_id, lines.line_type == LINE_TYPE,
-                              lines.created_at >= since)
-                       .group_by(lines.request_id).subquery())
-        return int(session.execute(
-            select(func.coalesce(func.sum(per_request.c.credits), 0))).scalar_one())
-
-    async def used(self, database: Engine, now: datetime, account_id: str) -> int:
-        reading = self._readings.get(account_id)
-        if reading is None or time.monotonic() - reading[0] > self.read_ttl_s:
-            since = now - CREDIT_WINDOW
-            credits = await run_in_session(
-                database, lambda s: self._settled_since(s, account_id, since))
-            if len(self._readings) > 100_000:
-                self._readings.clear()
-            reading = self._readings[account_id] = [time.monotonic(), credits]
-        return int(reading[1]) + self._in_flight[account_id]
-
-    def start(self, account_id: str, credits: int) -> None:
-        self._in_flight[account_id] += credits
-
-    def finish(self, account_id: str, reserved: int, spent: int) -> None:
-        self._in_flight[account_id] -= reserved
-        if self._in_flight[account_id] <= 0:
-            del self._in_flight[account_id]
-        reading = self._readings.get(account_id)
-        if reading is not None and spent:
-            reading[1] = int(reading[1]) + spent
-
-
 # --- the proxy ----------------------------------------------------------------------------
 
 class CryptoRpc:
@@ -368,12 +316,20 @@ class CryptoRpc:
                                     "X-RateLimit-Reset": str(reset)},
                            extra={"customMessage": message})
         cap = self.config.credits_per_day
-        used = await self.credits.used(self.database, self.clock(), key.account_id)
+        now = self.clock()
+        used = await self.credits.used(self.database, now, key.account_id)
         if used + max_credits > cap:
+            resets = await self.credits.resets_at(self.database, now, key.account_id,
+                                                  used + max_credits - cap)
+            reset = math.ceil(resets.timestamp())
             message = (f"Crypto RPC credit limit exceeded: at most {cap} credits per rolling "
                        f"24 hours per account (the daily credit cap); {used} used, this request "
-                       f"may take {max_credits}")
+                       f"may take {max_credits}; it fits again at {reset} (X-RateLimit-Reset, "
+                       "Unix seconds; X-RateLimit-Limit and -Remaining count credits here)")
             raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                           headers={"X-RateLimit-Limit": str(cap),
+                                    "X-RateLimit-Remaining": str(max(0, cap - used)),
+                                    "X-RateLimit-Reset": str(reset)},
                            extra={"customMessage": message})
 
     # The node.

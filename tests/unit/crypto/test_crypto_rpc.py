@@ -3,7 +3,9 @@ networks pointed at a fake JSON-RPC node on a loopback socket (tests/rpc_node.py
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from tests.unit.conftest import Gateway, make_gateway
 
 RPC = "/api/v1/crypto/rpc"
 NANOS_PER_CREDIT = 700  # 7e-7 USD
+DAY = 24 * 3600
 
 
 def call(method: str, params: list | None = None, id: int | str = 1) -> dict:
@@ -380,13 +383,46 @@ def test_the_daily_credit_cap(tmp_path: Path, node: RpcNode,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     for gw in rpc_gateway(tmp_path, node, monkeypatch,
                           limits={"requests_per_minute": 100, "credits_per_day": 50}):
+        now = [datetime.now(UTC) - timedelta(hours=3)]
+        gw.state.billing.clock = gw.state.crypto_rpc.clock = lambda now=now: now[0]
+        first_at = now[0]
         assert post(gw, "ethereum-mainnet", call("eth_chainId")).status_code == 200
+        now[0] += timedelta(hours=1)
+        second_at = now[0]
         assert post(gw, "ethereum-mainnet", call("eth_chainId")).status_code == 200
+        now[0] += timedelta(hours=2)
+        before = usd_nanos(gw)
         resp = post(gw, "ethereum-mainnet", call("eth_chainId"))
         assert resp.status_code == 429, resp.text
         assert "50 credits per rolling 24 hours" in resp.json()["customMessage"]
-        assert "x-ratelimit-limit" not in resp.headers  # the per-minute cap's headers only
+        # In credits: 50 a day, 10 left; this call (20) fits once the first call's credits
+        # leave the rolling window, 24 hours after it was settled.
+        assert resp.headers["x-ratelimit-limit"] == "50"
+        assert resp.headers["x-ratelimit-remaining"] == "10"
+        assert abs(int(resp.headers["x-ratelimit-reset"])
+                   - (first_at + timedelta(days=1)).timestamp()) <= 1
+        assert "X-RateLimit-Reset" in resp.json()["customMessage"]
         assert len(node.requests) == 2
+        assert usd_nanos(gw) == before
+        # A batch of two calls (40) fits only once the second call's credits leave too.
+        resp = post(gw, "ethereum-mainnet", [call("eth_chainId", id=i) for i in range(2)])
+        assert resp.status_code == 429, resp.text
+        assert resp.headers["x-ratelimit-remaining"] == "10"
+        assert abs(int(resp.headers["x-ratelimit-reset"])
+                   - (second_at + timedelta(days=1)).timestamp()) <= 1
+
+
+def test_the_daily_credit_cap_resets_when_the_calls_in_flight_settle_at_the_latest(
+        tmp_path: Path, node: RpcNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    for gw in rpc_gateway(tmp_path, node, monkeypatch,
+                          limits={"requests_per_minute": 100, "credits_per_day": 10}):
+        before = time.time()
+        resp = post(gw, "ethereum-mainnet", call("eth_chainId"))  # 20 credits: never fits
+        assert resp.status_code == 429, resp.text
+        assert resp.headers["x-ratelimit-limit"] == "10"
+        assert resp.headers["x-ratelimit-remaining"] == "10"
+        assert before + DAY - 1 <= int(resp.headers["x-ratelimit-reset"]) <= time.time() + DAY + 1
+        assert node.requests == []
 
 
 def test_no_credentials(gw: Gateway, node: RpcNode) -> None:
