@@ -1,5 +1,5 @@
-"""Audio engines: text to speech (Piper) and speech to text (faster-whisper), plus the encoders
-that turn PCM into the response formats.
+"""Audio engines: text to speech (Piper here; Kokoro in engines/kokoro.py) and speech to text
+(faster-whisper), plus the encoders that turn PCM into the response formats.
 
 The deployment (deployments/audio.py) builds an engine as `ENGINES[name](weights_or_None,
 options)` and calls it from a worker thread. Piper with `weights` None reads the voice that
@@ -151,7 +151,7 @@ class PiperSpeechEngine:
         config = SynthesisConfig(speaker_id=speaker,
                                  length_scale=model.config.length_scale / speed)
         gap = np.zeros(round(self._silence * self.sample_rate), np.int16)
-        shares = _CharacterShares(len(text), sum(map(len, model.phonemize(text))))
+        shares = CharacterShares(len(text), sum(map(len, model.phonemize(text))))
         for index, chunk in enumerate(model.synthesize(text, config)):
             pcm = chunk.audio_int16_array
             yield Sentence(np.concatenate([gap, pcm]) if index and gap.size else pcm,
@@ -160,7 +160,7 @@ class PiperSpeechEngine:
             yield Sentence(np.zeros(0, np.int16), rest)
 
 
-class _CharacterShares:
+class CharacterShares:
     """Hands out `characters` in proportion to `units` (phonemes) as they are read; rounded
     so that the shares always add up to the whole."""
 
@@ -436,7 +436,14 @@ def _encode_pyav(chunks: Iterable[np.ndarray], sample_rate: int, fmt: str) -> It
         yield rest
 
 
-ENGINES: dict[str, type] = {
+def _kokoro(weights: str | None, options: dict[str, Any] | None = None) -> SpeechEngine:
+    from deployments.engines.kokoro import KokoroSpeechEngine  # it builds on this module
+
+    return KokoroSpeechEngine(weights, options)
+
+
+ENGINES: dict[str, Any] = {
     "piper": PiperSpeechEngine,
+    "kokoro": _kokoro,
     "faster-whisper": WhisperEngine,
 }

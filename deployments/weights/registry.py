@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from deployments.spec import ServedModel
-from deployments.weights.audio import default_whisper_model, join_whisper_parts
+from deployments.weights.audio import (
+    default_kokoro_model,
+    default_whisper_model,
+    join_kokoro,
+    join_whisper_parts,
+)
 from deployments.weights.image import (
     build_tiny_instruct_pix2pix,
     build_tiny_matting_onnx,
@@ -32,11 +37,14 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "tiny-wan": build_tiny_wan,
     # Whisper base joined from the two packages that ship it in parts
     "whisper-base": join_whisper_parts,
+    # Kokoro-82M joined from the four packages that ship it, with kokoro-js's English voices
+    "kokoro-82m": join_kokoro,
 }
 
 # Engines that load weights of their own making when the catalog names none (the others then
 # read the weights their Python package ships, or need none).
-DEFAULT_WEIGHTS: dict[str, Callable[[], Path]] = {"faster-whisper": default_whisper_model}
+DEFAULT_WEIGHTS: dict[str, Callable[[], Path]] = {"faster-whisper": default_whisper_model,
+                                                  "kokoro": default_kokoro_model}
 
 
 def prepare_weights(spec: str, engine_options: dict) -> Path:
