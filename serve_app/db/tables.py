@@ -308,12 +308,14 @@ class X402Payment(SQLModel, table=True):
 
 
 class RpcIdempotency(SQLModel, table=True):
-    """A crypto RPC answer kept for its `Idempotency-Key` (24 hours): a retry with the same
-    key and body is answered from here, not forwarded or charged again."""
+    """A crypto RPC answer kept for its `Idempotency-Key` on one network (24 hours, then
+    swept): a retry with the same key and body is answered from here, not forwarded or
+    charged again."""
 
     __tablename__ = "rpc_idempotency"
 
     account_id: str = Field(primary_key=True, max_length=36)
+    network: str = Field(primary_key=True, max_length=64)
     key: str = Field(primary_key=True, max_length=255)
     body_sha256: str = Field(max_length=64)
     done: bool = Field(default=False)  # False while the first request is still running
