@@ -169,12 +169,13 @@ class GatewayServices:
         )
 
     async def start(self) -> None:
-        """Background work of the replica: key change notices and the key sync."""
+        """Background work of the replica: key change notices and the key sync, the sweeps."""
         self._tasks = [
             asyncio.create_task(self.key_events.run(self.keys.invalidate)),
             asyncio.create_task(self.keys.run_sync_loop(self.settings.key_sync_interval_s)),
             asyncio.create_task(self.billing.run_sweeper()),
             asyncio.create_task(self.wallets.run_nonce_sweeper()),
+            asyncio.create_task(self.crypto_rpc.run_sweeper()),
             asyncio.create_task(self.job_runner.run()),
         ]
 
