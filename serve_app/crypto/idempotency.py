@@ -1,10 +1,14 @@
 """`Idempotency-Key` of the crypto RPC proxy, as published: a retry within 24 hours with the
-same key and body is answered from the first answer (`Idempotent-Replayed: true`), neither
-forwarded nor charged again; the same key with another body is a 400; a retry while the first
-request is still running is a 429 (the per-caller collision the reference names).
+same key and body on the same network is answered from the first answer
+(`Idempotent-Replayed: true`), neither forwarded nor charged again; the same key with another
+body is a 400; a retry while the first request is still running is a 429 (the per-caller
+collision the reference names).
 
-Keys are per account and kept in SQL, so every replica and node sees them. The first request
-claims its key before it forwards; if it fails, the claim is dropped and a retry runs afresh.
+Keys are per account and network, kept in SQL so every replica and node sees them. The first
+request claims its key before it forwards; if it fails, the claim is dropped and a retry runs
+afresh. An answer over `max_stored_bytes` is answered but not kept (its claim is dropped: a
+retry is forwarded again). Every entry is deleted 24 hours after it was made: on the next claim
+of its key, and by each replica's sweep (`sweep`, every few minutes, in bounded batches).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, tuple_, update
 from sqlmodel import Session
 
 from serve_app.db.engine import dialect_insert
@@ -23,6 +27,7 @@ from serve_app.errors import ApiError, invalid_request
 
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,255}")
 KEPT_FOR = timedelta(hours=24)
+SWEEP_BATCH = 500  # rows one sweep statement deletes at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,22 +48,27 @@ def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def claim(session: Session, account_id: str, key: str, digest: str,
+def _this(account_id: str, network: str, key: str) -> tuple:
+    return (RpcIdempotency.account_id == account_id, RpcIdempotency.network == network,
+            RpcIdempotency.key == key)
+
+
+def claim(session: Session, account_id: str, network: str, key: str, digest: str,
           now: datetime) -> Replay | None:
-    """Claim `key` for this request (None), or the answer to replay; 400 or 429 otherwise."""
+    """Claim `key` on `network` for this request (None), or the answer to replay; 400 or 429
+    otherwise."""
     session.execute(delete(RpcIdempotency).where(
-        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key,
-        RpcIdempotency.created_at < now - KEPT_FOR))
+        *_this(account_id, network, key), RpcIdempotency.created_at < now - KEPT_FOR))
     claimed = session.execute(
         dialect_insert(session)(RpcIdempotency)
-        .values(account_id=account_id, key=key, body_sha256=digest, done=False, credits=0,
-                cost_usd="", created_at=now)
-        .on_conflict_do_nothing(index_elements=["account_id", "key"])
+        .values(account_id=account_id, network=network, key=key, body_sha256=digest,
+                done=False, credits=0, cost_usd="", created_at=now)
+        .on_conflict_do_nothing(index_elements=["account_id", "network", "key"])
         .returning(RpcIdempotency.key)).first()
     if claimed is not None:
         return None
     found = session.execute(select(RpcIdempotency).where(
-        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key)).scalar_one()
+        *_this(account_id, network, key))).scalar_one()
     if found.body_sha256 != digest:
         raise invalid_request("This Idempotency-Key was used with a different body in the "
                               "last 24 hours", "Idempotency-Key")
@@ -70,15 +80,24 @@ def claim(session: Session, account_id: str, key: str, digest: str,
     return Replay((found.response or "").encode(), found.credits, found.cost_usd)
 
 
-def complete(session: Session, account_id: str, key: str, response: bytes, credits: int,
-             cost_usd: str) -> None:
-    session.execute(update(RpcIdempotency).where(
-        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key).values(
+def complete(session: Session, account_id: str, network: str, key: str, response: bytes,
+             credits: int, cost_usd: str) -> None:
+    session.execute(update(RpcIdempotency).where(*_this(account_id, network, key)).values(
         done=True, response=response.decode("utf-8", "replace"), credits=credits,
         cost_usd=cost_usd))
 
 
-def drop(session: Session, account_id: str, key: str) -> None:
+def drop(session: Session, account_id: str, network: str, key: str) -> None:
     session.execute(delete(RpcIdempotency).where(
-        RpcIdempotency.account_id == account_id, RpcIdempotency.key == key,
-        RpcIdempotency.done.is_(False)))
+        *_this(account_id, network, key), RpcIdempotency.done.is_(False)))
+
+
+def sweep(session: Session, now: datetime, batch: int = SWEEP_BATCH) -> int:
+    """Delete up to `batch` entries older than 24 hours (finished or not: a claim that old
+    belongs to a request that died); returns how many. The caller commits."""
+    c = RpcIdempotency.__table__.c
+    oldest = (select(c.account_id, c.network, c.key)
+              .where(c.created_at < now - KEPT_FOR).limit(batch))
+    gone = session.execute(delete(RpcIdempotency).where(
+        tuple_(c.account_id, c.network, c.key).in_(oldest)))
+    return int(gone.rowcount or 0)

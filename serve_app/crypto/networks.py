@@ -36,6 +36,9 @@ DEFAULT_CREDITS_PER_DAY = 10_000_000
 DEFAULT_BASE_CREDITS = 20
 DEFAULT_TIMEOUT_S = 15.0
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+# The largest answer kept for Idempotency-Key replays (a bigger one is answered, not kept):
+# a transaction's hash or a call's result is small; what is bigger is a read worth redoing.
+DEFAULT_MAX_STORED_BYTES = 1024 * 1024
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -72,6 +75,7 @@ class NodesFile(BaseModel):
     limits: CapsEntry = Field(default_factory=CapsEntry)
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, gt=0)
+    max_stored_bytes: int = Field(default=DEFAULT_MAX_STORED_BYTES, ge=0)
     networks: dict[NetworkSlug, NodeEntry] = Field(default_factory=dict)
 
 
@@ -97,6 +101,7 @@ class NodeConfig:
     credits_per_day: int = DEFAULT_CREDITS_PER_DAY
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
 
     @property
     def slugs(self) -> list[str]:
@@ -127,7 +132,8 @@ def parse_nodes(data: object, environ: Mapping[str, str] | None = None) -> NodeC
     return NodeConfig(networks=networks, price_per_credit_usd=parsed.price_per_credit_usd,
                       requests_per_minute=parsed.limits.requests_per_minute,
                       credits_per_day=parsed.limits.credits_per_day,
-                      timeout_s=parsed.timeout_s, max_response_bytes=parsed.max_response_bytes)
+                      timeout_s=parsed.timeout_s, max_response_bytes=parsed.max_response_bytes,
+                      max_stored_bytes=parsed.max_stored_bytes)
 
 
 def load_nodes(path: Path, environ: Mapping[str, str] | None = None) -> NodeConfig:

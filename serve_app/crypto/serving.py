@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from fastapi import Request, Response
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
@@ -44,7 +45,7 @@ from serve_app.crypto import idempotency
 from serve_app.crypto.credits import LINE_TYPE, CreditWindow
 from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
 from serve_app.crypto.networks import Network, NodeConfig
-from serve_app.db.tables import utcnow
+from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, nest_errors
 from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("serve_app.crypto")
 
 MAX_BATCH = 100
+# How often each replica deletes the Idempotency-Key entries past their 24 hours.
+SWEEP_INTERVAL_S = 300.0
 MAX_METHOD_CHARS = 128
 # The ledger's model type of crypto RPC usage (fits its 16-character column).
 MODEL_TYPE = "crypto_rpc"
@@ -386,10 +389,10 @@ class CryptoRpc:
         if idempotency_key is None:
             return await self._forward(ctx, key, slug, network, rpc)
         idempotency_key = idempotency.check_key(idempotency_key)
-        digest, now = idempotency.body_digest(body), utcnow()
-        writer = self.writer
+        digest, now = idempotency.body_digest(body), self.clock()
+        writer, account = self.writer, key.account_id
         replay = await writer.run(lambda s: idempotency.claim(
-            s, key.account_id, idempotency_key, digest, now))
+            s, account, slug, idempotency_key, digest, now))
         if replay is not None:
             return Response(replay.response, media_type="application/json", headers={
                 "X-Venice-RPC-Credits": str(replay.credits),
@@ -397,12 +400,47 @@ class CryptoRpc:
         try:
             answer = await self._forward(ctx, key, slug, network, rpc)
         except BaseException:
-            await writer.run(lambda s: idempotency.drop(s, key.account_id, idempotency_key))
+            await writer.run(lambda s: idempotency.drop(s, account, slug, idempotency_key))
             raise
+        kept = bytes(answer.body)
+        if len(kept) > self.config.max_stored_bytes:
+            # Answered, not kept: a retry is forwarded (and charged) again.
+            logger.info("crypto RPC: an answer of %d bytes is over the %d kept for "
+                        "Idempotency-Key replays", len(kept), self.config.max_stored_bytes)
+            await writer.run(lambda s: idempotency.drop(s, account, slug, idempotency_key))
+            return answer
         await writer.run(lambda s: idempotency.complete(
-            s, key.account_id, idempotency_key, bytes(answer.body),
+            s, account, slug, idempotency_key, kept,
             int(answer.headers["X-Venice-RPC-Credits"]), answer.headers["X-Venice-RPC-Cost-USD"]))
         return answer
+
+    async def sweep_idempotency(self) -> int:
+        """Delete the Idempotency-Key entries older than 24 hours, in bounded batches; returns
+        how many."""
+        swept = 0
+        while True:
+            now = self.clock()
+
+            def work(session: Session, now: datetime = now) -> int:
+                gone = idempotency.sweep(session, now)
+                session.commit()
+                return gone
+
+            # Off the money path's group commit: a session of its own.
+            gone = await run_in_session(self.database, work)
+            swept += gone
+            if gone < idempotency.SWEEP_BATCH:
+                return swept
+
+    async def run_sweeper(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
+        """Each replica sweeps every `interval_s` (the deletes are the same on every one)."""
+        while True:
+            try:
+                await self.sweep_idempotency()
+            except Exception:
+                logger.exception("crypto RPC: the Idempotency-Key sweep failed; retrying in "
+                                 "%.0f s", interval_s)
+            await asyncio.sleep(interval_s)
 
     async def _forward(self, ctx: RequestContext, key: KeyRecord, slug: str, network: Network,
                        rpc: RpcRequest) -> Response:
