@@ -77,8 +77,8 @@ async def current_key(request: Request, state: State) -> KeyRecord:
 CurrentKey = Annotated[KeyRecord, Depends(current_key)]
 
 async def inference_caller(request: Request, state: State) -> KeyRecord:
-    """The caller of an inference endpoint: a Bearer key, or else a wallet signed in with
-    SIGN-IN-WITH-X (auth/wallets.py). With neither, the x402 discovery 402."""
+    """The caller of an inference endpoint: a wallet signed in with SIGN-IN-WITH-X, or else a
+    Bearer key (`key_or_wallet`). With neither, the x402 discovery 402."""
     if not request.headers.get("authorization") and siwx_header(request.headers) is None:
         host = request.headers.get("host", "")
         raise payment_required.discovery(request, state.payments,
@@ -87,17 +87,27 @@ async def inference_caller(request: Request, state: State) -> KeyRecord:
 
 
 async def key_or_wallet(request: Request, state: State) -> KeyRecord:
-    """A Bearer key, or else a wallet signed in with SIGN-IN-WITH-X; 401 with neither."""
-    if request.headers.get("authorization"):
-        return await current_key(request, state)
+    """A wallet signed in with SIGN-IN-WITH-X, or else a Bearer key; 401 with neither.
+
+    The wallet header decides: a request carrying both (a client that sends its usual
+    Authorization header to every route) is the wallet's, and a bad wallet header is a 401
+    whatever the key."""
     header = siwx_header(request.headers)
     if header is None:
+        if request.headers.get("authorization"):
+            return await current_key(request, state)
         raise authentication_failed("Authentication failed: send an API key "
                                     "('Authorization: Bearer <key>') or a SIGN-IN-WITH-X header")
-    host = request.headers.get("host", "")
+    return await signed_in_caller(request, state, header)
+
+
+async def signed_in_caller(request: Request, state: GatewayServices,
+                           header: str) -> KeyRecord:
+    """The wallet of a SIGN-IN-WITH-X header, as the request's caller (401 if it does not
+    verify), with its balance headers."""
     ctx = context_of(request)
     with ctx.step("auth"):
-        wallet = await state.wallets.authenticate(header, host)
+        wallet = await state.wallets.authenticate(header, request.headers.get("host", ""))
         key = ctx.caller = wallet.caller
         state.limits.check_failed_budget(key)
         respond.balance_headers(ctx, await remaining_credit(ctx, state, wallet))

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlmodel import Session
 
-from serve_app.api.deps import Context, State, current_key, remaining_credit, run_db
+from serve_app.api.deps import Context, State, current_key, run_db, signed_in_caller
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.money import from_nanos
 from serve_app.pipeline.respond import json_response
@@ -35,27 +35,26 @@ async def top_up(request: Request, ctx: Context, state: State,
     return response
 
 
-async def wallet_reader(request: Request, ctx: Context, state: State,
+async def wallet_reader(request: Request, state: State,
                         wallet_address: Annotated[str, Path(alias="walletAddress")]) -> str:
     """The wallet of the path, readable by that wallet signed in or the operator's admin."""
     address = normalize_address(wallet_address)
-    if request.headers.get("authorization"):
-        key = await current_key(request, state)
-        if not key.is_admin:
-            raise admin_key_required()
-        if not key.is_operator:
-            raise ApiError(403, "Only the wallet itself or the operator's ADMIN key may read "
-                                "a wallet's credit", code="UNAUTHORIZED")
-        return address
     header = siwx_header(request.headers)
-    if header is None:
+    if header is not None:  # the wallet decides, whatever Authorization says (key_or_wallet)
+        caller = await signed_in_caller(request, state, header)
+        if caller.wallet_address != address:
+            raise ApiError(403, "The signed-in wallet does not match the requested wallet",
+                           code="X402_WALLET_MISMATCH")
+        return address
+    if not request.headers.get("authorization"):
         raise authentication_failed("Authentication failed: sign in with the wallet "
                                     "(SIGN-IN-WITH-X header)")
-    wallet = await state.wallets.authenticate(header, request.headers.get("host", ""))
-    if wallet.caller.wallet_address != address:
-        raise ApiError(403, "The signed-in wallet does not match the requested wallet",
-                       code="X402_WALLET_MISMATCH")
-    await remaining_credit(ctx, state, wallet)
+    key = await current_key(request, state)
+    if not key.is_admin:
+        raise admin_key_required()
+    if not key.is_operator:
+        raise ApiError(403, "Only the wallet itself or the operator's ADMIN key may read "
+                            "a wallet's credit", code="UNAUTHORIZED")
     return address
 
 

@@ -78,3 +78,25 @@ def test_a_wallet_with_credit_is_charged_for_its_embeddings(wallet_gateway, wall
         payer = db.execute(select(LedgerEntry.wallet_address, LedgerEntry.api_key_id).where(
             LedgerEntry.request_id == resp.headers["cf-ray"])).one()
     assert tuple(payer) == (wallet.address, None)
+
+
+def test_a_bearer_key_beside_a_wallet_sign_in_leaves_the_wallet_paying(wallet_gateway,
+                                                                        wallet_books):
+    """A client that sends its usual Authorization header with a valid SIGN-IN-WITH-X: the
+    wallet is the caller, and the key's account is not charged."""
+    wallet = Wallet()
+    staked = wallet_gateway.cli("stake", "--wallet", wallet.address, "--tokens", "2")
+    key = wallet_gateway.create_key()["apiKey"]
+    key_balance = wallet_books.balance_nanos()
+    url = f"{ORIGIN}/embeddings"
+    headers = {**signed_in(wallet_gateway.client, wallet, url, f"{ORIGIN}/chat/completions"),
+               **wallet_gateway.auth(key)}
+
+    resp = wallet_gateway.client.post(url, headers=headers,
+                                      json={"model": "embed-small", "input": "hello there"})
+
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-ratelimit-type"] == "user"
+    charge = wallet_books.only_charge(resp.headers["cf-ray"])
+    assert wallet_books.balance_nanos(staked["id"]) == 2 * 10**9 - charge.total_nanos
+    assert wallet_books.balance_nanos() == key_balance

@@ -212,6 +212,55 @@ def test_a_wallet_account_is_written_at_its_first_top_up(gw: Gateway) -> None:
     assert rpc_call(gw, wallet).status_code == 200  # the account signed in before pays
 
 
+@pytest.mark.parametrize("bearer", ["a key of another account", "no key of ours"])
+def test_a_wallet_header_beside_a_bearer_makes_the_wallet_the_caller(gw: Gateway,
+                                                                      bearer: str) -> None:
+    """Clients send their usual Authorization header to every route; with a valid
+    SIGN-IN-WITH-X beside it, the wallet is the caller (and pays)."""
+    wallet = Wallet()
+    assert top_up(gw, wallet, "5").status_code == 200
+    secret = gw.create_key()["apiKey"] if bearer.startswith("a key") else "sk-" + "x" * 40
+
+    def both(url: str) -> dict[str, str]:
+        return {**signed_in(gw.client, wallet, url, CHAT_URL),
+                "Authorization": f"Bearer {secret}"}
+
+    key_account = next(a for a in gw.cli("accounts") if a["id"] == gw.account_id)
+
+    paid = gw.client.post(RPC_URL, json=CALL, headers=both(RPC_URL))
+
+    assert paid.status_code == 200, paid.text
+    left = 5 * 10**9 - NANOS_PER_CALL
+    assert nanos(paid.headers["X-Balance-Remaining"]) == left
+    assert paid.headers["x-ratelimit-type"] == "user"
+    for route in ("balance", "transactions"):
+        url = f"{ORIGIN}/api/v1/x402/{route}/{wallet.address}"
+        read = gw.client.get(url, headers=both(url))
+        assert read.status_code == 200, read.text
+        assert read.json()["data"]["walletAddress"] == wallet.address
+        assert nanos(read.headers["X-Balance-Remaining"]) == left
+    account = next(a for a in gw.cli("accounts") if a["walletAddress"] == wallet.address)
+    assert nanos(account["usd"]) == left
+    assert next(a for a in gw.cli("accounts") if a["id"] == gw.account_id) == key_account
+
+
+def test_a_bad_wallet_header_is_a_401_whatever_the_bearer_key(gw: Gateway) -> None:
+    wallet = Wallet()
+    header = signed_in(gw.client, wallet, RPC_URL, CHAT_URL)["SIGN-IN-WITH-X"]
+    fields = json.loads(base64.b64decode(header + "=="))
+    fields["nonce"] = "0123456789abcdef"  # the signature no longer matches
+    forged = base64.b64encode(json.dumps(fields).encode()).decode()
+    headers = {"SIGN-IN-WITH-X": forged, **gw.auth()}  # the operator's own ADMIN key
+    key_account = next(a for a in gw.cli("accounts") if a["id"] == gw.account_id)
+    for method, url, body in (("POST", RPC_URL, CALL), ("POST", CHAT_URL, {}),
+                              ("GET", f"/api/v1/x402/balance/{wallet.address}", None),
+                              ("GET", f"/api/v1/x402/transactions/{wallet.address}", None)):
+        resp = gw.client.request(method, url, json=body, headers=headers)
+        assert resp.status_code == 401, (url, resp.text)
+        assert resp.json()["code"] == "AUTHENTICATION_FAILED"
+    assert next(a for a in gw.cli("accounts") if a["id"] == gw.account_id) == key_account
+
+
 def test_the_legacy_header_name_signs_in_too(gw: Gateway) -> None:
     wallet = Wallet()
     headers = signed_in(gw.client, wallet, RPC_URL, CHAT_URL)
