@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from deployments.weights.store import WEIGHTS_LABEL, build_once
+from deployments.weights.store import WEIGHTS_LABEL, build_once, log
 
 # The tokenizer's special tokens, as in CLIP's vocabulary.
 _BOS, _EOS = "<|startoftext|>", "<|endoftext|>"
@@ -76,6 +77,15 @@ def _seeded(seed: int) -> None:
 
 
 def _build_pipeline(target: Path, seed: int, instruct: bool) -> dict:
+    kind = "InstructPix2Pix (image edits)" if instruct else "Stable Diffusion (generation)"
+    started = time.monotonic()
+    log(f"Building the {kind} test weights at {target} (once; a few seconds)...")
+    built = _save_pipeline(target, seed, instruct)
+    log(f"  done in {time.monotonic() - started:.1f}s")
+    return built
+
+
+def _save_pipeline(target: Path, seed: int, instruct: bool) -> dict:
     import torch
     from diffusers import (
         AutoencoderKL,
