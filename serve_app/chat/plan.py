@@ -1,0 +1,132 @@
+"""One chat request as planned: its models, composed request, web context and files, what the
+engine used while it answered, the most it may cost (the hold) and what it did cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.protocol import Chunk, TextRequest
+from deployments.protocol import Usage as EngineUsage
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.pricing import Cost, price, token_units, unit_price_usd
+from serve_app.chat.engine_request import completion_limit, prompt_estimate
+from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
+from serve_app.chat.web import WebDocument, find_urls
+from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import RoutedModel
+from serve_app.pipeline.settlement import Charge
+from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
+
+
+@dataclass
+class Usage:
+    """What the engine produced for one request, kept current while it streams."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's, served by the engine's prefix cache
+
+    def saw(self, chunk: Chunk) -> None:
+        """Count a streamed chunk: the first carries the prompt's tokens (and the cached)."""
+        if chunk.prompt_tokens is not None:
+            self.prompt_tokens = chunk.prompt_tokens
+            self.cached_tokens = chunk.cached_tokens or 0
+        self.completion_tokens += chunk.tokens
+
+    def record(self, reported: EngineUsage) -> None:
+        """Take the engine's final count (it replaces the running count of the stream)."""
+        self.prompt_tokens = reported.prompt_tokens
+        self.completion_tokens = reported.completion_tokens
+        self.cached_tokens = reported.cached_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+@dataclass
+class ChatPlan:
+    request_id: str
+    req: ChatCompletionRequest
+    params: ServiceParameters
+    candidates: list[RoutedModel]
+    engine_request: TextRequest | None  # None until planned
+    tool_mode: str
+    web_documents: list[WebDocument] = field(default_factory=list)
+    query: str = ""  # the last user message's text (its files aside): search and scraping
+    searches: int = 0  # searches the provider answered
+    scraped_urls: int = 0  # pages read (only those are billed)
+    usage: Usage = field(default_factory=Usage)
+    answered_by: RoutedModel | None = None
+    charge: Charge | None = None  # the hold and the rate-limit count, settled once
+    key: KeyRecord | None = None  # the caller (its limits count the fallbacks too)
+
+    def max_units(self, model: CatalogModel) -> dict[str, int]:
+        """The most tokens this request can use on `model`, for the hold.
+
+        A prompt cannot have more tokens than its UTF-8 bytes plus the chat template's few
+        per message; prompts the server adds to (characters, web pages) count as the whole
+        context. The output is `max_tokens` (or the model's cap) for each of the `n` choices.
+        """
+        context = model.context_length
+        req = self.req
+        if self.params.character_slug or self.params.enable_web_scraping or \
+                self.params.enable_web_search != "off":
+            prompt = context or 1_000_000
+        else:
+            body = req.model_dump_json(include={"messages", "tools", "response_format"})
+            prompt = len(body.encode()) + 16 * len(req.messages) + 2048
+            prompt = min(prompt, context) if context else prompt
+        output = completion_limit(req, model) or context or 4096
+        return {"input": prompt, "output": output * req.n,
+                "web_search": int(self.params.enable_web_search != "off"),
+                "web_scraping": len(find_urls(self.query)) if self.params.enable_web_scraping
+                else 0}
+
+    def cost(self) -> Cost | None:
+        """What the answer measured, and the web searches and pages it used, priced for the
+        model that answered (extras it does not price are left out)."""
+        if self.answered_by is None:
+            return None
+        model = self.answered_by.model
+        used = {"web_search": self.searches, "web_scraping": self.scraped_urls}
+        usage = self.usage
+        return price(model, {**token_units(model, usage.prompt_tokens,
+                                           usage.completion_tokens, usage.cached_tokens),
+                             **{line: n for line, n in used.items()
+                                if n and unit_price_usd(model, line)}})
+
+    async def release(self) -> None:
+        """Give the hold back: the request failed before, or on our side of, the work."""
+        if self.charge is not None:
+            # The completion counted at admission was never generated (or not delivered).
+            await self.charge.release(tokens=prompt_estimate(self.req))
+
+    async def finish_charge(self) -> None:
+        """Settle with the measured cost of what was sent, and correct the rate-limit count
+        to the measured tokens."""
+        if self.charge is not None:
+            await self.charge.settle(self.cost(), tokens=self.usage.prompt_tokens
+                                     + self.usage.completion_tokens)
+
+    @property
+    def router_label(self) -> str:
+        """`x-service-model-router` of the answer: `fallback` when a fallback answered."""
+        routed = self.answered_by
+        assert routed is not None, "no model has answered yet"
+        return "fallback" if routed is not self.candidates[0] else routed.router
+
+    @property
+    def known_tools(self) -> set[str]:
+        return {t.function.name for t in self.req.tools or []}
+
+    def output_filter(self) -> TextFilter:
+        filters: list[TextFilter] = []
+        if self.params.strip_thinking_response or self.params.disable_thinking:
+            filters.append(ThinkStripper())
+        if self.params.enable_web_citations and self.web_documents:
+            filters.append(CaretCitations())
+        return FilterChain(filters)
