@@ -8,6 +8,9 @@ platform over HTTP); `http` is any client with httpx's `get`/`post`.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +20,12 @@ from solders.keypair import Keypair
 from x402 import x402ClientSync
 from x402.extensions.sign_in_with_x import create_siwx_payload, encode_siwx_header
 from x402.http.x402_http_client import x402HTTPClientSync
+from x402.mechanisms.evm.exact.client import ExactEvmScheme
 from x402.mechanisms.evm.exact.register import register_exact_evm_client
+from x402.mechanisms.evm.types import ExactEIP3009Authorization, ExactEIP3009Payload
 from x402.mechanisms.svm.exact.register import register_exact_svm_client
 from x402.mechanisms.svm.signers import KeypairSigner
+from x402.schemas import PaymentRequirements
 
 from serve_app.wallets.siwx import BASE_CHAIN_ID, SOLANA_MAINNET_CHAIN_ID
 
@@ -65,6 +71,21 @@ class Wallet:
         required.accepts = [a for a in required.accepts if a.network == network]
         payload = http.create_payment_payload(required)
         return http.encode_payment_signature_header(payload)
+
+    def authorize(self, requirement: dict, *, valid_after: int, valid_before: int,
+                  nonce: str | None = None) -> dict[str, str]:
+        """Payment headers for a Base `accepts` entry: an EIP-3009 authorization with the
+        validity window given (the protocol's client always signs `now + maxTimeoutSeconds`),
+        signed with the protocol's own EVM scheme."""
+        requirements = PaymentRequirements.model_validate(requirement)
+        authorization = ExactEIP3009Authorization(
+            from_address=self.evm.address, to=requirement["payTo"],
+            value=requirement["amount"], valid_after=str(valid_after),
+            valid_before=str(valid_before), nonce=nonce or "0x" + os.urandom(32).hex())
+        signature = ExactEvmScheme(self.evm)._sign_authorization(authorization, requirements)
+        inner = ExactEIP3009Payload(authorization=authorization, signature=signature)
+        payload = {"x402Version": 2, "accepted": requirement, "payload": inner.to_dict()}
+        return {"PAYMENT-SIGNATURE": base64.b64encode(json.dumps(payload).encode()).decode()}
 
 
 def challenge_of(answer_402: Any) -> dict:

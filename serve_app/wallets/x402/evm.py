@@ -5,8 +5,12 @@ Inner payload: `{authorization: {from, to, value, validAfter, validBefore, nonce
 signature}` (integers as decimal strings, `nonce` 32 bytes hex, `signature` 65 bytes hex).
 
 We check it without a node: the signer recovered from the EIP-712 digest over the domain
-`{name, version, chainId, verifyingContract: asset}` must be `from`; `to`, `value` and the
-validity window must be what the requirement says. Like the token contract we accept only
+`{name, version, chainId, verifyingContract: asset}` must be `from`; `to` and `value` must be
+what the requirement says, and the authorization must be valid now, as the scheme asks
+(`validAfter` not in the future, `validBefore` still ahead by the settling margin). Its
+window may be longer than the requirement's `maxTimeoutSeconds` (a client that signs
+`validAfter: 0`, `validBefore: now + 600`), but `validBefore` may be at most
+MAX_VALID_AHEAD_S away. Like the token contract we accept only
 low-s signatures with v 27/28. Not accepted (the protocol allows them): smart-wallet
 signatures (EIP-1271 / ERC-6492, which need a node to check) and the Permit2 transfer method.
 The payer's balance and whether the nonce was used are the facilitator's (and the chain's)
@@ -38,6 +42,10 @@ CLOCK_SKEW_S = 10
 # An authorization must stay valid this long after we check it, for the facilitator to
 # submit it (the protocol's facilitator asks for 6 s).
 SETTLE_MARGIN_S = 6
+# How far ahead `validBefore` may be: an hour. A signed transfer outstanding for longer is a
+# liability for the payer (anyone holding it may submit it until then) and nothing a top-up
+# needs.
+MAX_VALID_AHEAD_S = 3600
 
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 _UINT = re.compile(r"^(0|[1-9][0-9]{0,77})$")
@@ -145,9 +153,11 @@ def verify_evm(payload: PaymentPayload, requirement: Mapping[str, Any],
         raise invalid_payment("not_yet_valid", "Payment authorization is not valid yet")
     if valid_before < now + SETTLE_MARGIN_S:
         raise invalid_payment("expired", "Payment authorization has expired")
-    if valid_before - now > int(requirement["maxTimeoutSeconds"]) + CLOCK_SKEW_S:
-        raise invalid_payment("timeout_too_long",
-                              "Payment authorization is valid longer than maxTimeoutSeconds")
+    if valid_before - now > MAX_VALID_AHEAD_S + CLOCK_SKEW_S:
+        raise invalid_payment(
+            "timeout_too_long",
+            f"Payment authorization's validBefore is more than {MAX_VALID_AHEAD_S} seconds "
+            f"ahead: sign one valid for at most {MAX_VALID_AHEAD_S // 60} minutes")
 
     signature = _signature_bytes(inner.get("signature"))
     extra = requirement.get("extra") or {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -336,6 +337,29 @@ def test_the_same_payment_twice_or_concurrently_credits_once(each_db_gw: Gateway
     later = gw.client.post(TOP_UP, headers={"X-PAYMENT": headers["PAYMENT-SIGNATURE"]})
     assert later.status_code == 409
     assert later.json()["error"] == "X402_PAYMENT_ALREADY_USED"
+    account = next(a for a in gw.cli("accounts") if a["walletAddress"] == wallet.address)
+    assert account["usd"] == 5
+
+
+def test_a_top_up_authorized_longer_than_max_timeout_seconds_is_credited(gw: Gateway) -> None:
+    """validAfter 0 and validBefore now + 600 against our maxTimeoutSeconds of 300: valid
+    now, so credited; one valid for more than an hour is refused, naming the bound."""
+    wallet = Wallet()
+    (requirement,) = [a for a in gw.client.post(f"{TOP_UP}?amount=5").json()["accepts"]
+                      if a["network"] == BASE_NETWORK]
+    assert requirement["maxTimeoutSeconds"] == 300
+    now = int(time.time())
+
+    paid = gw.client.post(TOP_UP, headers=wallet.authorize(
+        requirement, valid_after=0, valid_before=now + 600))
+
+    assert paid.status_code == 200, paid.text
+    assert paid.json()["data"]["amountCredited"] == 5
+    too_long = gw.client.post(TOP_UP, headers=wallet.authorize(
+        requirement, valid_after=0, valid_before=now + 2 * 3600))
+    assert too_long.status_code == 400
+    assert too_long.json()["details"]["reason"] == "timeout_too_long"
+    assert "3600 seconds" in too_long.json()["message"]
     account = next(a for a in gw.cli("accounts") if a["walletAddress"] == wallet.address)
     assert account["usd"] == 5
 
