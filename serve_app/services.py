@@ -18,6 +18,7 @@ from serve_app.accounts.key_store import KeyStore
 from serve_app.audio.jobs import QueuedAudio
 from serve_app.audio.serving import AudioService
 from serve_app.billing.holds import Billing
+from serve_app.chat.audio_parts import AudioReader
 from serve_app.chat.extraction import Extractor
 from serve_app.chat.files import FileReader
 from serve_app.chat.serving import ChatService
@@ -160,7 +161,8 @@ class GatewayServices:
             jobs=jobs,
             results=results,
             job_runner=job_runner,
-            chat=ChatService(router, catalog, web, engine, admission, FileReader(extractor)),
+            chat=ChatService(router, catalog, web, engine, admission, FileReader(extractor),
+                             AudioReader(router)),
             images=ImageService(catalog, router, admission),
             audio=AudioService(router, catalog, admission),
             job_service=job_service,

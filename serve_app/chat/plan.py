@@ -10,6 +10,7 @@ from deployments.protocol import Chunk, TextRequest
 from deployments.protocol import Usage as EngineUsage
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price, token_units, unit_price_usd
+from serve_app.chat.audio_parts import heard_line, most_seconds
 from serve_app.chat.engine_request import completion_limit, prompt_estimate
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.web import WebDocument, find_urls
@@ -59,6 +60,9 @@ class ChatPlan:
     query: str = ""  # the last user message's text (its files aside): search and scraping
     searches: int = 0  # searches the provider answered
     scraped_urls: int = 0  # pages read (only those are billed)
+    audio_parts: int = 0  # input_audio parts, heard by `transcriber` before the model
+    transcriber: CatalogModel | None = None
+    heard_seconds: int = 0
     usage: Usage = field(default_factory=Usage)
     answered_by: RoutedModel | None = None
     charge: Charge | None = None  # the hold and the rate-limit count, settled once
@@ -68,13 +72,14 @@ class ChatPlan:
         """The most tokens this request can use on `model`, for the hold.
 
         A prompt cannot have more tokens than its UTF-8 bytes plus the chat template's few
-        per message; prompts the server adds to (characters, web pages) count as the whole
-        context. The output is `max_tokens` (or the model's cap) for each of the `n` choices.
+        per message; prompts the server adds to (characters, web pages, transcripts) count as
+        the whole context. The output is `max_tokens` (or the model's cap) for each of the `n`
+        choices.
         """
         context = model.context_length
         req = self.req
         if self.params.character_slug or self.params.enable_web_scraping or \
-                self.params.enable_web_search != "off":
+                self.params.enable_web_search != "off" or self.audio_parts:
             prompt = context or 1_000_000
         else:
             body = req.model_dump_json(include={"messages", "tools", "response_format"})
@@ -86,18 +91,32 @@ class ChatPlan:
                 "web_scraping": len(find_urls(self.query)) if self.params.enable_web_scraping
                 else 0}
 
+    def max_cost(self) -> Cost:
+        """The hold: the dearest model's most, and the most its audio parts may be heard."""
+        dearest = max((price(c.model, self.max_units(c.model)) for c in self.candidates),
+                      key=lambda cost: cost.nanos)
+        return self._with_audio(dearest, self.audio_parts * most_seconds(self.transcriber)
+                                if self.transcriber else 0)
+
+    def _with_audio(self, cost: Cost, seconds: int) -> Cost:
+        if not seconds or self.transcriber is None:
+            return cost
+        return Cost(cost.model, (*cost.lines, heard_line(self.transcriber, seconds)))
+
     def cost(self) -> Cost | None:
         """What the answer measured, and the web searches and pages it used, priced for the
-        model that answered (extras it does not price are left out)."""
+        model that answered (extras it does not price are left out), and the audio heard at
+        the transcription model's price."""
         if self.answered_by is None:
             return None
         model = self.answered_by.model
         used = {"web_search": self.searches, "web_scraping": self.scraped_urls}
         usage = self.usage
-        return price(model, {**token_units(model, usage.prompt_tokens,
-                                           usage.completion_tokens, usage.cached_tokens),
-                             **{line: n for line, n in used.items()
-                                if n and unit_price_usd(model, line)}})
+        return self._with_audio(price(model, {
+            **token_units(model, usage.prompt_tokens, usage.completion_tokens,
+                          usage.cached_tokens),
+            **{line: n for line, n in used.items() if n and unit_price_usd(model, line)}}),
+            self.heard_seconds)
 
     async def release(self) -> None:
         """Give the hold back: the request failed before, or on our side of, the work."""

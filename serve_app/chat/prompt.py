@@ -13,7 +13,6 @@ from serve_app.chat.web import WebDocument
 from serve_app.errors import UnsupportedFeature
 from serve_app.models.catalog import CatalogModel
 from serve_app.schemas.chat import (
-    AudioPart,
     ChatCompletionRequest,
     ChatMessage,
     ImagePart,
@@ -21,9 +20,9 @@ from serve_app.schemas.chat import (
     VideoPart,
 )
 
+# Audio parts are heard by the transcription model first (chat/audio_parts.py), on any model.
 _PART_CAPABILITY = {
     ImagePart: ("supportsVision", "image inputs (image_url)"),
-    AudioPart: ("supportsAudioInput", "audio inputs (input_audio)"),
     VideoPart: ("supportsVideoInput", "video inputs (video_url)"),
 }
 

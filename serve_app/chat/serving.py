@@ -17,6 +17,7 @@ from deployments.protocol import Usage as EngineUsage
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.characters import find_character
 from serve_app.chat import tools as tool_calls
+from serve_app.chat.audio_parts import AudioReader, audio_parts
 from serve_app.chat.engine_request import (
     admission_tokens,
     output_schema,
@@ -52,11 +53,12 @@ class ChatService:
     planned (model, fallbacks, prompt, sampling), answered unary or streamed."""
 
     def __init__(self, router: ModelRouter, catalog: Catalog, web: WebTools, database: Engine,
-                 admission: Admission, files: FileReader) -> None:
+                 admission: Admission, files: FileReader, audio: AudioReader) -> None:
         self.router = router
         self.catalog = catalog
         self.web = web
         self.files = files
+        self.audio = audio
         self.database = database
         self.admission = admission
 
@@ -92,8 +94,8 @@ class ChatService:
         request is checked against the model meanwhile: a refusal by the limits (429) comes before
         any error of the request. Files are read (by the extraction workers) once the limiter
         has counted the caller, and become text parts; the hold (for the model and its
-        fallbacks) is then sized from that text, before any other work (characters, web
-        search, the model)."""
+        fallbacks, and the most its audio parts may be heard) is then sized from that text,
+        before any other work (audio heard, characters, web search, the model)."""
         primary = self.router.resolve(req.model, "text")
         pending = self.admission.start(ctx, key, primary.model,
                                        admission_tokens(req, primary.model),
@@ -106,6 +108,7 @@ class ChatService:
             check_capabilities(req, primary.model)
             mode = tool_calls.tool_mode(req)
             query = last_user_text(req)
+            transcriber = self.audio.transcriber() if audio_parts(req) else None
             if has_files(req):
                 await pending.decided()
                 with ctx.step("files"):
@@ -114,9 +117,16 @@ class ChatService:
             await pending.abandon(exc)
             raise
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
-                        engine_request=None, tool_mode=mode, key=key, query=query)
-        plan.charge = await pending.hold([c.model for c in candidates], plan.max_units)
+                        engine_request=None, tool_mode=mode, key=key, query=query,
+                        audio_parts=audio_parts(req), transcriber=transcriber)
+        plan.charge = await pending.hold(
+            [c.model for c in candidates] + ([transcriber] if transcriber else []),
+            plan.max_cost())
         try:
+            if transcriber is not None:
+                with ctx.step("audio"):
+                    req, plan.heard_seconds = await self.audio.inline(req, transcriber)
+                plan.req = req
             comp = Composition(citations=params.enable_web_citations)
             if params.include_service_system_prompt:
                 comp.service_prompt = self.catalog.service_system_prompt
@@ -138,7 +148,7 @@ class ChatService:
             )
         except BaseException as exc:
             # Nothing ran on the model: the hold goes back (a missing character, a failed
-            # web search, a client that left).
+            # web search, audio that could not be heard, a client that left).
             await plan.release()
             if isinstance(exc, UnsupportedFeature):
                 self.admission.unsupported_feature(ctx, key)

@@ -1,0 +1,98 @@
+"""Audio parts of a chat (`input_audio`), heard before the model sees them, as files are read:
+the transcription deployment (the default `asr` model, the one `/audio/transcriptions` uses)
+turns each into a text part `[Audio]` followed by its transcript, and the seconds it heard are
+charged with the chat at that model's catalog price (`per_audio_second`). Each part's size is
+checked from its base64 length before anything is decoded; decoding happens in the
+transcription replica."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+
+from deployments.protocol import Transcription, TranscriptionRequest
+from serve_app.billing.pricing import PricedLine, nanos_of, unit_price_usd
+from serve_app.errors import ApiError, UnsupportedFeature, invalid_request, payload_too_large
+from serve_app.models.calls import call_model
+from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import ModelRouter
+from serve_app.schemas.chat import AudioPart, ChatCompletionRequest, ChatMessage, TextPart
+
+MAX_AUDIO_BYTES = 25 * 1024 * 1024  # as `/audio/transcriptions` takes
+DEFAULT_MAX_AUDIO_SECONDS = 1800  # a transcription model's cap unless its catalog sets one
+_DATA_URL = re.compile(r"^data:[\w.+/-]*(;[\w=.-]+)*;base64,", re.I)
+_FIELD = "messages"
+
+
+def audio_parts(req: ChatCompletionRequest) -> int:
+    return sum(isinstance(p, AudioPart) for m in req.messages if isinstance(m.content, list)
+               for p in m.content)
+
+
+def most_seconds(model: CatalogModel) -> int:
+    """The most audio one part may hold: the transcription model's `max_seconds`."""
+    return int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
+
+
+def heard_line(model: CatalogModel, seconds: int) -> PricedLine:
+    """`seconds` heard by `model`, at its price, as a line of the chat's entry."""
+    per_second = unit_price_usd(model, "audio_seconds")
+    return PricedLine("audio_seconds", seconds, nanos_of(per_second, seconds),
+                      float(per_second))
+
+
+def _decode(data: str) -> bytes:
+    match = _DATA_URL.match(data)
+    if match:
+        data = data[match.end():]
+    if len(data) * 3 // 4 > MAX_AUDIO_BYTES:  # before decoding: 4 characters per 3 bytes
+        raise payload_too_large(f"Audio inputs must be under "
+                                f"{MAX_AUDIO_BYTES // (1024 * 1024)} MB")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise invalid_request("input_audio.data is not valid base64", _FIELD) from exc
+
+
+class AudioReader:
+    """Hears the audio parts of a chat request through the router's transcription model."""
+
+    def __init__(self, router: ModelRouter) -> None:
+        self.router = router
+
+    def transcriber(self) -> CatalogModel:
+        """The model that hears audio parts (a 400 when the server has none)."""
+        try:
+            return self.router.resolve("default", "asr").model
+        except ApiError as exc:
+            raise UnsupportedFeature("This server has no transcription model for audio "
+                                     "inputs (input_audio)", _FIELD) from exc
+
+    async def _hear(self, model: CatalogModel, part: AudioPart) -> Transcription:
+        audio = _decode(part.input_audio.data)
+        heard: Transcription = await call_model(
+            self.router.handle(model).transcribe, model.id, model.id,
+            TranscriptionRequest(audio, None, False))
+        return heard
+
+    async def inline(self, req: ChatCompletionRequest, model: CatalogModel
+                     ) -> tuple[ChatCompletionRequest, int]:
+        """`req` with each audio part replaced by a text part of its transcript, and the
+        seconds heard (each part's started seconds, at least one)."""
+        seconds = 0
+        messages: list[ChatMessage] = []
+        for message in req.messages:
+            if not isinstance(message.content, list):
+                messages.append(message)
+                continue
+            content = []
+            for part in message.content:
+                if isinstance(part, AudioPart):
+                    heard = await self._hear(model, part)
+                    seconds += max(1, math.ceil(heard.duration))
+                    part = TextPart(type="text", text=f"[Audio]\n{heard.text.strip()}")
+                content.append(part)
+            messages.append(message.model_copy(update={"content": content}))
+        return req.model_copy(update={"messages": messages}), seconds
