@@ -43,14 +43,21 @@ system-libs:
 		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libvulkan1 libomp5 >/dev/null 2>&1; } \
 		|| echo "could not install libvulkan1 and libomp5: image upscaling will not start"
 
-install: $(STAMP) $(CONSOLE) system-libs
+# Kokoro's English voices ship in the npm package kokoro-js: fetched here, with the other
+# registry downloads, so that no start of the platform reaches a registry (the weight builder
+# checks its pinned integrity and takes the voices from it).
+KOKORO_VOICES := .cache/npm/kokoro-js-1.2.1.tgz
+$(KOKORO_VOICES):
+	mkdir -p .cache/npm && npm pack kokoro-js@1.2.1 --pack-destination .cache/npm --silent
 
-run: $(STAMP) $(CONSOLE) system-libs
+install: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) system-libs
+
+run: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) system-libs
 	$(BIN)/python -m serve_app.launch
 
 # The in-process tier and the Ray tier run as two pytest processes: the unit tests never share
 # a process with a Ray driver (one of them once crashed in C inside such a process).
-test: $(STAMP) $(CONSOLE) browser system-libs
+test: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) browser system-libs
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest tests/unit

