@@ -77,3 +77,24 @@ def test_a_signed_sign_in_is_good_for_one_request_on_any_replica(platform):
     replayed = httpx.post(f"{second}/chat/completions", json=CHAT, headers=headers)
     assert replayed.status_code == 401
     assert replayed.json()["error"] == "This nonce has already been used"
+
+
+def test_the_openai_sdk_pays_with_a_wallet_beside_its_api_key(platform):
+    """The `openai` SDK always sends `Authorization: Bearer <api_key>`: with a wallet's
+    SIGN-IN-WITH-X beside it, the wallet is the caller and pays."""
+    from openai import OpenAI
+
+    first, second = platform.replica_urls
+    wallet = Wallet()
+    paid = asyncio.run(top_up_with_the_x402_client(wallet, f"{first}/x402/top-up"))
+    assert paid.status_code == 200, paid.text
+    asked = httpx.post(f"{second}/chat/completions", json=CHAT)
+    sdk = OpenAI(base_url=second, api_key="sk-the-sdk-insists-on-a-key", max_retries=0,
+                 timeout=120, default_headers=sign_in(wallet, asked))
+
+    raw = sdk.chat.completions.with_raw_response.create(**CHAT)
+
+    usage = raw.parse().usage
+    assert raw.headers["x-ratelimit-type"] == "user"
+    cost = usage.prompt_tokens * 20 + usage.completion_tokens * 40
+    assert raw.headers["X-Balance-Remaining"] == f"{Decimal(5 * 10**9 - cost) / 10**9:.6f}"
