@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from deployments.engines.vllm_compile import compile_settings
 from deployments.protocol import Chunk, EngineError, Sampling, TextEvent, TextRequest, Usage
 
 logger = logging.getLogger("deployments.text")
@@ -119,7 +120,8 @@ class VLLMEngine:
             model=model_path,
             tokenizer=model_path,
             dtype=dtype,
-            enforce_eager=bool(options.get("enforce_eager", True)),
+            # Compiled (CUDA graphs on a GPU), the compile cache under DATA_DIR.
+            **compile_settings(options),
             max_model_len=self.max_model_len,
             max_num_seqs=int(options.get("max_num_seqs", 8)),
             disable_log_stats=True,
