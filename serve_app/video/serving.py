@@ -25,6 +25,8 @@ from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.video import QueueVideoRequest, QuoteVideoRequest
+from serve_app.video.consent import FACE_MEDIA_ROLES, consent_given, needs_consent, policy_of
+from serve_app.video.faces import FaceDetector
 from serve_app.video.probe import probe
 
 DEFAULT_PROMPT_LIMIT = 2500
@@ -41,10 +43,6 @@ ALL_MEDIA_FIELDS = ("image_url", "end_image_url", "audio_url", "video_url",
                     "reference_document_urls", "scene_image_urls", "elements", "keyframes")
 # Operations priced by the source clip of `video_url` (a quote reads it for them alone).
 SOURCE_PRICED = frozenset({"video-upscale", "video-interpolate"})
-# The roles the consent body names, per media field.
-FACE_MEDIA_ROLES = {"image_url": "image", "end_image_url": "end_image",
-                    "reference_image_urls": "reference_image", "video_url": "video",
-                    "reference_video_urls": "reference_video"}
 # Reference clips: each 1 to 15 s, at most 150 s together.
 REFERENCE_CLIP_SECONDS = (1.0, 15.0)
 MAX_REFERENCE_TOTAL_SECONDS = 150.0
@@ -56,11 +54,13 @@ class VideoService:
     probed, then the job queued at its quoted price."""
 
     def __init__(self, router: ModelRouter, image_sources: ImageSourceReader,
-                 job_service: JobService, public_api_url: str | None) -> None:
+                 job_service: JobService, public_api_url: str | None,
+                 faces: FaceDetector | None = None) -> None:
         self.router = router
         self.image_sources = image_sources
         self.job_service = job_service
         self.public_api_url = public_api_url
+        self.faces = faces or FaceDetector()
 
     def video_model(self, name: str) -> Any:
         routed = self.router.resolve(name, "video")
@@ -85,17 +85,28 @@ class VideoService:
                 _, source = await self._video(body.video_url, "video_url")
         return {"quote": plan_video(model, _ask(body), source).quote_usd}
 
-    async def _inputs(self, body: QueueVideoRequest, intake: JobIntake) -> SourceVideo | None:
+    async def _inputs(self, body: QueueVideoRequest, intake: JobIntake,
+                      faces: list[str] | None) -> SourceVideo | None:
         """The media the job needs, one at a time: fetched (size-capped), checked from their
-        headers, then spooled to the result store and dropped from memory."""
+        headers, then spooled to the result store and dropped from memory. `faces`: where to
+        note the roles of the media that show a face (None: not looked for)."""
+
+        async def look(data: bytes, field: str, media: str) -> None:
+            role = FACE_MEDIA_ROLES[field]
+            if faces is not None and role not in faces and \
+                    await self.faces.shows_face(data, media):
+                faces.append(role)
+
         source = None
         if body.image_url:
             data = await self.image_sources.read(body.image_url, "image_url", allow_urls=True)
             image = inspect_image(data, "image_url", min_pixels=MIN_IMAGE_PIXELS)
+            await look(data, "image_url", "image")
             await intake.keep("image", data, f"image/{image.format.lower()}")
             del data, image
         if body.video_url:
             data, source = await self._video(body.video_url, "video_url")
+            await look(data, "video_url", "video")
             await intake.keep("video", data, "video/mp4")
             del data
         if body.reference_video_urls:
@@ -108,6 +119,7 @@ class VideoService:
                     raise invalid_request(f"the clip is {clip.seconds:g} s; reference clips must "
                                           f"be {low:g} to {high:g} s", field)
                 clips.append(clip)
+                await look(data, "reference_video_urls", "video")
                 await intake.keep(f"reference-{i}", data, "video/mp4")
                 del data
             total = sum(c.seconds for c in clips)
@@ -121,13 +133,17 @@ class VideoService:
                     body: QueueVideoRequest) -> dict[str, str]:
         """Checks that need no input first (400s, 503); then the caller is counted and held
         before any input is read: the job's price when it does not depend on the inputs,
-        else the floor (intake.py), replaced by the price once the inputs are probed."""
+        else the floor (intake.py), replaced by the price once the inputs are probed. A model
+        with a consent policy looks for faces in the inputs (in a worker thread, once the
+        caller is held) unless consent was given: a face without it is a 409."""
         routed = self.video_model(body.model)
         model = routed.model
         self.router.handle(model)  # 503 before anything is held or fetched
         _check_prompt(model, body)
         _check_media_fields(model, body)
-        _check_consent(model, body)
+        policy = policy_of(model)
+        faces: list[str] | None = [] if policy and not consent_given(
+            policy, body.consents) else None
         ask = _ask(body)
         known = None if _priced_by_inputs(model) else plan_video(model, ask, None)
         async with self.job_service.intake(ctx, key, routed, "video") as intake:
@@ -135,7 +151,9 @@ class VideoService:
             source = None
             if any(getattr(body, f) for f in MEDIA_FIELDS[model.operation]):
                 async with self.job_service.fetch_slots.slot(key.account_id):
-                    source = await self._inputs(body, intake)
+                    source = await self._inputs(body, intake, faces)
+            if faces and policy:
+                raise needs_consent(model, policy, faces)
             plan = known or plan_video(model, ask, source)
             await intake.hold(plan.cost)
             params = {"prompt": body.prompt, "negative_prompt": body.negative_prompt,
@@ -204,34 +222,4 @@ def _check_media_fields(model: CatalogModel, body: QueueVideoRequest) -> None:
     if model.operation in ("video-upscale", "video-interpolate") and not body.video_url:
         raise invalid_request(f"video_url is required: {model.id} works on a source clip",
                               "video_url")
-
-
-def _check_consent(model: CatalogModel, body: QueueVideoRequest) -> None:
-    """Models that require consent for face media refuse such media without it (409, with the
-    policy to accept)."""
-    policy = model.constraints.get("consent")
-    if not policy:
-        return
-    roles = [role for field, role in FACE_MEDIA_ROLES.items()
-             if getattr(body, field) not in (None, [])]
-    if not roles:
-        return
-    flow = str(policy["flow"])
-    given = (body.consents or {}).get(flow)
-    required = ("confirmed_terms_and_privacy", "confirmed_legal_right",
-                "confirmed_screening_acknowledged")
-    if isinstance(given, dict) and all(given.get(name) is True for name in required):
-        return
-    raise ApiError(409, "needs_consent", raw_body={
-        "error": {"code": "needs_consent",
-                  "message": f"{model.id} needs your consent before it takes media that may "
-                             f"show faces ({', '.join(roles)}): send consents.{flow} with "
-                             f"{', '.join(required)} set to true"},
-        "consent_flow": flow,
-        "face_media_roles": roles,
-        "consent": {"consent_version": str(policy["version"]),
-                    "policy_text": str(policy["policy_text"])},
-        "docs_url": str(policy.get("docs_url", "")),
-    })
-
 

@@ -22,6 +22,7 @@ from deployments.engines.video import encode_mp4
 from serve_app.billing import ledger
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import LedgerEntry, MediaJob, utcnow
+from tests.fakes.faces import drawn_face_png
 from tests.integration.accounts import Account, nanos
 
 pytestmark = pytest.mark.integration
@@ -241,26 +242,32 @@ def test_text_to_video_from_quote_to_mp4_charged_the_quote(account):
     assert account.spent() == nanos(quote)
 
 
-def test_image_to_video_needs_consent_for_face_media(account, platform):
-    image_url = platform.web.publish("portrait.png", _png((320, 240)), "image/png")
+def test_image_to_video_needs_consent_only_for_a_face(account, platform):
+    """Faces are looked for in the picture: a plain one is animated without consent, one that
+    shows a face needs `consents.seedance` (the published name; `face-media` an alias)."""
     body = {"model": "wan-image-to-video-test", "prompt": "she turns her head",
-            "duration": "1s", "aspect_ratio": "1:1", "resolution": "256p",
-            "image_url": image_url}
-    resp = account.post("/video/queue", json=body)
+            "duration": "1s", "aspect_ratio": "1:1", "resolution": "256p"}
+    plain = account.post("/video/queue", json={
+        **body, "image_url": platform.web.publish("sky.png", _png((320, 240)), "image/png")})
+    assert plain.status_code == 200, plain.text
+
+    face_url = platform.web.publish("portrait.png", drawn_face_png((320, 240)), "image/png")
+    resp = account.post("/video/queue", json={**body, "image_url": face_url})
     assert resp.status_code == 409, resp.text
     needs = resp.json()
     assert needs["error"]["code"] == "needs_consent"
-    assert needs["consent_flow"] == "face-media" and needs["face_media_roles"] == ["image"]
+    assert needs["consent_flow"] == "seedance" and needs["face_media_roles"] == ["image"]
     assert needs["consent"]["consent_version"] and needs["consent"]["policy_text"]
-    assert account.spent() == 0
 
     consent = {"confirmed_terms_and_privacy": True, "confirmed_legal_right": True,
                "confirmed_screening_acknowledged": True}
-    resp = account.post("/video/queue", json={**body, "consents": {"face-media": consent}})
+    resp = account.post("/video/queue", json={**body, "image_url": face_url,
+                                              "consents": {"seedance": consent}})
     assert resp.status_code == 200, resp.text
-    video = _wait(account, "video", body["model"], resp.json()["queue_id"])
-    assert video.status_code == 200 and _frames(video.content) == (9, (256, 256))
-    assert account.spent() == nanos("0.0131072")  # 256x256 = 0.065536 MP x 0.2 x 1 s
+    for queue_id in (plain.json()["queue_id"], resp.json()["queue_id"]):
+        video = _wait(account, "video", body["model"], queue_id)
+        assert video.status_code == 200 and _frames(video.content) == (9, (256, 256))
+    assert account.spent() == 2 * nanos("0.0131072")  # 256x256 = 0.065536 MP x 0.2 x 1 s
 
 
 def test_reference_and_enhancement_jobs_make_their_clips(account):

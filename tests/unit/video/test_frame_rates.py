@@ -9,13 +9,10 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.pipeline.books import nanos
+from tests.unit.video.api import post
 from tests.unit.video.clips import clip, data_url, webm_understating_its_rate
 
 UPSCALE = {"model": "clip-upscaler", "prompt": "sharper", "duration": "auto"}
-
-
-def _post(gateway, key: str, path: str, body: dict):
-    return gateway.client.post(f"/api/v1/video/{path}", headers=gateway.auth(key), json=body)
 
 
 @pytest.mark.parametrize("model", ["clip-upscaler", "clip-interpolator"])
@@ -25,7 +22,7 @@ def test_a_one_second_clip_of_700_frames_is_refused_and_nothing_is_charged(
     video_url = media.publish("fast.mp4", clip(1.0, fps=700, size=(64, 48)), "video/mp4")
     body = {**UPSCALE, "model": model, "video_url": video_url}
     for path in ("quote", "queue"):
-        resp = _post(gateway, key, path, body)
+        resp = post(gateway, key, path, body)
 
         assert resp.status_code == 400, (path, resp.text)
         assert resp.json()["code"] == "INVALID_VIDEO_FORMAT"
@@ -39,7 +36,7 @@ def test_a_clip_whose_header_understates_its_rate_is_refused_by_its_frames(gatew
                                                                          key, books):
     liar = webm_understating_its_rate(frames=700, seconds=1.0, declared_fps=24)
 
-    resp = _post(gateway, key, "queue", {**UPSCALE, "video_url": data_url(liar, "video/webm")})
+    resp = post(gateway, key, "queue", {**UPSCALE, "video_url": data_url(liar, "video/webm")})
 
     assert resp.status_code == 400, resp.text
     assert resp.json()["code"] == "INVALID_VIDEO_FORMAT"
@@ -53,7 +50,7 @@ def test_an_upscale_at_the_sources_high_rate_is_priced_as_high_rate(gateway, med
     quotes = {}
     for fps in (30, 60, 120):
         url = media.publish(f"clip-{fps}.mp4", clip(1.0, fps=fps), "video/mp4")
-        resp = _post(gateway, key, "quote", {"model": "clip-upscaler", "duration": "auto",
+        resp = post(gateway, key, "quote", {"model": "clip-upscaler", "duration": "auto",
                                              "video_url": url})
         assert resp.status_code == 200, (fps, resp.text)
         quotes[fps] = nanos(resp.json()["quote"])

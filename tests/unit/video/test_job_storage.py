@@ -6,7 +6,6 @@ charges and keeps nothing."""
 from __future__ import annotations
 
 import io
-import time
 from datetime import timedelta
 
 import numpy as np
@@ -19,6 +18,7 @@ from serve_app.db.tables import MediaJob, utcnow
 from serve_app.jobs.runner import RESULT_LIFETIME_S
 from tests.fakes import crashed
 from tests.unit.pipeline.books import nanos
+from tests.unit.video.api import post, stored, stored_when, wait
 from tests.unit.video.clips import clip, data_url, png
 
 UPSCALE = {"model": "clip-upscaler", "prompt": "sharper", "duration": "auto"}
@@ -27,42 +27,22 @@ TEXT = {"model": "clip-maker", "prompt": "rain on a window", "duration": "1s",
 TEXT_USD = "0.01"
 
 
-def _post(gateway, key: str, path: str, body: dict):
-    return gateway.client.post(f"/api/v1/video/{path}", headers=gateway.auth(key), json=body)
-
-
-def _stored(gateway) -> list[str]:
-    root = gateway.settings.data_dir / "results"
-    return sorted(p.name for p in root.rglob("*") if p.is_file()) if root.exists() else []
-
-
-def _wait(gateway, key: str, model: str, queue_id: str, timeout_s: float = 20):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        resp = _post(gateway, key, "retrieve", {"model": model, "queue_id": queue_id})
-        if not (resp.status_code == 200 and resp.headers["content-type"].startswith(
-                "application/json") and resp.json().get("status") == "PROCESSING"):
-            return resp
-        assert time.monotonic() < deadline, "the job was not made in time"
-        time.sleep(0.05)
-
-
 def test_inputs_go_when_a_job_is_made_or_fails_and_media_when_its_link_expires(
         gateway, fakes, media, key, books):
     body = {**UPSCALE, "video_url": media.publish("clip.mp4", clip(2.0), "video/mp4")}
-    queued = _post(gateway, key, "queue", body)
+    queued = post(gateway, key, "queue", body)
     assert queued.status_code == 200, queued.text
     queue_id = queued.json()["queue_id"]
-    made = _wait(gateway, key, body["model"], queue_id)
+    made = wait(gateway, key, body["model"], queue_id)
     assert made.status_code == 200, made.text
-    assert _stored(gateway) == ["result"]  # the input went once the clip was made
+    assert stored_when(gateway, ["result"]) == ["result"]  # the input went once it was made
 
     fakes["video-enhance"].fail_with(crashed())
-    failing = _post(gateway, key, "queue", body)
+    failing = post(gateway, key, "queue", body)
     assert failing.status_code == 200, failing.text
-    failed = _wait(gateway, key, body["model"], failing.json()["queue_id"])
+    failed = wait(gateway, key, body["model"], failing.json()["queue_id"])
     assert failed.status_code == 500
-    assert _stored(gateway) == ["result"]  # the failed job's input went too
+    assert stored_when(gateway, ["result"]) == ["result"]  # the failed job's input went too
     assert books.charges(failing.headers["cf-ray"]) == []
 
     engine = make_engine(gateway.settings.resolved_database_url)
@@ -74,10 +54,10 @@ def test_inputs_go_when_a_job_is_made_or_fails_and_media_when_its_link_expires(
     engine.dispose()
     gateway.client.portal.call(gateway.state.job_runner.sweep)
 
-    gone = _post(gateway, key, "retrieve", {"model": body["model"], "queue_id": queue_id})
+    gone = post(gateway, key, "retrieve", {"model": body["model"], "queue_id": queue_id})
     assert gone.status_code == 404 and gone.json()["code"] == "MEDIA_NOT_FOUND"
     assert gateway.client.get(queued.json()["download_url"]).status_code == 404
-    assert _stored(gateway) == []
+    assert stored(gateway) == []
     assert books.only_charge(queued.headers["cf-ray"]).total_nanos == nanos("0.02")
 
 
@@ -85,11 +65,11 @@ def test_inputs_go_when_a_job_is_made_or_fails_and_media_when_its_link_expires(
 def test_an_account_past_its_open_jobs_cap_gets_429_and_nothing_is_held(gateway, fakes,
                                                                         key, books):
     fakes["video-generation"].pause()
-    first = [_post(gateway, key, "queue", TEXT) for _ in range(2)]
+    first = [post(gateway, key, "queue", TEXT) for _ in range(2)]
     assert [r.status_code for r in first] == [200, 200]
     before = books.balance_nanos()
 
-    refused = _post(gateway, key, "queue", TEXT)
+    refused = post(gateway, key, "queue", TEXT)
 
     assert refused.status_code == 429, refused.text
     assert refused.json()["code"] == "RATE_LIMIT_EXCEEDED"
@@ -98,9 +78,10 @@ def test_an_account_past_its_open_jobs_cap_gets_429_and_nothing_is_held(gateway,
     assert books.balance_nanos() == before
     fakes["video-generation"].resume()
     for resp in first:
-        assert _wait(gateway, key, TEXT["model"], resp.json()["queue_id"]).status_code == 200
-    again = _post(gateway, key, "queue", TEXT)  # the jobs ended: room again
+        assert wait(gateway, key, TEXT["model"], resp.json()["queue_id"]).status_code == 200
+    again = post(gateway, key, "queue", TEXT)  # the jobs ended: room again
     assert again.status_code == 200, again.text
+    assert wait(gateway, key, TEXT["model"], again.json()["queue_id"]).status_code == 200
     assert books.charges(refused.headers["cf-ray"]) == []
 
 
@@ -124,13 +105,14 @@ def test_inputs_past_the_accounts_stored_bytes_cap_are_refused_and_not_kept(gate
     body = {"model": "face-animator", "prompt": "a sky", "duration": "1s",
             "aspect_ratio": "1:1", "consents": consent}
 
-    refused = _post(gateway, key, "queue", {**body, "image_url": data_url(big, "image/png")})
+    refused = post(gateway, key, "queue", {**body, "image_url": data_url(big, "image/png")})
 
     assert refused.status_code == 429, refused.text
     assert refused.json()["code"] == "RATE_LIMIT_EXCEEDED"
     assert "1.0 MB" in refused.json()["error"]
-    assert _stored(gateway) == []
+    assert stored(gateway) == []
     assert books.open_holds() == 0 and books.balance_nanos() == before
-    small = _post(gateway, key, "queue", {**body, "image_url": data_url(png(), "image/png")})
+    small = post(gateway, key, "queue", {**body, "image_url": data_url(png(), "image/png")})
     assert small.status_code == 200, small.text
+    assert wait(gateway, key, body["model"], small.json()["queue_id"]).status_code == 200
 
