@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from deployments.protocol import MediaJob, MediaResult
+from serve_app.models.catalog import load_catalog
 from serve_app.settings import Settings
+from tests.fakes import FakeDeployment, fake_deployments
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.pipeline.books import Books
 from tests.unit.video.media_server import MediaServer
@@ -37,6 +40,25 @@ def gateway_settings(request: pytest.FixtureRequest, tmp_path: Path,
     return {"data_dir": tmp_path, "initial_credit_usd": 10, "model_catalog": CATALOG,
             "web_fetch_allowed_hosts": media.host, "media_fetches_per_account": 1,
             **getattr(request, "param", {})}
+
+
+class FakeQueuedSpeech(FakeDeployment):
+    """The speech deployment as queued audio calls it: `synthesize(model_id, MediaJob)`
+    answers a short MP3-typed file."""
+
+    METHODS = ("synthesize",)
+
+    async def _synthesize(self, model_id: str, job: MediaJob) -> MediaResult:
+        return MediaResult(media=b"ID3" + job.params["prompt"].encode(),
+                           media_type="audio/mpeg", replica_ms=1.0)
+
+
+@pytest.fixture
+def fakes(gateway_catalog: Path) -> dict[str, FakeDeployment]:
+    """The video deployments of the catalog, and the speech deployment of queued audio."""
+    fleet = fake_deployments(load_catalog(gateway_catalog))
+    fleet["speech"] = FakeQueuedSpeech("speech", ["narrator"])
+    return fleet
 
 
 @pytest.fixture
