@@ -12,9 +12,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import delete, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -41,6 +42,9 @@ logger = logging.getLogger("serve_app.limits")
 
 # A flood of refusals logs one event per (key, model, type) per second and replica.
 _LOG_EVERY_S = 1.0
+# What the log keeps of an account: the newest events the route shows, none older than this.
+LOG_EVENTS_KEPT = 50
+LOG_EVENTS_DAYS = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +349,8 @@ class RateLimits:
         def write() -> None:
             with Session(self._engine) as session:
                 session.add(event)
+                session.flush()
+                _forget_old_events(session, key.account_id, event.created_at)
                 session.commit()
 
         self._spawn(asyncio.to_thread(write))
@@ -354,3 +360,17 @@ class RateLimits:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 2)
         await self.backend.close()
+
+
+def _forget_old_events(session: Session, account_id: str, now: datetime) -> None:
+    """Every stored row expires: an account keeps its newest `LOG_EVENTS_KEPT` events (all the
+    log route shows) and none older than `LOG_EVENTS_DAYS`; older events of any account go
+    too, a bounded number per write."""
+    table = RateLimitEvent.__table__
+    newest = select(table.c.id).where(table.c.account_id == account_id) \
+        .order_by(table.c.created_at.desc(), table.c.id.desc()).limit(LOG_EVENTS_KEPT)
+    session.execute(delete(table).where(table.c.account_id == account_id,
+                                        table.c.id.not_in(newest.scalar_subquery())))
+    expired = select(table.c.id).where(table.c.created_at < now - timedelta(
+        days=LOG_EVENTS_DAYS)).limit(500)
+    session.execute(delete(table).where(table.c.id.in_(expired.scalar_subquery())))
