@@ -27,9 +27,12 @@ from deployments.weights.image import (
 from deployments.weights.store import is_built, resolve_weights
 from deployments.weights.text import build_tiny_chat_model, convert_smollm2
 from deployments.weights.video import build_tiny_wan
+from deployments.weights.vision import build_tiny_smolvlm
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "smollm2-gguf": convert_smollm2, "tiny-llama": build_tiny_chat_model,
+    # vision chat test weights (Idefics3, SmolVLM's layout)
+    "tiny-smolvlm": build_tiny_smolvlm,
     # image test weights
     "tiny-sd": build_tiny_sd, "tiny-instruct-pix2pix": build_tiny_instruct_pix2pix,
     "tiny-matting-onnx": build_tiny_matting_onnx,
