@@ -79,10 +79,37 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatImage:
+    """An image of a chat, for a vision model: the encoded file (PNG, JPEG or WebP, under
+    25 MB), checked by the Gateway from its header (format, mode, pixels) before anything
+    decodes it; width and height as displayed (EXIF orientation applied)."""
+
+    data: bytes = field(repr=False)
+    width: int
+    height: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChatVideo:
+    """A video of a chat: the file (MP4, MOV or WebM, under 25 MB) the Gateway probed (its
+    length, size and frame rate within bounds). The engine reads `frames` frames spread
+    evenly over its `seconds`."""
+
+    data: bytes = field(repr=False)
+    seconds: float
+    width: int
+    height: int
+    frames: int
+
+
+@dataclass(frozen=True, slots=True)
 class TextRequest:
     """One chat generation: the composed conversation, sampling, and output constraints.
     `prompt_cache_key` makes requests of one conversation prefer one replica
-    (deployments/routing.py)."""
+    (deployments/routing.py).
+
+    A vision model's conversation may hold `{"type": "image"}` and `{"type": "video"}` parts
+    among its text parts (content as a list); the n-th of each is `images[n]` / `videos[n]`."""
 
     request_id: str
     messages: list[Message]
@@ -91,6 +118,8 @@ class TextRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     prompt_cache_key: str | None = None
+    images: tuple[ChatImage, ...] = ()
+    videos: tuple[ChatVideo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

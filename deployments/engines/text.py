@@ -12,6 +12,13 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from deployments.engines.vision import (
+    DEFAULT_FRAME_SIDE,
+    MediaError,
+    decoded_media,
+    vision_conversation,
+    vllm_vision_args,
+)
 from deployments.engines.vllm_compile import compile_settings
 from deployments.protocol import Chunk, EngineError, Sampling, TextEvent, TextRequest, Usage
 
@@ -104,7 +111,10 @@ def sampling_kwargs(s: Sampling) -> dict[str, Any]:
 
 
 class VLLMEngine:
-    """vLLM's in-process async engine (`AsyncLLM`), streaming one delta per engine step."""
+    """vLLM's in-process async engine (`AsyncLLM`), streaming one delta per engine step.
+
+    A vision model (its catalog `engine_options.vision`, deployments/engines/vision.py) also
+    takes the images and videos of a request, as vLLM's multimodal data."""
 
     def __init__(self, model_path: str, options: dict[str, Any]) -> None:
         from vllm.config import StructuredOutputsConfig
@@ -116,6 +126,8 @@ class VLLMEngine:
             # Without native bf16 a CPU runs float32 3-4x faster than emulated bf16.
             dtype = "bfloat16" if cpu_has_bf16() else "float32"
         self.max_model_len = int(options.get("max_model_len", 2048))
+        vision = dict(options.get("vision") or {})
+        self.frame_side = int(vision.get("frame_side", DEFAULT_FRAME_SIDE))
         args = AsyncEngineArgs(
             model=model_path,
             tokenizer=model_path,
@@ -135,6 +147,7 @@ class VLLMEngine:
             # whitespace until max_tokens.
             structured_outputs_config=StructuredOutputsConfig(
                 backend="xgrammar", disable_any_whitespace=True),
+            **(vllm_vision_args(vision) if vision else {}),
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.tokenizer = self.engine.get_tokenizer()
@@ -144,12 +157,32 @@ class VLLMEngine:
     async def _render(self, request: TextRequest) -> dict[str, Any]:
         from vllm.renderers.params import ChatParams
 
+        if request.images or request.videos:
+            return await self._render_vision(request)
         renderer = self.engine.renderer
         chat_params = ChatParams(chat_template=None,
                                  chat_template_kwargs=template_kwargs(request))
         tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
         _, (engine_input,) = await renderer.render_chat_async(
             [request.messages], chat_params, tok_params)
+        return engine_input
+
+    async def _render_vision(self, request: TextRequest) -> dict[str, Any]:
+        """The prompt of a request with images or videos: decoded (in a thread), the
+        conversation rendered by the model's chat template with its placeholders, then
+        vLLM's multimodal processing (each placeholder grows to the image's tokens)."""
+        from vllm.renderers.hf import safe_apply_chat_template
+
+        images, videos = await asyncio.to_thread(decoded_media, request.images,
+                                                 request.videos, self.frame_side)
+        messages, ordered = vision_conversation(request.messages, images, videos)
+        kwargs = template_kwargs(request)
+        tools = kwargs.pop("tools", None)
+        token_ids = await asyncio.to_thread(
+            safe_apply_chat_template, self.engine.model_config, self.tokenizer, messages,
+            tools=tools, tokenize=True, **kwargs)
+        (engine_input,) = await self.engine.renderer.render_cmpl_async(
+            [{"prompt_token_ids": token_ids, "multi_modal_data": {"image": ordered}}])
         return engine_input
 
     def _sampling_params(self, request: TextRequest, prompt_tokens: int):
@@ -180,6 +213,9 @@ class VLLMEngine:
             params = self._sampling_params(request, prompt_tokens)
         except _TooManyTokens as exc:
             yield EngineError(400, str(exc), code="TOO_MANY_TOKENS", field="max_tokens")
+            return
+        except MediaError as exc:
+            yield EngineError(400, str(exc), code=exc.code, field="messages")
             return
         except (ValueError, TypeError, VLLMClientError) as exc:
             # vLLM's own refusals (VLLMValidationError, e.g. n > 1 at temperature 0) are not
