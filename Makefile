@@ -67,9 +67,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 
+# Against the peer stack too (vLLM's own OpenAI server, LiteLLM's proxy in front of it: LiteLLM
+# is installed into .cache/peers on first use). BENCH_ARGS="--only peers --seconds 5" runs a part.
 bench: $(STAMP)
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
-	$(BIN)/python benchmarks/bench.py
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 # Against a running platform (`make run` in another shell): 200 users for 10 minutes, then the
 # ledger reconciled. LOADTEST_ARGS="--steps 25,50,100 --step-seconds 120" steps up instead.
