@@ -1,0 +1,203 @@
+"""The stack a user would pick instead of ours, on the same weights: vLLM's own OpenAI server
+(`vllm serve FOLDER`, its defaults, our `max_num_seqs` and `max_model_len`), alone and with
+LiteLLM's proxy in front of it (keys checked against its master key). Both are measured with
+the clients that measure our API (benchmarks/clients.py).
+
+LiteLLM goes into a virtualenv of its own under .cache/peers (installed here, from the
+registry, on first use): it is never a dependency of the project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import yaml
+from clients import stream_chats, wrk
+from figures import Figure, ceiling_figure, rate_figure, with_litellm
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_DIR = ROOT / ".cache" / "peers"
+LITELLM_VENV = PEERS_DIR / "litellm"
+LITELLM_VERSION = "1.108.7"
+LITELLM_KEY = "sk-litellm-benchmark-master-key-0001"
+SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
+# Our text engine's settings that the peer gets too; everything else is vLLM's default.
+TEXT_SETTINGS = ["--max-num-seqs", "8", "--max-model-len", "2048"]
+READY_TIMEOUT_S = 900
+
+
+def litellm_bin() -> Path:
+    """LiteLLM's proxy CLI in its own virtualenv, installed at LITELLM_VERSION if missing."""
+    python = LITELLM_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+    installed = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                                "print(m.version('litellm'))"], capture_output=True, text=True)
+    if installed.stdout.strip() != LITELLM_VERSION:
+        print(f"    installing LiteLLM {LITELLM_VERSION} into {LITELLM_VENV}", flush=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet",
+                        f"litellm[proxy]=={LITELLM_VERSION}"], check=True)
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+def peer_environment(engine_env: dict[str, str]) -> dict[str, str]:
+    """This process's environment without our engine's settings (the peers run with their
+    own defaults), plus what running offline needs, the device of vLLM's CPU build, and our KV
+    cache size (1 GiB; vLLM's CPU default sizes it from the machine's memory)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in engine_env and not k.startswith("RAY_")}
+    env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "VLLM_TARGET_DEVICE": engine_env["VLLM_TARGET_DEVICE"],
+                "VLLM_CPU_KVCACHE_SPACE": engine_env["VLLM_CPU_KVCACHE_SPACE"],
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    return env
+
+
+@contextlib.contextmanager
+def server(name: str, cmd: list[str], env: dict[str, str], ready_url: str,
+           logs: Path) -> Iterator[None]:
+    """A server process in its own session, until `ready_url` answers 200; stopped (SIGINT,
+    then SIGKILL) on the way out. Its output goes to `logs/<name>.log`."""
+    log = (logs / f"{name}.log").open("w")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}: see {log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(ready_url, timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} not ready in {READY_TIMEOUT_S} s: see {log.name}")
+            time.sleep(0.5)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def vllm_serve(folder: Path, name: str, port: int, extra: list[str]) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "vllm_serve.py"), "serve", str(folder),
+            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+def litellm_config(path: Path, models: dict[str, int]) -> Path:
+    """One `hosted_vllm/` model per served model name, at its vLLM server's port."""
+    path.write_text(yaml.safe_dump({
+        "model_list": [{"model_name": name,
+                        "litellm_params": {"model": f"hosted_vllm/{name}",
+                                           "api_base": f"http://127.0.0.1:{port}/v1"}}
+                       for name, port in models.items()],
+        "general_settings": {"master_key": LITELLM_KEY}}))
+    return path
+
+
+def chat_figures(base: str, key: str, model: str, tokens: int, seconds: int
+                 ) -> dict[str, float]:
+    """What `make bench` compares with the peers, the same way for every stack: 1-token chats/s
+    at concurrency 8 (wrk), one stream's tokens/s and median time to first token, 8 streams'
+    tokens/s."""
+    out: dict[str, float] = {}
+    out["s1"], out["ttft1"] = asyncio.run(stream_chats(base, key, model, 1, tokens))
+    out["s8"], _ = asyncio.run(stream_chats(base, key, model, 8, tokens))
+    body = {"model": model, "max_tokens": 1, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hi."}]}
+    auth = {"Authorization": f"Bearer {key}"}
+    wrk(f"{base}/chat/completions", 8, 2, headers=auth, body=body)  # warm-up
+    out["short8"] = wrk(f"{base}/chat/completions", 8, seconds, headers=auth, body=body)["rps"]
+    return out
+
+
+def embedding_figure(base: str, key: str, model: str, seconds: int) -> float:
+    """POST /embeddings of one sentence at concurrency 32 (wrk), texts/s."""
+    body, auth = {"model": model, "input": SENTENCE}, {"Authorization": f"Bearer {key}"}
+    wrk(f"{base}/embeddings", 8, 3, headers=auth, body=body)  # warm-up
+    return wrk(f"{base}/embeddings", 32, seconds, headers=auth, body=body)["rps"]
+
+
+def measure_peers(text: tuple[str, Path] | None, embedder: tuple[str, Path] | None,
+                  engine_env: dict[str, str], tokens: int, seconds: int, step, free_port
+                  ) -> dict[str, dict[str, float]]:
+    """{"vllm": figures, "litellm": figures}: each vLLM server (the chat model, then the
+    embedder) alone and behind one LiteLLM proxy, one server at a time."""
+    env = peer_environment(engine_env)
+    logs = Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    ports = {"text": free_port(), "embedding": free_port(), "litellm": free_port()}
+    served = {}
+    if text:
+        served[text[0]] = ports["text"]
+    if embedder:
+        served[embedder[0]] = ports["embedding"]
+    litellm = [str(litellm_bin()), "--config", str(litellm_config(logs / "litellm.yaml", served)),
+               "--host", "127.0.0.1", "--port", str(ports["litellm"])]
+    proxy = f"http://127.0.0.1:{ports['litellm']}"
+    out: dict[str, dict[str, float]] = {"vllm": {}, "litellm": {}}
+    print(f"    peer logs in {logs}", flush=True)
+    with server("litellm", litellm, env, f"{proxy}/health/liveliness", logs):
+        if text:
+            name, folder = text
+            url = f"http://127.0.0.1:{ports['text']}"
+            with server("vllm-text", vllm_serve(folder, name, ports["text"], TEXT_SETTINGS),
+                        env, f"{url}/health", logs):
+                step("vLLM's OpenAI server up (chat model) beside LiteLLM's proxy")
+                out["vllm"].update(chat_figures(f"{url}/v1", "none", name, tokens, seconds))
+                out["litellm"].update(chat_figures(f"{proxy}/v1", LITELLM_KEY, name, tokens,
+                                                   seconds))
+            step("peers, chat: " + _summary(out))
+        if embedder:
+            name, folder = embedder
+            url = f"http://127.0.0.1:{ports['embedding']}"
+            with server("vllm-embedding", vllm_serve(folder, name, ports["embedding"], []),
+                        env, f"{url}/health", logs):
+                out["vllm"]["emb32"] = embedding_figure(f"{url}/v1", "none", name, seconds)
+                out["litellm"]["emb32"] = embedding_figure(f"{proxy}/v1", LITELLM_KEY, name,
+                                                           seconds)
+            step(f"peers, embeddings at 32: vLLM {out['vllm']['emb32']:.0f}/s, LiteLLM + vLLM "
+                 f"{out['litellm']['emb32']:.0f}/s")
+    return out
+
+
+def _summary(out: dict[str, dict[str, float]]) -> str:
+    return "; ".join(
+        f"{who} {f['short8']:.1f} 1-token chats/s (8), TTFT {f['ttft1']:.0f} ms, "
+        f"{f['s1']:.1f} tok/s (1), {f['s8']:.1f} tok/s (8)"
+        for who, f in (("vLLM", out["vllm"]), ("LiteLLM + vLLM", out["litellm"])))
+
+
+def peer_figures(ours: dict[str, float], peers: dict[str, dict[str, float]]) -> list[Figure]:
+    """Ours against vLLM's server alone (the ratio and goal), LiteLLM + vLLM alongside."""
+    vllm, litellm = peers["vllm"], peers["litellm"]
+    figures = []
+    if "short8" in ours and "short8" in vllm:
+        figures += [
+            with_litellm(rate_figure("peer_1token_c8", "req/s", ours["short8"], vllm["short8"],
+                                     0.95), litellm["short8"]),
+            with_litellm(ceiling_figure("peer_ttft_ms", "ms", ours["ttft1"], vllm["ttft1"], 10),
+                         litellm["ttft1"]),
+            with_litellm(rate_figure("peer_stream_s1", "tok/s", ours["s1"], vllm["s1"], 0.95),
+                         litellm["s1"]),
+            with_litellm(rate_figure("peer_stream_s8", "tok/s", ours["s8"], vllm["s8"], 0.95),
+                         litellm["s8"])]
+    if "emb32" in ours and "emb32" in vllm:
+        figures.append(with_litellm(rate_figure("peer_embeddings_c32", "texts/s",
+                                                ours["emb32"], vllm["emb32"], 0.95),
+                                    litellm["emb32"]))
+    return figures
