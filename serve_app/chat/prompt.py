@@ -1,7 +1,8 @@
 """The conversation the engine sees: system prompts composed in order (the service's default,
 a character's, web context, tool descriptions, then the caller's), multimodal parts checked
-against the model's capabilities (files are text parts by now: chat/files.py), tool turns
-written as plain text."""
+against the model's capabilities (files are text parts by now: chat/files.py) and kept as
+placeholders for a vision model (chat/media.py reads them), tool turns written as plain
+text."""
 
 from __future__ import annotations
 
@@ -27,15 +28,23 @@ _PART_CAPABILITY = {
 }
 
 
+def _part_capabilities(req: ChatCompletionRequest) -> list[tuple[str, str]]:
+    """The capabilities the request's parts need (capability, what it is called)."""
+    return [needed for message in req.messages if isinstance(message.content, list)
+            for part in message.content if (needed := _PART_CAPABILITY.get(type(part)))]
+
+
+def takes_parts(req: ChatCompletionRequest, model: CatalogModel) -> bool:
+    """Whether `model` takes every image and video part of the request (a fallback that does
+    not is passed over)."""
+    return all(model.capabilities.get(name) for name, _ in _part_capabilities(req))
+
+
 def check_capabilities(req: ChatCompletionRequest, model: CatalogModel) -> None:
     caps = model.capabilities
-    for message in req.messages:
-        if isinstance(message.content, list):
-            for part in message.content:
-                needed = _PART_CAPABILITY.get(type(part))
-                if needed and not caps.get(needed[0]):
-                    raise UnsupportedFeature(f"Model {model.id} does not accept {needed[1]}",
-                                             "messages")
+    for name, label in _part_capabilities(req):
+        if not caps.get(name):
+            raise UnsupportedFeature(f"Model {model.id} does not accept {label}", "messages")
     if req.tools and req.tool_choice != "none" and not caps.get("supportsFunctionCalling"):
         raise UnsupportedFeature(f"Model {model.id} does not support tools", "tools")
     if req.response_format and req.response_format.type != "text" \
@@ -63,6 +72,9 @@ class Composition:
     web_documents: list[WebDocument] = field(default_factory=list)
     citations: bool = False
     tools_prompt: str = ""
+    # A vision model's turn: image and video parts stay in user messages as placeholders
+    # ({"type": "image"}, {"type": "video"}) for its chat template, in the order of the media.
+    media: bool = False
 
 
 def _web_block(docs: list[WebDocument], citations: bool) -> str:
@@ -105,10 +117,26 @@ def engine_messages(req: ChatCompletionRequest, comp: Composition) -> list[dict[
                                             "arguments": _json_or_text(c.function.arguments)})
                 + "</tool_call>" for c in message.tool_calls)
             conversation.append({"role": "assistant", "content": (text + calls).strip()})
+        elif comp.media and message.role == "user" and isinstance(message.content, list):
+            conversation.append({"role": "user", "content": _media_content(message)})
         else:
             conversation.append({"role": message.role, "content": text})
     system = "\n\n".join(p.strip() for p in system_parts if p and p.strip())
     return ([{"role": "system", "content": system}] if system else []) + conversation
+
+
+def _media_content(message: ChatMessage) -> list[dict[str, Any]]:
+    """A user message's parts as the chat template reads them: text, and a placeholder for
+    each image and video (files and audio are text parts by now)."""
+    parts: list[dict[str, Any]] = []
+    for part in message.content or []:
+        if isinstance(part, TextPart):
+            parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, ImagePart):
+            parts.append({"type": "image"})
+        elif isinstance(part, VideoPart):
+            parts.append({"type": "video"})
+    return parts
 
 
 def _json_or_text(arguments: str) -> Any:
