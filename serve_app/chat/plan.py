@@ -13,6 +13,8 @@ from serve_app.billing.pricing import Cost, price, token_units, unit_price_usd
 from serve_app.chat.audio_parts import heard_line, most_seconds
 from serve_app.chat.engine_request import completion_limit, prompt_estimate
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
+from serve_app.chat.media import ChatMedia
+from serve_app.chat.vision import VisionSpec
 from serve_app.chat.web import WebDocument, find_urls
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
@@ -63,6 +65,7 @@ class ChatPlan:
     audio_parts: int = 0  # input_audio parts, heard by `transcriber` before the model
     transcriber: CatalogModel | None = None
     heard_seconds: int = 0
+    media: ChatMedia | None = None  # image and video parts, for a vision model
     usage: Usage = field(default_factory=Usage)
     answered_by: RoutedModel | None = None
     charge: Charge | None = None  # the hold and the rate-limit count, settled once
@@ -72,9 +75,10 @@ class ChatPlan:
         """The most tokens this request can use on `model`, for the hold.
 
         A prompt cannot have more tokens than its UTF-8 bytes plus the chat template's few
-        per message; prompts the server adds to (characters, web pages, transcripts) count as
-        the whole context. The output is `max_tokens` (or the model's cap) for each of the `n`
-        choices.
+        per message, with each image or video counted as the most tokens its pixels make on
+        `model` (chat/vision.py) instead of its data; prompts the server adds to (characters,
+        web pages, transcripts) count as the whole context. The output is `max_tokens` (or
+        the model's cap) for each of the `n` choices.
         """
         context = model.context_length
         req = self.req
@@ -84,6 +88,8 @@ class ChatPlan:
         else:
             body = req.model_dump_json(include={"messages", "tools", "response_format"})
             prompt = len(body.encode()) + 16 * len(req.messages) + 2048
+            if self.media is not None:  # images and videos: their tokens, not their bytes
+                prompt += self.media.tokens(VisionSpec.of(model)) - self.media.payload_chars()
             prompt = min(prompt, context) if context else prompt
         output = completion_limit(req, model) or context or 4096
         return {"input": prompt, "output": output * req.n,
