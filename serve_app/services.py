@@ -21,6 +21,7 @@ from serve_app.billing.holds import Billing
 from serve_app.chat.audio_parts import AudioReader
 from serve_app.chat.extraction import Extractor
 from serve_app.chat.files import FileReader
+from serve_app.chat.media import MediaReader
 from serve_app.chat.serving import ChatService
 from serve_app.chat.web import WebTools
 from serve_app.crypto.networks import load_nodes
@@ -42,6 +43,7 @@ from serve_app.models.router import ModelRouter
 from serve_app.net_guard import GuardedFetcher
 from serve_app.pipeline.admission import Admission
 from serve_app.settings import Settings
+from serve_app.video.probe import probe as probe_video
 from serve_app.video.serving import VideoService
 from serve_app.wallets.sign_in import WalletAuth, sign_in_domains
 from serve_app.wallets.topups import TopUps, listening_hosts
@@ -132,8 +134,9 @@ class GatewayServices:
         image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
         job_runner = JobRunner(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment)
+        fetch_slots = FetchSlots(settings.media_fetches_per_account)  # chat's media too
         job_service = JobService(router, catalog, admission, jobs, results, job_runner, engine,
-                                 FetchSlots(settings.media_fetches_per_account),
+                                 fetch_slots,
                                  JobCaps(settings.job_open_per_account,
                                          settings.job_stored_mb_per_account * 1024 * 1024))
         return cls(
@@ -162,7 +165,8 @@ class GatewayServices:
             results=results,
             job_runner=job_runner,
             chat=ChatService(router, catalog, web, engine, admission, FileReader(extractor),
-                             AudioReader(router)),
+                             AudioReader(router),
+                             MediaReader(image_sources, probe_video, fetch_slots)),
             images=ImageService(catalog, router, admission),
             audio=AudioService(router, catalog, admission),
             job_service=job_service,

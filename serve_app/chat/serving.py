@@ -26,12 +26,14 @@ from serve_app.chat.engine_request import (
     service_parameters,
 )
 from serve_app.chat.files import FileReader, has_files
+from serve_app.chat.media import MediaReader, has_media
 from serve_app.chat.plan import ChatPlan
 from serve_app.chat.prompt import (
     Composition,
     check_capabilities,
     engine_messages,
     last_user_text,
+    takes_parts,
 )
 from serve_app.chat.stream_events import choice_logprobs, chunks_with_first, citations, sse_events
 from serve_app.chat.web import WebTools, WebUnavailable, find_urls
@@ -53,12 +55,14 @@ class ChatService:
     planned (model, fallbacks, prompt, sampling), answered unary or streamed."""
 
     def __init__(self, router: ModelRouter, catalog: Catalog, web: WebTools, database: Engine,
-                 admission: Admission, files: FileReader, audio: AudioReader) -> None:
+                 admission: Admission, files: FileReader, audio: AudioReader,
+                 media: MediaReader) -> None:
         self.router = router
         self.catalog = catalog
         self.web = web
         self.files = files
         self.audio = audio
+        self.media = media
         self.database = database
         self.admission = admission
 
@@ -113,21 +117,30 @@ class ChatService:
                 await pending.decided()
                 with ctx.step("files"):
                     req = await self.files.inline(req)
+            media = None
+            if has_media(req):  # a vision model's images and videos: inline ones checked
+                await pending.decided()
+                with ctx.step("media"):
+                    media = await self.media.collect(req, primary.model, key.account_id)
+                candidates = [c for c in candidates if c is primary or takes_parts(req, c.model)]
         except BaseException as exc:
             await pending.abandon(exc)
             raise
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
                         engine_request=None, tool_mode=mode, key=key, query=query,
-                        audio_parts=audio_parts(req), transcriber=transcriber)
+                        audio_parts=audio_parts(req), transcriber=transcriber, media=media)
         plan.charge = await pending.hold(
             [c.model for c in candidates] + ([transcriber] if transcriber else []),
             plan.max_cost())
         try:
+            if media is not None and media.pending:
+                with ctx.step("media_fetch"):  # URLs, fetched once the hold is taken
+                    await self.media.fetch(media, key.account_id)
             if transcriber is not None:
                 with ctx.step("audio"):
                     req, plan.heard_seconds = await self.audio.inline(req, transcriber)
                 plan.req = req
-            comp = Composition(citations=params.enable_web_citations)
+            comp = Composition(citations=params.enable_web_citations, media=media is not None)
             if params.include_service_system_prompt:
                 comp.service_prompt = self.catalog.service_system_prompt
             if params.character_slug:
@@ -145,6 +158,8 @@ class ChatService:
                 chat_template_kwargs={"enable_thinking": False} if params.disable_thinking
                 else {},
                 prompt_cache_key=req.prompt_cache_key,
+                images=media.images if media else (),
+                videos=media.videos if media else (),
             )
         except BaseException as exc:
             # Nothing ran on the model: the hold goes back (a missing character, a failed
