@@ -36,6 +36,11 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_VIDEO_PIXELS = 1920 * 1080
 MAX_VIDEO_FPS = 60.0
 
+# What an image or video part counts in the rate limiter's estimate of a prompt's tokens
+# (its data does not count): about what Qwen2-VL makes of a large image. The count is
+# corrected to the measured tokens once the model has answered.
+PART_TOKENS_ESTIMATE = 1280
+
 VideoProbe = Callable[[bytes, str], Awaitable[SourceVideo]]
 
 
@@ -97,6 +102,14 @@ class ChatMedia:
 def has_media(req: ChatCompletionRequest) -> bool:
     return any(isinstance(part, ImagePart | VideoPart) for message in req.messages
                if isinstance(message.content, list) for part in message.content)
+
+
+def media_payload(req: ChatCompletionRequest) -> tuple[int, int]:
+    """Characters of the image and video parts' data and URLs, and how many parts there are."""
+    sources = [part.image_url.url if isinstance(part, ImagePart) else part.video_url.url
+               for message in req.messages if isinstance(message.content, list)
+               for part in message.content if isinstance(part, ImagePart | VideoPart)]
+    return sum(len(source) for source in sources), len(sources)
 
 
 def media_items(req: ChatCompletionRequest, spec: VisionSpec) -> list[MediaItem]:

@@ -121,6 +121,8 @@ def gateway_catalog(tmp_path: Path) -> Path:
         "deployment": "text-m", "engine": "fake", "size_class": "M",
         "context_length": 8192, "max_completion_tokens": 256,
         "engine_options": {"vision": VISION},
+        # a tokens-per-minute limit that a megabyte of image data would pass if it counted
+        "rate_limits": {"tokens_per_minute": 20_000},
         "pricing": {"input": {"usd": INPUT_USD, "diem": INPUT_USD},
                     "output": {"usd": OUTPUT_USD, "diem": OUTPUT_USD}},
         "capabilities": {"supportsVision": True, "supportsVideoInput": True}})
@@ -209,6 +211,17 @@ def test_the_model_receives_the_checked_image_and_video_and_the_tokens_are_charg
     assert usage["prompt_tokens"] > spec.image_tokens(120, 90) + spec.video_tokens(96, 64, 3)
     assert books.balance_nanos() == before - charge.total_nanos
     assert books.open_holds() == 0
+
+
+def test_image_data_does_not_count_as_prompt_tokens_for_the_rate_limit(gateway, key):
+    noise = (np.random.default_rng(0).random((600, 600, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(noise).save(out, "PNG")  # about a megabyte: 270,000 tokens as text
+    assert len(out.getvalue()) > 1_000_000
+
+    resp = _chat(gateway, key, [_image(_data_url(out.getvalue(), "image/png"))])
+
+    assert resp.status_code == 200, resp.text
 
 
 def test_url_media_is_fetched_only_once_the_caller_is_counted_and_held(
