@@ -8,6 +8,7 @@ from typing import Any
 
 from deployments.protocol import Sampling
 from serve_app.chat import tools as tool_calls
+from serve_app.chat.media import PART_TOKENS_ESTIMATE, media_payload
 from serve_app.errors import ApiError
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
@@ -79,8 +80,11 @@ def output_schema(req: ChatCompletionRequest, mode: str) -> dict[str, Any] | Non
 
 
 def prompt_estimate(req: ChatCompletionRequest) -> int:
-    """Tokens of a prompt before it is tokenised: about four bytes per token."""
-    return len(req.model_dump_json(include={"messages"}).encode()) // 4 + 1
+    """Tokens of a prompt before it is tokenised: about four bytes per token; an image or
+    video part counts as a large image's tokens, not its data's bytes (chat/media.py)."""
+    media_chars, media_parts = media_payload(req)
+    return (len(req.model_dump_json(include={"messages"}).encode()) - media_chars) // 4 + 1 \
+        + media_parts * PART_TOKENS_ESTIMATE
 
 
 def completion_limit(req: ChatCompletionRequest, model: CatalogModel) -> int | None:
