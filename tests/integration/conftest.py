@@ -187,8 +187,9 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     # sign-ins name whichever replica they reach.
     facilitator_url, stop_facilitator = dev_facilitator.start_in_thread()
     # Logical CPUs for placement only (the machine has 2 cores): two applications of two
-    # Gateway replicas each, plus the text, embedding and image replicas, need about 3.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    # Gateway replicas each (1), three text replicas (1.5), the embedding, image, audio and
+    # video replicas (2) need 4.5.
+    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False,
              _metrics_export_port=metrics_port)
     serve.start(http_options={"host": "127.0.0.1", "port": base + replicas})
     app = build_app({
@@ -199,8 +200,8 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
                      "siwx_domains": SIWX_DOMAIN, "x402_facilitator_url": facilitator_url,
                      "x402_pay_to_evm": X402_PAY_TO},
         "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
-        # text-m stays down: its model tests fallbacks and MODEL_OFFLINE.
-        "model_deployments": ["text-xs", "text-s", "embedding", *IMAGE_DEPLOYMENTS,
+        # text-m stays down: its model tests fallbacks and MODEL_OFFLINE. text-l: tiny-vl.
+        "model_deployments": ["text-xs", "text-s", "text-l", "embedding", *IMAGE_DEPLOYMENTS,
                               *AUDIO_DEPLOYMENTS, *VIDEO_DEPLOYMENTS],
     })
     serve.run(app, name="inference", route_prefix="/", blocking=False)
@@ -215,8 +216,8 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
                          "initial_credit_usd": 100, "model_catalog": str(CATALOG),
                          "redis_url": redis.url, "redis_prefix": f"it-{uuid.uuid4().hex[:6]}"},
             "gateway_options": {"num_replicas": GATEWAY_REPLICAS},
-            "model_deployments": ["text-xs", "text-s", "embedding", *IMAGE_DEPLOYMENTS,
-                              *AUDIO_DEPLOYMENTS, *VIDEO_DEPLOYMENTS],
+            "model_deployments": ["text-xs", "text-s", "text-l", "embedding",
+                                  *IMAGE_DEPLOYMENTS, *AUDIO_DEPLOYMENTS, *VIDEO_DEPLOYMENTS],
             "model_app": "inference",
         })
         serve.run(pg_app, name="inference-pg", route_prefix=PG_ROUTE, blocking=False)
