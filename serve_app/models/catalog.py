@@ -1,4 +1,5 @@
-"""The model catalog: one YAML file naming, per model id, everything the platform needs.
+"""The model catalog: one YAML file naming, per model id, everything the platform needs (a
+file may `include:` others and add to them).
 
 Routing (deployment), engines (engine + weights), pricing, quotes, privacy checks, rate-limit
 classes and the public `/models` records all read this one source.
@@ -258,6 +259,35 @@ class Catalog(BaseModel):
 
 
 def load_catalog(path: str | Path) -> Catalog:
+    return Catalog.model_validate(read_catalog_file(Path(path)))
+
+
+def read_catalog_file(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A catalog file's contents, with the catalogs it names in `include:` (paths relative to
+    it) first: a file adds models to another (configs/models.production.yaml adds the models
+    only GPUs serve to configs/models.yaml), a model of the same id replaces the included one,
+    trait and alias entries are merged, other sections replaced."""
+    path = path.resolve()
+    if path in _seen:
+        raise ValueError(f"catalog {path} includes itself")
     with open(path, encoding="utf-8") as fh:
         raw = yaml.safe_load(fh) or {}
-    return Catalog.model_validate(raw)
+    merged: dict[str, Any] = {}
+    for name in raw.pop("include", None) or []:
+        merged = _overlaid(merged, read_catalog_file(path.parent / name, (*_seen, path)))
+    return _overlaid(merged, raw)
+
+
+def _overlaid(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = {**base, **top}
+    if "models" in base or "models" in top:
+        models = {m["id"]: m for m in base.get("models", [])}
+        models.update({m["id"]: m for m in top.get("models", [])})
+        out["models"] = list(models.values())
+    for section in ("traits", "compatibility_mapping"):
+        if section in base or section in top:
+            merged = {kind: dict(entries) for kind, entries in base.get(section, {}).items()}
+            for kind, entries in top.get(section, {}).items():
+                merged.setdefault(kind, {}).update(entries)
+            out[section] = merged
+    return out
