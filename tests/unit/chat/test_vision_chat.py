@@ -27,7 +27,7 @@ from serve_app.db.engine import make_engine
 from serve_app.db.tables import Reservation
 from serve_app.models.catalog import load_catalog
 from serve_app.settings import Settings
-from tests.fakes import FakeDeployment, FakeTextDeployment, fake_deployments
+from tests.fakes import FakeDeployment, FakeTextDeployment, fake_deployments, offline
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.pipeline.books import Books, per_million
 from tests.unit.pipeline.conftest import CATALOG
@@ -352,3 +352,24 @@ def test_media_parts_outside_user_messages_are_refused(gateway, fakes, key):
     assert resp.status_code == 400, resp.text
     assert "user messages only" in resp.json()["error"]
     assert fakes["text-m"].calls == []
+
+
+def test_a_streamed_answer_carries_the_media_too(gateway, fakes, key, books):
+    resp = _chat(gateway, key, [_image(_data_url(_png(64, 48), "image/png"))], stream=True)
+
+    assert resp.status_code == 200, resp.text
+    assert resp.text.rstrip().endswith("data: [DONE]")
+    (request,) = fakes["text-m"].requests
+    assert [(i.width, i.height) for i in request.images] == [(64, 48)]
+    assert books.open_holds() == 0
+
+
+def test_a_fallback_without_vision_is_passed_over(gateway, fakes, key, books):
+    fakes["text-m"].fail_with(offline())
+
+    resp = _chat(gateway, key, [_image(_data_url(_png(8, 8), "image/png"))],
+                 fallbacks=[{"model": "chat-primary"}])
+
+    assert resp.status_code == 503, resp.text
+    assert fakes["text-xs"].calls == []
+    assert books.entries() == 0 and books.open_holds() == 0
