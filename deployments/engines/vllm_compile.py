@@ -10,8 +10,11 @@
   them instead of compiling again. An operator's own `VLLM_CACHE_ROOT` wins; without DATA_DIR
   in the replica's environment vLLM keeps its default (`~/.cache/vllm`).
 - On CPU the ahead-of-time artifact that vLLM 0.32 writes by default cannot be loaded back
-  (`'function' object has no attribute 'finalize_loading'`: every start compiled again), so
-  the CPU build uses vLLM's other compile cache (`VLLM_USE_AOT_COMPILE=0`), which loads.
+  (`'function' object has no attribute 'finalize_loading'`: every start compiled again). The
+  CPU build therefore compiles without it (`VLLM_USE_AOT_COMPILE=0`) and reuses inductor's own
+  graph cache, which loads; that cache is placed beside vLLM's (`TORCHINDUCTOR_CACHE_DIR`,
+  otherwise a folder in /tmp). Importing vLLM already sets that variable to torch's default,
+  so a value equal to the default is replaced; an operator's own is kept.
 """
 
 from __future__ import annotations
@@ -32,4 +35,16 @@ def compile_settings(options: Mapping[str, Any],
         env["VLLM_CACHE_ROOT"] = str(Path(env["DATA_DIR"]) / CACHE_FOLDER)
     if env.get("VLLM_TARGET_DEVICE") == "cpu":
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        if env.get("VLLM_CACHE_ROOT") and \
+                env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default()):
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(env["VLLM_CACHE_ROOT"]) / "inductor_cache")
     return {"enforce_eager": bool(options.get("enforce_eager", False))}
+
+
+def _inductor_default() -> str | None:
+    """Where torch's inductor keeps its cache when nobody says (a folder in /tmp)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # no torch, or a torch that moved it: nothing to tell apart
+        return None
+    return default_cache_dir()

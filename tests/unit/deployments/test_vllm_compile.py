@@ -39,11 +39,28 @@ def test_without_data_dir_vllm_keeps_its_default():
     assert "VLLM_CACHE_ROOT" not in env
 
 
-def test_the_cpu_build_uses_the_compile_cache_that_loads_back():
-    cpu, gpu = {"VLLM_TARGET_DEVICE": "cpu"}, {}
+def test_the_cpu_build_uses_the_compile_cache_that_loads_back(tmp_path):
+    cpu = {"VLLM_TARGET_DEVICE": "cpu", "DATA_DIR": str(tmp_path)}
+    gpu = {"DATA_DIR": str(tmp_path)}
 
     compile_settings({}, cpu)
     compile_settings({}, gpu)
 
     assert cpu["VLLM_USE_AOT_COMPILE"] == "0"
-    assert "VLLM_USE_AOT_COMPILE" not in gpu
+    assert cpu["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "vllm" / "inductor_cache")
+    assert "VLLM_USE_AOT_COMPILE" not in gpu and "TORCHINDUCTOR_CACHE_DIR" not in gpu
+
+
+def test_torchs_default_inductor_cache_moves_under_data_dir_but_an_operators_stays(tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    cpu = {"VLLM_TARGET_DEVICE": "cpu", "DATA_DIR": str(tmp_path)}
+    imported = {**cpu, "TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}  # as importing vLLM sets
+    chosen = {**cpu, "TORCHINDUCTOR_CACHE_DIR": "/srv/inductor"}
+
+    compile_settings({}, imported)
+    compile_settings({}, chosen)
+
+    assert imported["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "vllm" /
+                                                      "inductor_cache")
+    assert chosen["TORCHINDUCTOR_CACHE_DIR"] == "/srv/inductor"
