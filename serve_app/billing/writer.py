@@ -7,6 +7,7 @@ one commit per batch instead of one per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import random
@@ -48,7 +49,10 @@ class _Job:
             else:
                 self.future.set_result(result)
 
-        self.loop.call_soon_threadsafe(deliver)
+        # The caller's loop may have closed meanwhile (a stopped replica): no one waits for
+        # this answer, and the other operations of the batch still get theirs.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(deliver)
 
 
 class BatchWriter:
