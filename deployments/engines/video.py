@@ -54,10 +54,12 @@ def encode_mp4(frames: np.ndarray | list[np.ndarray], fps: float) -> bytes:
 
 
 def decode_frames(data: bytes, max_frames: int = MAX_FRAMES, *, growth: int = 1,
-                  ) -> tuple[list[np.ndarray], float]:
-    """The frames (HxWx3 uint8 RGB) of a video file, and its frame rate. `growth`: how many
+                  at_most_fps: float | None = None) -> tuple[list[np.ndarray], float]:
+    """The frames (HxWx3 uint8 RGB) of a video file, and their frame rate. `growth`: how many
     times larger the job's output frames are (an upscale's factor squared); the decoded and
-    made frames together must fit MAX_DECODED_BYTES, whatever the container claims."""
+    made frames together must fit MAX_DECODED_BYTES, whatever the container claims.
+    `at_most_fps`: a clip faster than it keeps only the frame nearest each instant of that
+    rate (the others are dropped as they are decoded), and the rate returned is it."""
     import av
 
     frames: list[np.ndarray] = []
@@ -65,7 +67,10 @@ def decode_frames(data: bytes, max_frames: int = MAX_FRAMES, *, growth: int = 1,
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         fps = float(stream.average_rate or stream.base_rate or 24)
-        for frame in container.decode(stream):
+        step = fps / at_most_fps if at_most_fps and at_most_fps < fps else 1.0
+        for index, frame in enumerate(container.decode(stream)):
+            if index < round(len(frames) * step):
+                continue  # between two kept instants: dropped before it costs anything
             held += frame.width * frame.height * 3 * (1 + growth)
             if held > MAX_DECODED_BYTES:
                 raise ValueError("the clip is too large to process: use a shorter or smaller "
@@ -75,7 +80,7 @@ def decode_frames(data: bytes, max_frames: int = MAX_FRAMES, *, growth: int = 1,
                 break
     if not frames:
         raise ValueError("the video has no frames")
-    return frames, fps
+    return frames, (at_most_fps if step > 1 else fps)
 
 
 def _even(frame: np.ndarray) -> np.ndarray:
@@ -229,8 +234,13 @@ class RealEsrganVideoEngine:
         self.upscaler = RealEsrganEngine(weights, options)
 
     def run(self, params: dict[str, Any], inputs: dict[str, bytes]) -> tuple[list, float]:
+        """A `target_fps` below the source's rate drops frames to it before upscaling, so the
+        network works on the frames delivered, the ones the price counts (pricing/video.py:
+        the output rate); one above it adds frames by interpolation after upscaling."""
         factor = int(params.get("upscale_factor", 2))
-        frames, fps = decode_frames(inputs["video"], growth=max(1, factor) ** 2)
+        target = float(params["target_fps"]) if params.get("target_fps") else None
+        frames, fps = decode_frames(inputs["video"], growth=max(1, factor) ** 2,
+                                    at_most_fps=target)
         frames = frames[: max(1, round(float(params["seconds"]) * fps))]
         creativity = float(params.get("creativity") or 0.0)
         out = []
@@ -241,10 +251,9 @@ class RealEsrganVideoEngine:
             if factor == 1:  # quality enhancement: the network's detail at the source size
                 big = big.resize(image.size, Image.LANCZOS)
             out.append(_even(np.asarray(big.convert("RGB"))))
-        target = params.get("target_fps")
-        if target and float(target) != fps:
-            out = interpolate(out, fps, float(target), 1)
-            fps = float(target)
+        if target and target > fps:
+            out = interpolate(out, fps, target, 1)
+            fps = target
         return out, fps
 
 

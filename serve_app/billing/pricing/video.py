@@ -341,7 +341,9 @@ def plan_video(model: CatalogModel, ask: VideoAsk,
         rate = _usd(table.get(chosen), f"enhancement model {chosen}")
 
     # Enhancement works on every frame it delivers: at `target_fps`, or else at the source's
-    # own rate (a 60 fps source upscaled is a high-rate output too).
+    # own rate (a 60 fps source upscaled is a high-rate output too). A target below the
+    # source's rate is worked at the target: the upscaler drops frames to it first
+    # (deployments/engines/video.py), so the lower rate's price is the work done.
     delivered_fps = ask.target_fps if ask.target_fps is not None else (
         source.fps if source is not None and op in ("video-upscale", "video-interpolate")
         else None)
