@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from serve_app.errors import ApiError, invalid_request
 
 CASCADE_NAME = "haarcascade_frontalface_default.xml"
 BUNDLED_CASCADE = Path(__file__).with_name("cascades") / CASCADE_NAME
@@ -34,8 +37,8 @@ def cascade_path() -> Path:
 
 
 class FaceDetector:
-    """`await detector.shows_face(data, "image" | "video")`; safe from any number of threads
-    (each thread loads its own classifier: OpenCV's is not shared safely)."""
+    """`await detector.shows_face(data, "image" | "video", field)`; safe from any number of
+    threads (each thread loads its own classifier: OpenCV's is not shared safely)."""
 
     def __init__(self, cascade: Path | None = None) -> None:
         self.cascade = cascade
@@ -67,31 +70,69 @@ class FaceDetector:
             minSize=(MIN_FACE_PIXELS, MIN_FACE_PIXELS))
         return len(found)
 
-    def image_faces(self, data: bytes) -> int:
-        """Faces in a picture already checked by `inspect_image` (its first frame)."""
+    def image_faces(self, data: bytes, field: str = "image_url") -> int:
+        """Faces in a picture already checked by `inspect_image` (its first frame); a picture
+        whose pixels cannot be decoded (its header was fine) is a 400 CORRUPTED_IMAGE."""
         import numpy as np
         from PIL import Image, ImageOps
 
-        with Image.open(io.BytesIO(data)) as image:
-            image.draft("L", (MAX_SIDE, MAX_SIDE))  # JPEG: decode at a reduced size
-            upright = ImageOps.exif_transpose(image)
-            grey = upright.convert("L")
-            grey.thumbnail((MAX_SIDE, MAX_SIDE))
-            return self._faces(np.asarray(grey))
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.draft("L", (MAX_SIDE, MAX_SIDE))  # JPEG: decode at a reduced size
+                upright = ImageOps.exif_transpose(image)
+                grey = upright.convert("L")
+                grey.thumbnail((MAX_SIDE, MAX_SIDE))
+                pixels = np.asarray(grey)
+        except Exception as exc:  # untrusted bytes: any decoder failure means unreadable
+            raise unreadable_image(field) from exc
+        return self._faces(pixels)
 
-    def video_faces(self, data: bytes) -> int:
-        """Faces in the first keyframes of a clip already probed."""
+    def video_faces(self, data: bytes, field: str = "video_url") -> int:
+        """Faces in the first keyframes of a clip already probed; a clip none of whose first
+        keyframes decodes (its container was fine) is a 400 INVALID_VIDEO_FORMAT."""
+        found = 0
+        for i, grey in enumerate(self._keyframes(data, field)):
+            found = self._faces(grey)
+            if found or i + 1 >= VIDEO_KEYFRAMES:
+                break
+        return found
+
+    @staticmethod
+    def _keyframes(data: bytes, field: str) -> Iterator[Any]:
+        """The clip's first keyframes in greyscale; refused when one cannot be decoded, or
+        when there is none."""
         import av
 
-        with av.open(io.BytesIO(data), mode="r") as container:
-            stream = container.streams.video[0]
-            stream.codec_context.skip_frame = "NONKEY"
-            for i, frame in enumerate(container.decode(stream)):
-                found = self._faces(frame.to_ndarray(format="gray"))
-                if found or i + 1 >= VIDEO_KEYFRAMES:
-                    return found
-        return 0
+        decoded = 0
+        try:
+            with av.open(io.BytesIO(data), mode="r") as container:
+                stream = container.streams.video[0]
+                stream.codec_context.skip_frame = "NONKEY"
+                for frame in container.decode(stream):
+                    decoded += 1
+                    yield frame.to_ndarray(format="gray")
+                    if decoded >= VIDEO_KEYFRAMES:
+                        return
+        except (av.FFmpegError, ValueError, OSError, IndexError) as exc:
+            raise unreadable_video(field) from exc
+        if not decoded:
+            raise unreadable_video(field)
 
-    async def shows_face(self, data: bytes, media: str) -> bool:
-        look = self.video_faces if media == "video" else self.image_faces
-        return await asyncio.to_thread(look, data) > 0
+    async def shows_face(self, data: bytes, media: str, field: str) -> bool:
+        """Whether the picture (`media` "image") or clip ("video") of `field` shows a face;
+        ApiError 400 when its pixels cannot be decoded."""
+        if media == "video":
+            return await asyncio.to_thread(self.video_faces, data, field) > 0
+        return await asyncio.to_thread(self.image_faces, data, field) > 0
+
+
+def unreadable_image(field: str) -> ApiError:
+    refused = invalid_request(f"{field}: the image data is truncated or corrupt", field)
+    refused.code = "CORRUPTED_IMAGE"
+    return refused
+
+
+def unreadable_video(field: str) -> ApiError:
+    refused = invalid_request(f"{field}: the video's frames cannot be decoded", field)
+    refused.code = "INVALID_VIDEO_FORMAT"
+    return refused

@@ -92,9 +92,10 @@ class VideoService:
         note the roles of the media that show a face (None: not looked for)."""
 
         async def look(data: bytes, field: str, media: str) -> None:
-            role = FACE_MEDIA_ROLES[field]
+            """A client's media whose pixels do not decode is a 400 (faces.py)."""
+            role = FACE_MEDIA_ROLES[field.split("[", 1)[0]]
             if faces is not None and role not in faces and \
-                    await self.faces.shows_face(data, media):
+                    await self.faces.shows_face(data, media, field):
                 faces.append(role)
 
         source = None
@@ -119,7 +120,7 @@ class VideoService:
                     raise invalid_request(f"the clip is {clip.seconds:g} s; reference clips must "
                                           f"be {low:g} to {high:g} s", field)
                 clips.append(clip)
-                await look(data, "reference_video_urls", "video")
+                await look(data, field, "video")
                 await intake.keep(f"reference-{i}", data, "video/mp4")
                 del data
             total = sum(c.seconds for c in clips)
