@@ -5,7 +5,9 @@ killed and replaced, so a pathological PDF costs one worker at most the deadline
 Gateway's event loop only ever writes and reads pipes.
 
 Workers start on first use and stay for later jobs; jobs beyond the pool's size wait for a
-free worker. The deadline counts from the moment the job is handed to a ready worker.
+free worker, at most `queue_wait_s` (then ExtractionFailed `busy`: the pool is shared by every
+tenant of the replica, so a caller is told to retry rather than left waiting). The deadline
+counts from the moment the job is handed to a ready worker.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ _WORKER_START_S = 60.0  # a worker's own start (Python and its parsers), under l
 @dataclass(frozen=True)
 class ExtractionLimits:
     deadline_s: float = 15.0  # one file or page, once a worker has it
+    request_s: float = 30.0  # every file of one chat request together, waits included
+    queue_wait_s: float = 10.0  # the most a job waits for a free worker
     max_chars: int = 100_000  # text kept of one file
     max_pages: int = 500  # a PDF with more is refused
     max_stream_bytes: int = 8 * 1024 * 1024  # one PDF stream, decoded
@@ -40,7 +44,8 @@ class ExtractionLimits:
 
 class ExtractionFailed(Exception):
     """A file that cannot be turned into text. `reason`: `too_large`, `too_many_pages`,
-    `unreadable` or `timed_out`; `message` is for the client."""
+    `unreadable`, `timed_out`, `unavailable` (no worker could start) or `busy` (no worker was
+    free within `queue_wait_s`); `message` is for the client."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -144,7 +149,12 @@ class Extractor:
                   "max_unzipped_bytes": limits.max_unzipped_bytes}
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
-        async with self._slots:
+        try:
+            async with asyncio.timeout(limits.queue_wait_s):
+                await self._slots.acquire()  # a permit granted as it times out is given back
+        except TimeoutError as exc:
+            raise ExtractionFailed("busy", "every file reader of this server is busy") from exc
+        try:
             worker = self._idle.pop() if self._idle else None
             if worker is None or worker.process.returncode is not None:  # died while idle
                 if worker is not None:
@@ -167,6 +177,8 @@ class Extractor:
                     self._idle.append(worker)
                 else:  # timed out, cancelled, broken, or a failure that may have hurt it
                     await self._discard(worker)
+        finally:
+            self._slots.release()
         assert answered is not None
         if not answered.get("ok"):
             raise ExtractionFailed(str(answered.get("reason", "unreadable")),

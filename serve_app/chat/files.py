@@ -4,21 +4,29 @@ text, and the hold is sized from that text.
 
 Plain text is decoded here; PDF, DOCX, PPTX and XLSX go to the extraction workers
 (chat/extraction.py) with their caps: size before decoding, pages, decoded streams, zip
-members and expanded size, output and time.
+members and expanded size, output and time. The workers are few and shared by every tenant, so
+one request reads its documents under one of its account's extraction slots
+(`EXTRACTIONS_PER_ACCOUNT`, else 429), all of them within `request_s`, and waits at most
+`queue_wait_s` for a worker (else 503). The caller has shown it can pay before any of this
+(chat/serving.py holds the floor first).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import re
 
 from serve_app.chat.extraction import ExtractionFailed, Extractor
 from serve_app.errors import ApiError, invalid_request, payload_too_large
+from serve_app.jobs.caps import FetchSlots, over_cap
 from serve_app.schemas.chat import ChatCompletionRequest, ChatMessage, FilePart, TextPart
 
 MAX_FILE_BYTES = 10 * 1024 * 1024
 MAX_FILES = 20  # file parts in one request
+EXTRACTIONS_PER_ACCOUNT = 1  # requests of one account reading documents at once, per replica
 _DATA_URL = re.compile(r"^data:([\w.+/-]+)?(;[\w=.-]+)*;base64,", re.I)
 _TEXT_SUFFIXES = (".txt", ".md", ".csv", ".json", ".xml", ".html", ".htm", ".py", ".yaml",
                   ".yml", ".log", ".tsv")
@@ -66,16 +74,53 @@ def _refusal(failed: ExtractionFailed, filename: str) -> ApiError:
         return payload_too_large(message)
     if failed.reason == "unavailable":
         return ApiError(503, message, code="SERVICE_UNAVAILABLE")
+    if failed.reason == "busy":  # the spec's 503: at capacity, try again later
+        return ApiError(503, "Every file reader of this server is busy; retry shortly",
+                        code="MODEL_AT_CAPACITY", headers={"Retry-After": "2"})
     return invalid_request(message, _FIELD)
 
 
+class _AccountSlot:
+    """One of the account's extraction slots, taken at the request's first document that
+    needs a worker (plain text needs none) and kept until its files are read."""
+
+    def __init__(self, slots: FetchSlots, account_id: str) -> None:
+        self.slots, self.account_id = slots, account_id
+        self._stack = contextlib.AsyncExitStack()
+        self._held = False
+
+    async def take(self) -> None:
+        """Nothing waits for a slot: a 429 when the account's are taken."""
+        if self._held:
+            return
+        most = self.slots.per_account
+        if self.slots.busy(self.account_id) >= most:
+            raise over_cap(f"Documents of {most} other request(s) of this account are being "
+                           f"read; at most {most} at a time: retry once one is answered")
+        await self._stack.enter_async_context(self.slots.slot(self.account_id))
+        self._held = True
+
+    async def __aenter__(self) -> _AccountSlot:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+
 class FileReader:
-    """Turns the file parts of a chat request into text parts, through `extractor`."""
+    """Turns the file parts of a chat request into text parts, through `extractor`, for at
+    most `slots.per_account` requests of one account at a time."""
 
-    def __init__(self, extractor: Extractor) -> None:
+    def __init__(self, extractor: Extractor, slots: FetchSlots | None = None) -> None:
         self.extractor = extractor
+        self.slots = slots or FetchSlots(EXTRACTIONS_PER_ACCOUNT)
 
-    async def text_of(self, part: FilePart) -> str:
+    async def text_of(self, part: FilePart, account_id: str) -> str:
+        """The text of one file part (under one of the account's slots, as `inline`)."""
+        async with _AccountSlot(self.slots, account_id) as slot:
+            return await self._read(part, slot)
+
+    async def _read(self, part: FilePart, slot: _AccountSlot) -> str:
         file = part.file
         if not file.file_data:
             raise invalid_request("file parts need file_data (base64 or a data: URL)", _FIELD)
@@ -89,15 +134,18 @@ class FileReader:
             except UnicodeDecodeError as exc:
                 raise invalid_request(f"The file {name!r} is neither UTF-8 text nor a PDF, "
                                       "DOCX, PPTX or XLSX document", _FIELD) from exc
+        await slot.take()
         try:
             extracted = await self.extractor.run(kind, data, max_chars=max_chars)
         except ExtractionFailed as failed:
             raise _refusal(failed, name) from failed
         return extracted.text
 
-    async def inline(self, req: ChatCompletionRequest) -> ChatCompletionRequest:
+    async def inline(self, req: ChatCompletionRequest, account_id: str
+                     ) -> ChatCompletionRequest:
         """`req` with each file part replaced by a text part of its contents (the same request
-        when it has none). One file at a time: a request never holds more than one worker."""
+        when it has none). One file at a time: a request never holds more than one worker;
+        all of its files are read within the limits' `request_s`."""
         parts = [p for m in req.messages if isinstance(m.content, list) for p in m.content
                  if isinstance(p, FilePart)]
         if not parts:
@@ -105,6 +153,17 @@ class FileReader:
         if len(parts) > MAX_FILES:
             raise invalid_request(f"at most {MAX_FILES} files may be sent in one request",
                                   _FIELD)
+        budget = self.extractor.limits.request_s
+        async with _AccountSlot(self.slots, account_id) as slot:
+            try:
+                async with asyncio.timeout(budget):
+                    return await self._inlined(req, slot)
+            except TimeoutError as exc:
+                raise invalid_request(f"The files could not be read within {budget:g} s (all "
+                                      "the files of one request together)", _FIELD) from exc
+
+    async def _inlined(self, req: ChatCompletionRequest, slot: _AccountSlot
+                       ) -> ChatCompletionRequest:
         messages: list[ChatMessage] = []
         for message in req.messages:
             if not isinstance(message.content, list):
@@ -113,7 +172,7 @@ class FileReader:
             content = []
             for part in message.content:
                 if isinstance(part, FilePart):
-                    text = await self.text_of(part)
+                    text = await self._read(part, slot)
                     name = part.file.filename or "attachment"
                     part = TextPart(type="text", text=f"[File: {name}]\n{text}")
                 content.append(part)

@@ -19,7 +19,16 @@ from serve_app.chat.web import WebDocument, find_urls
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.settlement import Charge
-from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
+from serve_app.schemas.chat import (
+    AudioPart,
+    ChatCompletionRequest,
+    FilePart,
+    ImagePart,
+    ServiceParameters,
+    VideoPart,
+)
+
+_UNREAD = (FilePart, AudioPart, ImagePart, VideoPart)  # parts the server reads for the model
 
 
 @dataclass
@@ -96,6 +105,29 @@ class ChatPlan:
                 "web_search": int(self.params.enable_web_search != "off"),
                 "web_scraping": len(find_urls(self.query)) if self.params.enable_web_scraping
                 else 0}
+
+    def floor_units(self, model: CatalogModel) -> dict[str, int]:
+        """The least this request uses on `model` whatever its files, audio and media turn
+        out to be: the prompt's text known before they are read (counted as the hold counts
+        it, without the hold's margin) and one token of output per choice."""
+        req = self.req
+        messages = [m.model_copy(update={"content": [p for p in m.content
+                                                     if not isinstance(p, _UNREAD)]})
+                    if isinstance(m.content, list) else m for m in req.messages]
+        known = req.model_copy(update={"messages": messages})
+        body = known.model_dump_json(include={"messages", "tools", "response_format"})
+        prompt = len(body.encode()) + 16 * len(messages)
+        context = model.context_length
+        return {"input": min(prompt, context) if context else prompt, "output": req.n}
+
+    def floor_cost(self) -> Cost:
+        """The hold taken before the server reads the request's files or media (the real
+        one, `max_cost`, is sized from them): the dearest model's floor, and a second of each
+        audio part (the least one is charged). A caller who cannot pay it is refused before
+        any of them is read."""
+        dearest = max((price(c.model, self.floor_units(c.model)) for c in self.candidates),
+                      key=lambda cost: cost.nanos)
+        return self._with_audio(dearest, self.audio_parts)
 
     def max_cost(self) -> Cost:
         """The hold: the dearest model's most, and the most its audio parts may be heard."""

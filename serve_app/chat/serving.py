@@ -42,8 +42,10 @@ from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.models.calls import ModelFailed, complete_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
-from serve_app.pipeline.admission import Admission
+from serve_app.pipeline import respond
+from serve_app.pipeline.admission import Admission, payer_of
 from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.settlement import Charge
 from serve_app.schemas.chat import ChatCompletionRequest
 
 T = TypeVar("T")
@@ -96,10 +98,11 @@ class ChatService:
                    req: ChatCompletionRequest) -> ChatPlan:
         """Validate, admit and plan. The limiter decides as soon as the model is known, and the
         request is checked against the model meanwhile: a refusal by the limits (429) comes before
-        any error of the request. Files are read (by the extraction workers) once the limiter
-        has counted the caller, and become text parts; the hold (for the model and its
-        fallbacks, and the most its audio parts may be heard) is then sized from that text,
-        before any other work (audio heard, characters, web search, the model)."""
+        any error of the request. Then the hold, before any work the server does for the
+        request: a request with files or image and video parts first holds a floor (its known
+        text, chat/plan.py) and reads them, then holds what they make it cost; any other holds
+        its most at once. Audio parts are heard, characters, web pages and URL media read,
+        once the hold is taken."""
         primary = self.router.resolve(req.model, "text")
         pending = self.admission.start(ctx, key, primary.model,
                                        admission_tokens(req, primary.model),
@@ -111,56 +114,25 @@ class ChatService:
             req = req.model_copy(update={"service_parameters": params})
             check_capabilities(req, primary.model)
             mode = tool_calls.tool_mode(req)
-            query = last_user_text(req)
             transcriber = self.audio.transcriber() if audio_parts(req) else None
-            if has_files(req):
-                await pending.decided()
-                with ctx.step("files"):
-                    req = await self.files.inline(req)
-            media = None
-            if has_media(req):  # a vision model's images and videos: inline ones checked
-                await pending.decided()
-                with ctx.step("media"):
-                    media = await self.media.collect(req, primary.model, key.account_id)
-                candidates = [c for c in candidates if c is primary or takes_parts(req, c.model)]
+            if has_media(req):  # fallbacks that do not take the image and video parts
+                candidates = [c for c in candidates
+                              if c is primary or takes_parts(req, c.model)]
         except BaseException as exc:
             await pending.abandon(exc)
             raise
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
-                        engine_request=None, tool_mode=mode, key=key, query=query,
-                        audio_parts=audio_parts(req), transcriber=transcriber, media=media)
+                        engine_request=None, tool_mode=mode, key=key,
+                        query=last_user_text(req), audio_parts=audio_parts(req),
+                        transcriber=transcriber)
+        reads = has_files(req) or has_media(req)
         plan.charge = await pending.hold(
             [c.model for c in candidates] + ([transcriber] if transcriber else []),
-            plan.max_cost())
+            plan.floor_cost() if reads else plan.max_cost())
         try:
-            if media is not None and media.pending:
-                with ctx.step("media_fetch"):  # URLs, fetched once the hold is taken
-                    await self.media.fetch(media, key.account_id)
-            if transcriber is not None:
-                with ctx.step("audio"):
-                    req, plan.heard_seconds = await self.audio.inline(req, transcriber)
-                plan.req = req
-            comp = Composition(citations=params.enable_web_citations, media=media is not None)
-            if params.include_service_system_prompt:
-                comp.service_prompt = self.catalog.service_system_prompt
-            if params.character_slug:
-                comp.character_prompt = await self._character_prompt(params.character_slug)
-            if mode != "none":
-                comp.tools_prompt = tool_calls.tools_system_prompt(req)
-            if params.enable_web_scraping or params.enable_web_search != "off":
-                await self._web_context(plan)
-            comp.web_documents = plan.web_documents
-            plan.engine_request = TextRequest(
-                request_id=ctx.request_id,
-                messages=engine_messages(req, comp),
-                sampling=sampling(req, primary),
-                json_schema=output_schema(req, mode),
-                chat_template_kwargs={"enable_thinking": False} if params.disable_thinking
-                else {},
-                prompt_cache_key=req.prompt_cache_key,
-                images=media.images if media else (),
-                videos=media.videos if media else (),
-            )
+            if reads:
+                await self._read_inputs(ctx, key, plan)
+            await self._compose(ctx, key, plan)
         except BaseException as exc:
             # Nothing ran on the model: the hold goes back (a missing character, a failed
             # web search, audio that could not be heard, a client that left).
@@ -169,6 +141,63 @@ class ChatService:
                 self.admission.unsupported_feature(ctx, key)
             raise
         return plan
+
+    async def _read_inputs(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan) -> None:
+        """Read the files (by the extraction workers) and inline images and videos under the
+        floor hold, then hold what they make the request cost in its place (402 when the
+        account cannot pay it: the floor is then already given back)."""
+        req, primary = plan.req, plan.candidates[0]
+        floor = plan.floor_cost().nanos
+        if has_files(req):
+            with ctx.step("files"):
+                req = await self.files.inline(req, key.account_id)
+        if has_media(req):  # a vision model's images and videos: inline ones checked
+            with ctx.step("media"):
+                plan.media = await self.media.collect(req, primary.model, key.account_id)
+        plan.req = req
+        cost = plan.max_cost()
+        charge = plan.charge
+        assert charge is not None, "hold the floor first"
+        if cost.nanos == floor:
+            return
+        await charge.release()  # the floor; the rate-limit count stays as admitted
+        with ctx.step("hold"):
+            hold = await self.admission.billing.hold(ctx.request_id, payer_of(key), cost.nanos)
+        respond.balance_headers(ctx, hold.before)
+        plan.charge = Charge(ctx, hold, charge.ticket)
+
+    async def _compose(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan) -> None:
+        """The engine request, once the hold is taken: URL media fetched, audio heard, the
+        character's, the tools' and the web's prompts added."""
+        req, params, media = plan.req, plan.params, plan.media
+        if media is not None and media.pending:
+            with ctx.step("media_fetch"):  # URLs, fetched once the hold is taken
+                await self.media.fetch(media, key.account_id)
+        if plan.transcriber is not None:
+            with ctx.step("audio"):
+                req, plan.heard_seconds = await self.audio.inline(req, plan.transcriber)
+            plan.req = req
+        comp = Composition(citations=params.enable_web_citations, media=media is not None)
+        if params.include_service_system_prompt:
+            comp.service_prompt = self.catalog.service_system_prompt
+        if params.character_slug:
+            comp.character_prompt = await self._character_prompt(params.character_slug)
+        if plan.tool_mode != "none":
+            comp.tools_prompt = tool_calls.tools_system_prompt(req)
+        if params.enable_web_scraping or params.enable_web_search != "off":
+            await self._web_context(plan)
+        comp.web_documents = plan.web_documents
+        plan.engine_request = TextRequest(
+            request_id=ctx.request_id,
+            messages=engine_messages(req, comp),
+            sampling=sampling(req, plan.candidates[0]),
+            json_schema=output_schema(req, plan.tool_mode),
+            chat_template_kwargs={"enable_thinking": False} if params.disable_thinking
+            else {},
+            prompt_cache_key=req.prompt_cache_key,
+            images=media.images if media else (),
+            videos=media.videos if media else (),
+        )
 
     async def _first_that_answers(
             self, plan: ChatPlan,

@@ -127,21 +127,23 @@ async def test_html_is_reduced_to_readable_text(extractor: Extractor):
 
 async def test_file_parts_are_typed_and_checked_before_any_worker(extractor: Extractor):
     reader = FileReader(extractor)
-    assert await reader.text_of(_part("hello file", "a.txt")) == "hello file"
-    assert await reader.text_of(_part("hello file", None, "text/plain")) == "hello file"
-    word = await reader.text_of(_part(documents.docx(["Hi"]), "memo.docx"))
+    assert await reader.text_of(_part("hello file", "a.txt"), "acct") == "hello file"
+    assert await reader.text_of(_part("hello file", None, "text/plain"), "acct") \
+        == "hello file"
+    word = await reader.text_of(_part(documents.docx(["Hi"]), "memo.docx"), "acct")
     assert word == "Hi"
     with pytest.raises(ApiError) as bad_base64:
-        await reader.text_of(FilePart(type="file", file=FileData(file_data="not base64!!")))
+        await reader.text_of(FilePart(type="file", file=FileData(file_data="not base64!!")),
+                             "acct")
     assert bad_base64.value.status == 400
     with pytest.raises(ApiError) as image:
-        await reader.text_of(_part(b"\x89PNG\x00\xff", "a.png", "image/png"))
+        await reader.text_of(_part(b"\x89PNG\x00\xff", "a.png", "image/png"), "acct")
     assert image.value.status == 400 and "cannot be read as text" in image.value.message
     with pytest.raises(ApiError) as binary:
-        await reader.text_of(_part(b"\x89PNG\x00\xff", "a.png"))
+        await reader.text_of(_part(b"\x89PNG\x00\xff", "a.png"), "acct")
     assert binary.value.status == 400 and "neither UTF-8 text nor" in binary.value.message
     with pytest.raises(ApiError) as huge:
         await reader.text_of(FilePart(type="file", file=FileData(
-            file_data="A" * (14 * 1024 * 1024))))
+            file_data="A" * (14 * 1024 * 1024))), "acct")
     assert (huge.value.status, huge.value.code) == (413, "PAYLOAD_TOO_LARGE")
     assert extractor.worker_pids != []  # only the DOCX reached a worker

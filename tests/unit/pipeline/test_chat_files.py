@@ -5,16 +5,20 @@ charged and without stalling anyone else."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from serve_app.chat.extraction import ExtractionLimits, Extractor
+from serve_app.chat.files import FileReader
 from tests.unit.chat import documents
-from tests.unit.pipeline.books import per_million
+from tests.unit.pipeline.books import Books, per_million
 from tests.unit.pipeline.conftest import CATALOG
 
 INPUT_USD, OUTPUT_USD = 10, 20  # chat-long's prices, per million tokens
@@ -201,3 +205,174 @@ def test_a_caller_refused_by_its_limits_gets_no_file_read(fake_gateway, fakes, k
     assert fake_gateway.state.extractor.worker_pids == []
     assert fakes["text-xs"].calls == []
     assert books.entries() == 0
+
+
+# ---- reading files costs the server: only a caller who can pay gets it, in bounds ------------
+
+def _account_key(gateway, usd: str) -> tuple[str, str]:
+    """An INFERENCE key of a new account holding `usd`, and that account's id."""
+    account = gateway.cli("create-account", "--usd", usd)
+    resp = gateway.client.post("/api/v1/api_keys", headers=gateway.auth(account["apiKey"]),
+                               json={"apiKeyType": "INFERENCE", "description": "files"})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["data"]["apiKey"], account["accountId"]
+
+
+def test_a_caller_without_credit_gets_402_before_any_file_is_read(fake_gateway, fakes, books):
+    """The attack: a $0 key sends a PDF; the worker used to parse it, then answer 402."""
+    broke, account_id = _account_key(fake_gateway, "0")
+
+    resp = _chat(fake_gateway, broke, _file(documents.pdf([["parse me"]]), "x.pdf",
+                                            documents.PDF_TYPE))
+
+    assert resp.status_code == 402, resp.text
+    assert resp.json()["code"] == "INSUFFICIENT_BALANCE"
+    assert fake_gateway.state.extractor.worker_pids == []  # no worker was even started
+    assert fakes["text-xs"].calls == []
+    assert books.entries() == 0 and books.open_holds() == 0
+    assert books.balance_nanos(account_id) == 0
+
+
+def test_a_fresh_wallet_gets_402_before_any_file_is_read(tmp_path: Path, gateway_catalog: Path,
+                                                         fakes):
+    """Each new wallet has its own limiter bucket and no account row: none gets a free
+    parse, and nothing is written for it."""
+    from serve_app.settings import Settings
+    from tests.unit.conftest import make_gateway
+    from tests.wallets import Wallet, signed_in
+
+    origin = "http://testserver/api/v1"
+    for gateway in make_gateway(Settings(data_dir=tmp_path, model_catalog=gateway_catalog,
+                                         siwx_domains="testserver"), handles=fakes):
+        books = Books(gateway)
+        for _ in range(2):
+            headers = signed_in(gateway.client, Wallet(), f"{origin}/chat/completions")
+            resp = gateway.client.post("/api/v1/chat/completions", headers=headers, json={
+                "model": "chat-long", "messages": [{"role": "user", "content": [
+                    _file(documents.pdf([["parse me"]]), "x.pdf", documents.PDF_TYPE)]}]})
+            assert resp.status_code == 402, resp.text
+            assert resp.json()["code"] == "PAYMENT_REQUIRED"
+        assert gateway.state.extractor.worker_pids == []
+        assert books.entries() == 0 and books.open_holds() == 0
+        books.close()
+
+
+def test_the_floor_is_the_known_text_a_key_cannot_pay_for_reads_nothing(fake_gateway, fakes,
+                                                                         books):
+    """A key whose spending limit is below the price of the prompt's own text (40,000
+    characters at chat-long's input price, $0.0004) is refused before its PDF is read."""
+    limited = fake_gateway.create_key(consumptionLimit={"usd": 0.0002})["apiKey"]
+
+    resp = _chat(fake_gateway, limited, {"type": "text", "text": "word " * 8_000},
+                 _file(documents.pdf([["parse me"]]), "x.pdf", documents.PDF_TYPE))
+
+    assert resp.status_code == 402, resp.text
+    assert resp.json()["code"] == "API_KEY_USD_SPEND_LIMIT_EXCEEDED"
+    assert fake_gateway.state.extractor.worker_pids == []
+    assert books.entries() == 0 and books.open_holds() == 0
+
+
+def test_a_caller_who_can_pay_the_floor_but_not_the_text_is_charged_nothing(fake_gateway, fakes,
+                                                                           books):
+    """The floor is only a floor: once the file's 40,000 words are read, the hold at their
+    size is refused (402) and nothing stays held or charged."""
+    limited = fake_gateway.create_key(consumptionLimit={"usd": 0.0002})["apiKey"]
+    words = [" ".join(["a"] * 100) for _ in range(400)]
+
+    resp = _chat(fake_gateway, limited, _file(documents.pdf(
+        [words[i:i + 40] for i in range(0, 400, 40)]), "words.pdf", documents.PDF_TYPE))
+
+    assert resp.status_code == 402, resp.text
+    assert fakes["text-xs"].calls == []
+    assert books.entries() == 0 and books.open_holds() == 0
+
+
+@contextlib.contextmanager
+def _reading_frozen(gateway, key: str, extractor) -> Iterator[list]:
+    """A chat of `key` whose PDF is being read by a frozen worker (SIGSTOP) while the block
+    runs; thawed after it, its answer is appended to the list yielded."""
+    warm = _chat(gateway, key, _file(documents.pdf([["warm"]]), "warm.pdf",
+                                     documents.PDF_TYPE))
+    assert warm.status_code == 200, warm.text
+    (worker,) = extractor.worker_pids
+    os.kill(worker, signal.SIGSTOP)
+    answers: list = []
+    reading = threading.Thread(target=lambda: answers.append(_chat(
+        gateway, key, _file(documents.pdf([["frozen"]]), "f.pdf", documents.PDF_TYPE))))
+    try:
+        reading.start()
+        while extractor.busy == 0 and not threading.Event().wait(0.01):
+            assert reading.is_alive(), answers
+        yield answers
+    finally:
+        os.kill(worker, signal.SIGCONT)
+        reading.join()
+
+
+def test_one_account_reads_one_request_of_documents_at_a_time(fake_gateway, fakes, key, books):
+    """While one of its requests has a worker, the account's next request with a document
+    gets 429 at once (the pool is shared by every tenant), nothing held; a plain text file
+    needs no worker and is read meanwhile."""
+    extractor = fake_gateway.state.extractor
+    with _reading_frozen(fake_gateway, key, extractor) as answers:
+        second = _chat(fake_gateway, key, _file(documents.docx(["second"]), "b.docx",
+                                                documents.DOCX_TYPE))
+        assert second.status_code == 429, second.text
+        assert second.json()["code"] == "RATE_LIMIT_EXCEEDED"
+        assert "at most 1 at a time" in second.json()["error"]
+        assert books.held(second.headers["cf-ray"]) is None and books.charges(
+            second.headers["cf-ray"]) == []
+        plain = _chat(fake_gateway, key, _file(b"notes", "n.txt", "text/plain"))
+        assert plain.status_code == 200, plain.text
+        assert extractor.busy == 1
+    (first,) = answers
+    assert first.status_code == 200, first.text
+    assert books.open_holds() == 0
+
+
+@pytest.fixture
+def small_pool(fake_gateway) -> Iterator[Extractor]:
+    """The chat's file reader on a pool of one worker that waits half a second for it."""
+    pool = Extractor(workers=1, limits=ExtractionLimits(queue_wait_s=0.5, request_s=1.0))
+    chat = fake_gateway.state.chat
+    real, chat.files = chat.files, FileReader(pool)
+    yield pool
+    chat.files = real
+    fake_gateway.client.portal.call(pool.close)
+
+
+def test_a_busy_pool_answers_503_instead_of_a_wait_without_end(fake_gateway, fakes, key, books,
+                                                                small_pool):
+    """Another account's request finds the only worker busy: a 503 once `queue_wait_s` has
+    passed, in the spec's error shape, with nothing held or charged."""
+    other, account_id = _account_key(fake_gateway, "10")
+    with _reading_frozen(fake_gateway, key, small_pool) as answers:
+        before = books.balance_nanos(account_id)
+        resp = _chat(fake_gateway, other, _file(documents.pdf([["wait"]]), "w.pdf",
+                                                documents.PDF_TYPE))
+        assert resp.status_code == 503, resp.text
+        assert resp.json() == {"code": "MODEL_AT_CAPACITY", "error": (
+            "Every file reader of this server is busy; retry shortly")}
+        assert resp.headers["retry-after"] == "2"
+        assert books.balance_nanos(account_id) == before
+        assert books.charges(resp.headers["cf-ray"]) == []
+    (first,) = answers
+    assert first.status_code == 200, first.text
+    assert books.open_holds() == 0
+
+
+def test_the_files_of_one_request_are_read_within_its_time_limit(fake_gateway, fakes, key,
+                                                                 books, small_pool):
+    """A file a worker would chew on for tens of seconds (each within the per-file deadline
+    of 15 s) is cut at the request's limit (1 s here): its worker is killed, 400, nothing
+    charged."""
+    before = books.balance_nanos()
+
+    resp = _chat(fake_gateway, key, _file(documents.expanding_pdf(5_000_000), "slow.pdf",
+                                          documents.PDF_TYPE))
+
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] == ("The files could not be read within 1 s (all the files of "
+                                    "one request together)")
+    assert small_pool.worker_pids == []
+    _nothing_charged(books, before)
