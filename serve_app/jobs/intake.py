@@ -1,9 +1,9 @@
 """One media job on its way into the queue, in the order that keeps abuse cheap:
 
 1. `admit`: the caller is counted and held before anything is read: the job's price when it is
-   known without its inputs, otherwise the least hold that shows the account can pay (a 402
-   comes before any byte is fetched); then the account's caps on open jobs and stored bytes
-   (caps.py, 429);
+   known without its inputs, otherwise its floor, the least it can cost given what the request
+   says (an account that cannot pay that gets its 402 before any byte is fetched); then the
+   account's caps on open jobs and stored bytes (caps.py, 429);
 2. `keep`: each input, once read and checked, is spooled to the result store under the job's
    key and dropped from memory (one at a time, never all of them at once), within the
    account's stored-bytes cap;
@@ -29,7 +29,6 @@ from serve_app.jobs.caps import JobCaps
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import JobQueue, JobView, input_key
-from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission, payer_of
@@ -38,14 +37,17 @@ from serve_app.pipeline.settlement import Charge
 
 logger = logging.getLogger("serve_app.jobs")
 
-# What is held before the inputs are read when the price depends on them: any positive
-# amount shows the account (and the key's spending limit) can pay something.
+# The least a hold before the inputs are read may be: the job's floor (the least it can
+# cost given what the request says, pricing/video.py `floor_plan`), and never nothing.
 FLOOR_HOLD_NANOS = 1
 
 
-def floor_cost(model: CatalogModel) -> Cost:
-    """The hold that admits a job whose price is known only once its inputs are read."""
-    return Cost(model, (PricedLine("video_seconds", 0, FLOOR_HOLD_NANOS, 0.0),))
+def least_hold(floor: Cost) -> Cost:
+    """What admits a job whose price is known only once its inputs are read: its floor, or
+    one nano when the floor is free (the account must still be able to pay something)."""
+    if floor.nanos >= FLOOR_HOLD_NANOS:
+        return floor
+    return Cost(floor.model, (PricedLine("video_seconds", 0, FLOOR_HOLD_NANOS, 0.0),))
 
 
 class JobIntake:
@@ -73,13 +75,14 @@ class JobIntake:
     def queue_id(self) -> str:
         return self.job.queue_id
 
-    async def admit(self, cost: Cost | None) -> None:
-        """Count the caller and hold `cost`; None: the price is not known before the inputs
-        are read, so hold the floor. 503 when the model is offline, 429, 403, 402; then 429
-        when the account has its most open jobs or stored bytes."""
+    async def admit(self, cost: Cost) -> None:
+        """Count the caller and hold `cost`: the job's price, or, when that is known only
+        once the inputs are read, its floor (the least it can cost: `hold` replaces it).
+        503 when the model is offline, 429, 403, 402; then 429 when the account has its most
+        open jobs or stored bytes."""
         model = self.routed.model
         self.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
-        held = cost if cost is not None else floor_cost(model)
+        held = least_hold(cost)
         self._charge = await self.admission.admit(self.ctx, self.key, model, 0, held)
         self._held = held.nanos
         open_jobs, self._stored_before = await self.jobs.account_usage(self.key.account_id)

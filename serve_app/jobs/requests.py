@@ -20,7 +20,7 @@ from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
 from serve_app.jobs.caps import FetchSlots, JobCaps
-from serve_app.jobs.intake import JobIntake, floor_cost
+from serve_app.jobs.intake import JobIntake, least_hold
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView
@@ -72,11 +72,11 @@ class JobService:
 
     @contextlib.asynccontextmanager
     async def fetching(self, ctx: RequestContext, key: KeyRecord,
-                       model: CatalogModel) -> AsyncIterator[None]:
+                       floor: Cost) -> AsyncIterator[None]:
         """Reading media for a request that queues nothing (a quote): the caller is counted
-        and must be able to pay (the floor hold, given back after), and takes one of its
-        account's fetch slots (429 when they are taken)."""
-        charge = await self.admission.admit(ctx, key, model, 0, floor_cost(model))
+        and must be able to pay `floor` (the least the job can cost; held, given back after),
+        and takes one of its account's fetch slots (429 when they are taken)."""
+        charge = await self.admission.admit(ctx, key, floor.model, 0, least_hold(floor))
         try:
             async with self.fetch_slots.slot(key.account_id):
                 yield

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Request
 
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.pricing.video import SourceVideo, VideoAsk, plan_video
+from serve_app.billing.pricing.video import SourceVideo, VideoAsk, floor_plan, plan_video
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images.inputs import ImageSourceReader, inspect_image
 from serve_app.jobs.intake import JobIntake
@@ -81,7 +81,8 @@ class VideoService:
         model = self.video_model(body.model).model
         source = None
         if body.video_url is not None and model.operation in SOURCE_PRICED:
-            async with self.job_service.fetching(ctx, key, model):
+            floor = floor_plan(model, _ask(body)).cost
+            async with self.job_service.fetching(ctx, key, floor):
                 _, source = await self._video(body.video_url, "video_url")
         return {"quote": plan_video(model, _ask(body), source).quote_usd}
 
@@ -134,7 +135,8 @@ class VideoService:
                     body: QueueVideoRequest) -> dict[str, str]:
         """Checks that need no input first (400s, 503); then the caller is counted and held
         before any input is read: the job's price when it does not depend on the inputs,
-        else the floor (intake.py), replaced by the price once the inputs are probed. A model
+        else its floor (the least it can cost with the clips it names, pricing/video.py),
+        replaced by the price once the inputs are probed. A model
         with a consent policy looks for faces in the inputs (in a worker thread, once the
         caller is held) unless consent was given: a face without it is a 409."""
         routed = self.video_model(body.model)
@@ -147,8 +149,10 @@ class VideoService:
             policy, body.consents) else None
         ask = _ask(body)
         known = None if _priced_by_inputs(model) else plan_video(model, ask, None)
+        floor = known or floor_plan(model, ask, len(body.reference_video_urls or [])
+                                    * REFERENCE_CLIP_SECONDS[0])
         async with self.job_service.intake(ctx, key, routed, "video") as intake:
-            await intake.admit(known.cost if known is not None else None)
+            await intake.admit(floor.cost)
             source = None
             if any(getattr(body, f) for f in MEDIA_FIELDS[model.operation]):
                 async with self.job_service.fetch_slots.slot(key.account_id):

@@ -373,3 +373,30 @@ def plan_video(model: CatalogModel, ask: VideoAsk,
     out_fps = float(ask.target_fps or fps)
     return VideoPlan(Cost(model, tuple(lines)), out_seconds, width, height, out_fps,
                      makes_audio)
+
+
+# The smallest source clip a floor is priced against: a square frame (the fewest pixels at a
+# resolution, and the lowest output tier), one frame a second (never a high rate).
+_LEAST_SIDE = 16
+_LEAST_FPS = 1.0
+# The shortest source clip an enhancement model matches (`_duration`'s lower bound for them).
+_LEAST_SOURCE_SECONDS = 0.1
+
+
+def floor_plan(model: CatalogModel, ask: VideoAsk, reference_seconds: float = 0.0
+               ) -> VideoPlan:
+    """The least `ask` can cost on `model` before its inputs are read: the job priced against
+    the smallest source that would be accepted. `reference_seconds`: the least the job's
+    reference clips can last together (each clip at its shortest). An account that cannot
+    pay this is refused before anything is fetched; the real price (`plan_video` with the
+    probed source) is never below it. Raises what `plan_video` raises for the ask itself."""
+    op = model.operation
+    if op not in ("video-upscale", "video-interpolate", "reference-to-video"):
+        return plan_video(model, ask, None)
+    matched = ask.duration in SOURCE_MATCHED
+    if op == "reference-to-video":
+        least = max(reference_seconds, SOURCE_MATCHED_RANGE[0] if matched else 0.0)
+    else:
+        asked = _seconds_of(ask.duration)
+        least = float(asked) if asked is not None and not matched else _LEAST_SOURCE_SECONDS
+    return plan_video(model, ask, SourceVideo(least, _LEAST_SIDE, _LEAST_SIDE, _LEAST_FPS))
