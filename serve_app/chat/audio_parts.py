@@ -11,6 +11,7 @@ import base64
 import binascii
 import math
 import re
+from collections.abc import Callable
 
 from deployments.protocol import Transcription, TranscriptionRequest
 from serve_app.billing.pricing import PricedLine, nanos_of, unit_price_usd
@@ -77,11 +78,11 @@ class AudioReader:
             TranscriptionRequest(audio, None, False))
         return heard
 
-    async def inline(self, req: ChatCompletionRequest, model: CatalogModel
-                     ) -> tuple[ChatCompletionRequest, int]:
-        """`req` with each audio part replaced by a text part of its transcript, and the
-        seconds heard (each part's started seconds, at least one)."""
-        seconds = 0
+    async def inline(self, req: ChatCompletionRequest, model: CatalogModel,
+                     heard: Callable[[int], None]) -> ChatCompletionRequest:
+        """`req` with each audio part replaced by a text part of its transcript; `heard` is
+        told the seconds of each part as soon as it is heard (its started seconds, at least
+        one), so that they are charged even when a later part or the chat fails."""
         messages: list[ChatMessage] = []
         for message in req.messages:
             if not isinstance(message.content, list):
@@ -90,9 +91,9 @@ class AudioReader:
             content = []
             for part in message.content:
                 if isinstance(part, AudioPart):
-                    heard = await self._hear(model, part)
-                    seconds += max(1, math.ceil(heard.duration))
-                    part = TextPart(type="text", text=f"[Audio]\n{heard.text.strip()}")
+                    transcript = await self._hear(model, part)
+                    heard(max(1, math.ceil(transcript.duration)))
+                    part = TextPart(type="text", text=f"[Audio]\n{transcript.text.strip()}")
                 content.append(part)
             messages.append(message.model_copy(update={"content": content}))
-        return req.model_copy(update={"messages": messages}), seconds
+        return req.model_copy(update={"messages": messages})

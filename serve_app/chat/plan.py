@@ -69,6 +69,7 @@ class ChatPlan:
     tool_mode: str
     web_documents: list[WebDocument] = field(default_factory=list)
     query: str = ""  # the last user message's text (its files aside): search and scraping
+    character_prompt: str = ""  # the character's (`character_slug`), looked up before the hold
     searches: int = 0  # searches the provider answered
     scraped_urls: int = 0  # pages read (only those are billed)
     audio_parts: int = 0  # input_audio parts, heard by `transcriber` before the model
@@ -144,9 +145,9 @@ class ChatPlan:
     def cost(self) -> Cost | None:
         """What the answer measured, and the web searches and pages it used, priced for the
         model that answered (extras it does not price are left out), and the audio heard at
-        the transcription model's price."""
+        the transcription model's price. Without an answer, the audio heard alone."""
         if self.answered_by is None:
-            return None
+            return self._heard_only()
         model = self.answered_by.model
         used = {"web_search": self.searches, "web_scraping": self.scraped_urls}
         usage = self.usage
@@ -156,11 +157,23 @@ class ChatPlan:
             **{line: n for line, n in used.items() if n and unit_price_usd(model, line)}}),
             self.heard_seconds)
 
+    def heard(self, seconds: int) -> None:
+        """Audio parts heard so far: charged with the chat, or alone when it fails."""
+        self.heard_seconds += seconds
+
+    def _heard_only(self) -> Cost | None:
+        """The audio heard for a chat no model answered, on the requested model's entry as
+        an answered chat's would be (None: nothing was heard)."""
+        if not self.heard_seconds:
+            return None
+        return self._with_audio(Cost(self.candidates[0].model, ()), self.heard_seconds)
+
     async def release(self) -> None:
-        """Give the hold back: the request failed before, or on our side of, the work."""
+        """The request failed before, or on our side of, the model's work: its hold goes
+        back, but audio already heard is charged (the transcription was delivered)."""
         if self.charge is not None:
             # The completion counted at admission was never generated (or not delivered).
-            await self.charge.release(tokens=prompt_estimate(self.req))
+            await self.charge.settle(self._heard_only(), tokens=prompt_estimate(self.req))
 
     async def finish_charge(self) -> None:
         """Settle with the measured cost of what was sent, and correct the rate-limit count

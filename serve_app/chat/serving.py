@@ -46,7 +46,7 @@ from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission, payer_of
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge
-from serve_app.schemas.chat import ChatCompletionRequest
+from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 
 T = TypeVar("T")
 __all__ = ["ChatPlan", "ChatService", "chunks_with_first"]  # the /responses shaping uses them
@@ -73,6 +73,20 @@ class ChatService:
                                          lambda session: find_character(session, slug))
         return character.system_prompt
 
+    def _check_web(self, params: ServiceParameters) -> None:
+        if params.enable_web_search == "on" and not self.web.search_available:
+            raise UnsupportedFeature("Web search is not configured on this server",
+                                     "service_parameters")
+
+    def _check_online(self, models: list[CatalogModel], transcriber: CatalogModel | None
+                      ) -> None:
+        """503 MODEL_OFFLINE when none of the models (the first and its fallbacks) runs, or
+        the model that hears audio parts does not."""
+        if not any(self.router.is_online(model) for model in models):
+            self.router.handle(models[0])
+        if transcriber is not None:
+            self.router.handle(transcriber)
+
     async def _web_context(self, plan: ChatPlan) -> None:
         params, text = plan.params, plan.query
         if params.enable_web_scraping:
@@ -82,10 +96,7 @@ class ChatService:
                 plan.scraped_urls = len(plan.web_documents)
         if plan.web_documents or params.enable_web_search == "off":
             return  # scraped pages take the place of a search
-        if not self.web.search_available:
-            if params.enable_web_search == "on":
-                raise UnsupportedFeature("Web search is not configured on this server",
-                                         "service_parameters")
+        if not self.web.search_available:  # "on" was refused before the hold
             return
         try:
             plan.web_documents = await self.web.search(text[:500])
@@ -101,8 +112,10 @@ class ChatService:
         any error of the request. Then the hold, before any work the server does for the
         request: a request with files or image and video parts first holds a floor (its known
         text, chat/plan.py) and reads them, then holds what they make it cost; any other holds
-        its most at once. Audio parts are heard, characters, web pages and URL media read,
-        once the hold is taken."""
+        its most at once. Every cheap check (the character, web search, the models online)
+        comes before any of that work. Once the hold is taken: URL media fetched, the web
+        searched and scraped, and audio heard last (what it heard is charged even when the
+        chat then fails, chat/plan.py)."""
         primary = self.router.resolve(req.model, "text")
         pending = self.admission.start(ctx, key, primary.model,
                                        admission_tokens(req, primary.model),
@@ -115,6 +128,12 @@ class ChatService:
             check_capabilities(req, primary.model)
             mode = tool_calls.tool_mode(req)
             transcriber = self.audio.transcriber() if audio_parts(req) else None
+            # The cheap checks, before any work is done for the request (files read, audio
+            # heard): a missing character, a web search the server lacks (models offline:
+            # once the hold is taken, below).
+            character = await self._character_prompt(params.character_slug) \
+                if params.character_slug else ""
+            self._check_web(params)
             if has_media(req):  # fallbacks that do not take the image and video parts
                 candidates = [c for c in candidates
                               if c is primary or takes_parts(req, c.model)]
@@ -124,12 +143,13 @@ class ChatService:
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
                         engine_request=None, tool_mode=mode, key=key,
                         query=last_user_text(req), audio_parts=audio_parts(req),
-                        transcriber=transcriber)
+                        transcriber=transcriber, character_prompt=character)
         reads = has_files(req) or has_media(req)
         plan.charge = await pending.hold(
             [c.model for c in candidates] + ([transcriber] if transcriber else []),
             plan.floor_cost() if reads else plan.max_cost())
         try:
+            self._check_online([c.model for c in candidates], transcriber)
             if reads:
                 await self._read_inputs(ctx, key, plan)
             await self._compose(ctx, key, plan)
@@ -167,26 +187,25 @@ class ChatService:
         plan.charge = Charge(ctx, hold, charge.ticket)
 
     async def _compose(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan) -> None:
-        """The engine request, once the hold is taken: URL media fetched, audio heard, the
-        character's, the tools' and the web's prompts added."""
-        req, params, media = plan.req, plan.params, plan.media
+        """The engine request, once the hold is taken: URL media fetched, the web read, audio
+        heard, the character's, the tools' and the web's prompts added."""
+        params, media = plan.params, plan.media
         if media is not None and media.pending:
             with ctx.step("media_fetch"):  # URLs, fetched once the hold is taken
                 await self.media.fetch(media, key.account_id)
-        if plan.transcriber is not None:
-            with ctx.step("audio"):
-                req, plan.heard_seconds = await self.audio.inline(req, plan.transcriber)
-            plan.req = req
-        comp = Composition(citations=params.enable_web_citations, media=media is not None)
-        if params.include_service_system_prompt:
-            comp.service_prompt = self.catalog.service_system_prompt
-        if params.character_slug:
-            comp.character_prompt = await self._character_prompt(params.character_slug)
-        if plan.tool_mode != "none":
-            comp.tools_prompt = tool_calls.tools_system_prompt(req)
         if params.enable_web_scraping or params.enable_web_search != "off":
             await self._web_context(plan)
-        comp.web_documents = plan.web_documents
+        if plan.transcriber is not None:  # last: nothing but the model may fail after it
+            with ctx.step("audio"):
+                plan.req = await self.audio.inline(plan.req, plan.transcriber, plan.heard)
+        req = plan.req
+        comp = Composition(citations=params.enable_web_citations, media=media is not None,
+                           character_prompt=plan.character_prompt,
+                           web_documents=plan.web_documents)
+        if params.include_service_system_prompt:
+            comp.service_prompt = self.catalog.service_system_prompt
+        if plan.tool_mode != "none":
+            comp.tools_prompt = tool_calls.tools_system_prompt(req)
         plan.engine_request = TextRequest(
             request_id=ctx.request_id,
             messages=engine_messages(req, comp),

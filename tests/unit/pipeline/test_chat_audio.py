@@ -20,9 +20,12 @@ from serve_app.errors import ApiError
 from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.schemas.chat import ChatCompletionRequest
-from tests.fakes import FakeDeployment, fake_deployments, reported
-from tests.unit.pipeline.books import nanos, per_million
+from serve_app.settings import Settings
+from tests.fakes import FakeDeployment, crashed, fake_deployments, reported
+from tests.unit.conftest import make_gateway
+from tests.unit.pipeline.books import Books, nanos, per_million
 from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.pipeline.test_chat_web import Provider
 
 PER_SECOND_USD = "0.001"  # hear-test's price
 MAX_SECONDS = 60
@@ -68,6 +71,10 @@ def gateway_catalog(tmp_path: Path) -> Path:
         "pricing": {"per_audio_second": {"usd": float(PER_SECOND_USD),
                                          "diem": float(PER_SECOND_USD)}}})
     catalog["traits"]["asr"] = {"default": "hear-test"}
+    primary = next(m for m in catalog["models"] if m["id"] == "chat-primary")
+    primary["capabilities"]["supportsWebSearch"] = True
+    catalog["models"].append({**primary, "id": "chat-gone", "deployment": "text-gone",
+                              "traits": []})  # no replica runs it (see `fakes`)
     path = tmp_path / "audio-catalog.yaml"
     path.write_text(yaml.safe_dump(catalog))
     return path
@@ -77,15 +84,18 @@ def gateway_catalog(tmp_path: Path) -> Path:
 def fakes(gateway_catalog: Path) -> dict[str, FakeDeployment]:
     made = fake_deployments(load_catalog(gateway_catalog))
     made["transcription"] = FakeTranscriptionDeployment("transcription", ["hear-test"])
+    del made["text-gone"]
     return made
 
 
-def _chat(gateway, key: str, data: str, **body):
+def _audio(data: str) -> dict:
+    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+
+
+def _chat(gateway, key: str, *data: str, **body):
     return gateway.client.post("/api/v1/chat/completions", headers=gateway.auth(key), json={
         "model": "chat-primary", "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "What was said?"},
-            {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}],
-        **body})
+            {"type": "text", "text": "What was said?"}, *map(_audio, data)]}], **body})
 
 
 def test_audio_is_heard_before_the_model_and_charged_with_the_chat(fake_gateway, fakes, key,
@@ -144,7 +154,99 @@ async def test_audio_over_25_mb_is_refused_before_it_is_decoded(gateway_catalog:
     req = ChatCompletionRequest.model_validate({"model": "chat-primary", "messages": [
         {"role": "user", "content": [{"type": "input_audio", "input_audio": {
             "data": "A" * (34 * 1024 * 1024), "format": "wav"}}]}]})
+    heard: list[int] = []
     with pytest.raises(ApiError) as refused:
-        await reader.inline(req, reader.transcriber())
+        await reader.inline(req, reader.transcriber(), heard.append)
     assert (refused.value.status, refused.value.code) == (413, "PAYLOAD_TOO_LARGE")
+    assert fakes["transcription"].calls == [] and heard == []
+
+
+# ---- audio heard is charged; nothing is heard for a request refused by a cheap check ----------
+
+def _heard_and_charged(books, request_id: str, seconds: int) -> int:
+    """The request's entry holds the seconds heard alone; returns its total."""
+    charge = books.only_charge(request_id)
+    assert charge.model_id == "chat-primary"
+    assert charge.lines == {"audio_seconds": (seconds, nanos(PER_SECOND_USD, seconds))}
+    assert books.open_holds() == 0
+    return charge.total_nanos
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    ({"service_parameters": {"character_slug": "no-such"}}, 404, "CHARACTER_NOT_FOUND"),
+    ({"service_parameters": {"enable_web_search": "on"}}, 400, None),  # no search configured
+    ({"model": "chat-gone"}, 503, "MODEL_OFFLINE"),
+], ids=["character", "web-search", "model-offline"])
+def test_a_request_refused_by_a_cheap_check_hears_nothing(fake_gateway, fakes, key, books,
+                                                          body, status, code):
+    """The attack: `character_slug: "no-such"` used to be looked up after the audio was heard
+    (a free transcription, then 404); likewise web search and the model's replica."""
+    before = books.balance_nanos()
+
+    resp = _chat(fake_gateway, key, _wav(3), **body)
+
+    assert resp.status_code == status, resp.text
+    if code:
+        assert resp.json()["code"] == code
     assert fakes["transcription"].calls == []
+    assert books.entries() == 0 and books.open_holds() == 0
+    assert books.balance_nanos() == before
+
+
+def test_a_failed_web_search_comes_before_the_audio(tmp_path: Path, gateway_catalog: Path,
+                                                    fakes):
+    """The search provider fails (503 WEB_SEARCH_UNAVAILABLE): the web is read before audio is
+    heard, so nothing was heard and nothing is charged."""
+    provider = Provider()
+    provider.search_status = 500
+    try:
+        for gateway in make_gateway(Settings(
+                data_dir=tmp_path, initial_credit_usd=10, model_catalog=gateway_catalog,
+                web_search_url=provider.url("/search"),
+                web_fetch_allowed_hosts=provider.host), handles=fakes):
+            books = Books(gateway)
+            resp = _chat(gateway, gateway.create_key()["apiKey"], _wav(3),
+                         service_parameters={"enable_web_search": "on"})
+            assert resp.status_code == 503, resp.text
+            assert resp.json()["code"] == "WEB_SEARCH_UNAVAILABLE"
+            assert len(provider.searches) == 1
+            assert fakes["transcription"].calls == []
+            assert books.entries() == 0 and books.open_holds() == 0
+            books.close()
+    finally:
+        provider.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_audio_heard_is_charged_when_the_model_then_fails(fake_gateway, fakes, key, books,
+                                                          stream):
+    """The transcription was delivered: its seconds are charged alone, the tokens the failed
+    model never delivered are not (a stream that breaks after its first piece)."""
+    fakes["text-xs"].fail_with(crashed(), after_pieces=1 if stream else 0)
+    before = books.balance_nanos()
+
+    resp = _chat(fake_gateway, key, _wav(3.2), stream=stream)
+
+    if stream:
+        assert resp.status_code == 200, resp.text
+        assert "INFERENCE_FAILED" in resp.text  # the stream's error event
+    else:
+        assert resp.status_code == 500, resp.text
+    assert len(fakes["transcription"].calls) == 1
+    total = _heard_and_charged(books, resp.headers["cf-ray"], math.ceil(3.2))
+    assert books.balance_nanos() == before - total
+
+
+def test_audio_heard_before_a_part_that_cannot_be_heard_is_charged(fake_gateway, fakes, key,
+                                                                   books):
+    """Two parts: the first is heard (2 s), the second is not audio (400): the first was
+    transcribed, and is charged; the model is never called."""
+    before = books.balance_nanos()
+
+    resp = _chat(fake_gateway, key, _wav(2), base64.b64encode(b"not audio").decode())
+
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["code"] == "INVALID_AUDIO_FORMAT"
+    assert fakes["text-xs"].calls == []
+    total = _heard_and_charged(books, resp.headers["cf-ray"], 2)
+    assert books.balance_nanos() == before - total
