@@ -7,12 +7,18 @@ memory, its network or the result store for itself.
 - `JobCaps`: how many open (queued or running) jobs an account may have, and how many bytes
   its jobs may keep in the result store (inputs and finished media), checked when a job is
   queued and as each of its inputs is kept.
+- `PendingIntakes`: this replica's jobs admitted and not yet written, per account, counted
+  with the table's rows under a per-account lock, so that an account's concurrent requests
+  cannot all pass a cap read before any of them was written. Across replicas, the job's row
+  is written only if the caps still hold (table.py `add_within`).
 
 Every refusal is a 429 `RATE_LIMIT_EXCEEDED` naming the cap.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -77,6 +83,40 @@ class JobCaps:
                            + (f" and this job's inputs would add {_mb(adding)}" if adding else "")
                            + f"; at most {_mb(self.stored_bytes)}: delete finished media "
                            "(`/video/complete`, `/audio/complete`) or wait for it to expire")
+
+
+class PendingIntakes:
+    """Per account, the jobs this replica has admitted and not yet written, and the input
+    bytes they keep meanwhile; `lock(account)` serializes an account's check-and-reserve
+    (admit, keep) and its reserve-to-row move (the write)."""
+
+    def __init__(self) -> None:
+        # a lock lives while someone holds or waits for it: idle accounts cost nothing
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = \
+            weakref.WeakValueDictionary()
+        self._jobs: dict[str, int] = {}
+        self._bytes: dict[str, int] = {}
+
+    def lock(self, account_id: str) -> asyncio.Lock:
+        lock = self._locks.get(account_id)
+        if lock is None:
+            lock = self._locks[account_id] = asyncio.Lock()
+        return lock
+
+    def jobs(self, account_id: str) -> int:
+        return self._jobs.get(account_id, 0)
+
+    def bytes(self, account_id: str) -> int:
+        return self._bytes.get(account_id, 0)
+
+    def add(self, account_id: str, jobs: int = 0, kept: int = 0) -> None:
+        """Reserve (positive) or give back (negative) jobs and kept bytes."""
+        for counts, change in ((self._jobs, jobs), (self._bytes, kept)):
+            left = counts.get(account_id, 0) + change
+            if left > 0:
+                counts[account_id] = left
+            else:
+                counts.pop(account_id, None)
 
 
 def _mb(size: int) -> str:

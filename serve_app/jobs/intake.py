@@ -25,7 +25,7 @@ from types import TracebackType
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, PricedLine
 from serve_app.db.tables import MediaJob
-from serve_app.jobs.caps import JobCaps
+from serve_app.jobs.caps import JobCaps, PendingIntakes, over_cap
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import JobQueue, JobView, input_key
@@ -53,10 +53,11 @@ def least_hold(floor: Cost) -> Cost:
 class JobIntake:
     def __init__(self, *, admission: Admission, router: ModelRouter, jobs: JobQueue,
                  results: ResultStore, runner: JobRunner, caps: JobCaps,
-                 ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-                 kind: str) -> None:
+                 pending: PendingIntakes, ctx: RequestContext, key: KeyRecord,
+                 routed: RoutedModel, kind: str) -> None:
         self.admission, self.router, self.jobs = admission, router, jobs
         self.results, self.runner, self.caps = results, runner, caps
+        self.pending = pending
         self.ctx, self.key, self.routed = ctx, key, routed
         model = routed.model
         self.job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
@@ -65,7 +66,7 @@ class JobIntake:
                             wallet_address=key.wallet_address)
         self.job.inputs = {}
         self.kept_bytes = 0
-        self._stored_before = 0  # what the account's other jobs keep in the store
+        self._reserved = False  # counted in `pending` until its row is written or it fails
         self._charge: Charge | None = None
         self._held = 0
         self._written = False
@@ -85,18 +86,28 @@ class JobIntake:
         held = least_hold(cost)
         self._charge = await self.admission.admit(self.ctx, self.key, model, 0, held)
         self._held = held.nanos
-        open_jobs, self._stored_before = await self.jobs.account_usage(self.key.account_id)
-        self.caps.check_open(open_jobs)
-        self.caps.check_stored(self._stored_before)
+        account = self.key.account_id
+        async with self.pending.lock(account):  # check and reserve, one request at a time
+            open_jobs, stored = await self.jobs.account_usage(account)
+            self.caps.check_open(open_jobs + self.pending.jobs(account))
+            self.caps.check_stored(stored + self.pending.bytes(account))
+            self.pending.add(account, jobs=1)
+            self._reserved = True
 
     async def keep(self, name: str, data: bytes, media_type: str) -> None:
         """Spool one checked input to the result store (the caller then drops its bytes);
-        429 when it would take the account past its stored-bytes cap."""
-        self.caps.check_stored(self._stored_before + self.kept_bytes, len(data))
-        stored = input_key(self.job.queue_id, name)
-        self.job.inputs = {**self.job.inputs, name: stored}  # before the write: undone on failure
-        await self.results.put(stored, data, media_type)
-        self.kept_bytes += len(data)
+        429 when it would take the account past its stored-bytes cap (what its jobs keep,
+        and what this replica's jobs not yet written keep, this one's included)."""
+        account = self.key.account_id
+        async with self.pending.lock(account):
+            _, stored = await self.jobs.account_usage(account)
+            self.caps.check_stored(stored + self.pending.bytes(account), len(data))
+            self.pending.add(account, kept=len(data))
+            self.kept_bytes += len(data)
+        stored_key = input_key(self.job.queue_id, name)
+        # named before the write: deleted on failure even if the write got halfway
+        self.job.inputs = {**self.job.inputs, name: stored_key}
+        await self.results.put(stored_key, data, media_type)
 
     async def hold(self, cost: Cost) -> None:
         """Hold the job's real price in place of what `admit` held (402 when the account
@@ -122,22 +133,44 @@ class JobIntake:
         job.stored_bytes = self.kept_bytes
         job.cost_lines = [[line.line_type, line.units, line.nanos, line.price_per_unit_usd]
                           for line in cost.lines]
-        writing = asyncio.ensure_future(self.jobs.add(job))
+        async with self.pending.lock(job.account_id):
+            view = await self._write(job)
+            self._unreserve()  # its row counts now
+        self._queued = True
+        respond.model_headers(self.ctx, self.routed.model, self.routed.router)
+        self.runner.wake()
+        return view
+
+    async def _write(self, job: MediaJob) -> JobView:
+        """The row, written only if the account's caps still hold (another replica may have
+        taken the last place meanwhile: 429). The write finishes even when the client leaves
+        meanwhile; a job written for a client that left is withdrawn."""
+        writing = asyncio.ensure_future(
+            self.jobs.add_within(job, self.caps.open_jobs, self.caps.stored_bytes))
         try:
             with self.ctx.step("queue"):
                 view = await asyncio.shield(writing)
         except BaseException as exc:
             with contextlib.suppress(BaseException):
-                await writing
-                self._written = True
-                if isinstance(exc, asyncio.CancelledError):
-                    await self.jobs.withdraw(job.queue_id, "The client left before the job "
-                                                           "was queued; nothing was charged")
+                if await writing is not None:
+                    self._written = True
+                    if isinstance(exc, asyncio.CancelledError):
+                        await self.jobs.withdraw(job.queue_id, "The client left before the "
+                                                               "job was queued; nothing was "
+                                                               "charged")
             raise
-        self._queued = True
-        respond.model_headers(self.ctx, self.routed.model, self.routed.router)
-        self.runner.wake()
+        if view is None:
+            open_jobs, stored = await self.jobs.account_usage(job.account_id)
+            self.caps.check_open(open_jobs)
+            self.caps.check_stored(stored, job.stored_bytes)
+            raise over_cap("This account's jobs reached their cap while this one was being "
+                           "queued; retry once one has finished")
         return view
+
+    def _unreserve(self) -> None:
+        if self._reserved:
+            self.pending.add(self.key.account_id, jobs=-1, kept=-self.kept_bytes)
+            self._reserved = False
 
     async def __aenter__(self) -> JobIntake:
         return self
@@ -149,6 +182,7 @@ class JobIntake:
 
     async def _abandon(self) -> None:
         """Nothing is charged and nothing is kept: the hold goes back, the inputs go."""
+        self._unreserve()
         if self._charge is not None:
             await self._charge.release()
         for stored in self.job.inputs.values():

@@ -19,7 +19,7 @@ from serve_app.db.engine import run_in_session
 from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
-from serve_app.jobs.caps import FetchSlots, JobCaps
+from serve_app.jobs.caps import FetchSlots, JobCaps, PendingIntakes
 from serve_app.jobs.intake import JobIntake, least_hold
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
@@ -54,6 +54,7 @@ class JobService:
         self.database = database
         self.fetch_slots = fetch_slots or FetchSlots()
         self.caps = caps or JobCaps()
+        self.pending = PendingIntakes()  # this replica's jobs admitted, not yet written
 
     def intake(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                kind: str) -> JobIntake:
@@ -61,7 +62,7 @@ class JobService:
         price, queue it; `async with` it so that a failure leaves nothing held or kept."""
         return JobIntake(admission=self.admission, router=self.router, jobs=self.jobs,
                          results=self.results, runner=self.job_runner, caps=self.caps,
-                         ctx=ctx, key=key, routed=routed, kind=kind)
+                         pending=self.pending, ctx=ctx, key=key, routed=routed, kind=kind)
 
     async def queue_job(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                         kind: str, cost: Cost, params: dict) -> JobView:

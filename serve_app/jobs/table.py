@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, and_, func, or_, true, update
+from sqlalchemy import Engine, and_, func, insert, literal, or_, text, true, update
 from sqlmodel import Session, col, select
 
 from serve_app.db.tables import (
@@ -99,6 +99,32 @@ class JobQueue:
             session.add(job)
             session.flush()
             return JobView.of(job)
+        return await self._run(write)
+
+    async def add_within(self, job: MediaJob, open_jobs: int, stored_bytes: int
+                         ) -> JobView | None:
+        """Write `job` only if its account then has fewer than `open_jobs` open jobs and
+        keeps, with this job's bytes, at most `stored_bytes`; None when it would not. One
+        conditional INSERT (SQLite runs it under its write lock), after a transaction lock
+        on the account on PostgreSQL (whose INSERT would not see a concurrent one's row):
+        replicas racing for an account's last place cannot both take it."""
+        table = MediaJob.__table__  # type: ignore[attr-defined]
+        values = {column.name: getattr(job, column.name) for column in table.columns}
+        account = col(MediaJob.account_id) == job.account_id
+        open_count = select(func.count()).select_from(MediaJob).where(
+            account, col(MediaJob.status).in_(OPEN_STATUSES)).scalar_subquery()
+        stored = select(func.coalesce(func.sum(MediaJob.stored_bytes), 0)).where(
+            account, col(MediaJob.media_deleted).is_(False)).scalar_subquery()
+        row = select(*(literal(values[c.name], type_=c.type) for c in table.columns)).where(
+            open_count < open_jobs, stored + job.stored_bytes <= stored_bytes)
+
+        def write(session: Session) -> JobView | None:
+            if session.get_bind().dialect.name == "postgresql":
+                session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                                {"k": f"media_jobs:{job.account_id}"})
+            written = session.execute(insert(table).from_select(list(values), row)
+                                      .returning(table.c.queue_id)).first()
+            return JobView.of(job) if written is not None else None
         return await self._run(write)
 
     async def get(self, queue_id: str) -> JobView | None:
