@@ -106,7 +106,8 @@ class ChatVideo:
 class TextRequest:
     """One chat generation: the composed conversation, sampling, and output constraints.
     `prompt_cache_key` makes requests of one conversation prefer one replica
-    (deployments/routing.py).
+    (deployments/routing.py); `cache_salt` (the account's, hashed) keeps the engine's prefix
+    cache apart per account: a prompt only reads prefixes cached under the same salt.
 
     A vision model's conversation may hold `{"type": "image"}` and `{"type": "video"}` parts
     among its text parts (content as a list); the n-th of each is `images[n]` / `videos[n]`."""
@@ -118,6 +119,7 @@ class TextRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     prompt_cache_key: str | None = None
+    cache_salt: str | None = None
     images: tuple[ChatImage, ...] = ()
     videos: tuple[ChatVideo, ...] = ()
 

@@ -209,6 +209,8 @@ class VLLMEngine:
 
         try:
             engine_input = await self._render(request)
+            if request.cache_salt:  # vLLM hashes it into the prompt's first cached block
+                engine_input["cache_salt"] = request.cache_salt
             prompt_tokens = len(engine_input["prompt_token_ids"])
             params = self._sampling_params(request, prompt_tokens)
         except _TooManyTokens as exc:

@@ -293,7 +293,8 @@ class FakeTextDeployment(FakeDeployment):
     Every choice answers `reply`, one token per word, sent in `pieces` chunks; `max_tokens`
     cuts it (finish_reason `length`). The prompt counts one token per word and per message.
     Like vLLM's prefix cache, a prompt's longest prefix shared with an earlier prompt of the
-    same model counts as cached (all but its last token at most): `cached_tokens`.
+    same model and the same `cache_salt` counts as cached (all but its last token at most):
+    `cached_tokens`.
     """
 
     METHODS = ("generate", "complete", "stats")
@@ -303,7 +304,8 @@ class FakeTextDeployment(FakeDeployment):
         super().__init__(deployment_name, models)
         self.reply = reply
         self.pieces = max(1, pieces)
-        self._prompts_seen: dict[str, list[list[str]]] = {}  # model -> prompts, as tokens
+        # (model, cache salt) -> prompts, as tokens
+        self._prompts_seen: dict[tuple[str, str | None], list[list[str]]] = {}
 
     @property
     def requests(self) -> list[TextRequest]:
@@ -315,9 +317,9 @@ class FakeTextDeployment(FakeDeployment):
         words = len(_words(self.reply))
         return min(words, max_tokens) if max_tokens else words
 
-    def cached_tokens(self, model_id: str, prompt: list[str]) -> int:
-        """What the prefix cache serves of `prompt`, which it then holds too."""
-        seen = self._prompts_seen.setdefault(model_id, [])
+    def cached_tokens(self, model_id: str, prompt: list[str], salt: str | None = None) -> int:
+        """What the prefix cache serves of `prompt` under `salt`, which it then holds too."""
+        seen = self._prompts_seen.setdefault((model_id, salt), [])
         shared = max((_common_prefix(prompt, earlier) for earlier in seen), default=0)
         seen.append(prompt)
         return min(shared, len(prompt) - 1)
@@ -333,7 +335,8 @@ class FakeTextDeployment(FakeDeployment):
         size = max(1, -(-len(words) // self.pieces))
         groups = [words[i:i + size] for i in range(0, len(words), size)] or [[]]
         prompt_list = prompt_token_list(request.messages)
-        prompt, cached = len(prompt_list), self.cached_tokens(model_id, prompt_list)
+        prompt = len(prompt_list)
+        cached = self.cached_tokens(model_id, prompt_list, request.cache_salt)
         chunks: list[TextEvent] = []
         for index in range(n):
             for g, group in enumerate(groups):
