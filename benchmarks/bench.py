@@ -71,7 +71,9 @@ os.environ.update(ENGINE_ENV)
 SMOLLM2, TINY = "smollm2-135m-instruct", "tiny-chat"
 EMBEDDER = "text-embedding-all-minilm-l6-v2"
 ADMIN_KEY = "sk-benchmark-admin-key-0000000000001"
-CATALOG = ROOT / "benchmarks" / "catalog.yaml"
+# BENCH_CATALOG: another catalog for the platform (say, with `enforce_eager: true` on SmolLM2
+# to measure the engine as it ran before it was compiled).
+CATALOG = Path(os.environ.get("BENCH_CATALOG", ROOT / "benchmarks" / "catalog.yaml"))
 MODELS_DIR = ROOT / ".cache" / "models"
 RESULTS = ROOT / "bench-results.json"
 SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
