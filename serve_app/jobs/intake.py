@@ -28,7 +28,7 @@ from serve_app.db.tables import MediaJob
 from serve_app.jobs.caps import JobCaps, PendingIntakes, over_cap
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
-from serve_app.jobs.table import JobQueue, JobView, input_key
+from serve_app.jobs.table import JobQueue, JobView, input_key, result_key
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission, payer_of
@@ -185,12 +185,17 @@ class JobIntake:
         self._unreserve()
         if self._charge is not None:
             await self._charge.release()
-        for stored in self.job.inputs.values():
+        # a withdrawn job's media too: a runner may have made it before the withdrawal
+        kept = [*self.job.inputs.values(), *([result_key(self.queue_id)] if self._written
+                                             else [])]
+        all_gone = True
+        for stored in kept:
             try:
                 await self.results.delete(stored)
             except Exception:  # the expiry sweep deletes it with its withdrawn job
-                logger.warning("could not delete input %s of job %s", stored,
-                               self.job.queue_id, exc_info=True)
-        if self._written:
+                all_gone = False
+                logger.warning("could not delete %s of job %s", stored, self.job.queue_id,
+                               exc_info=True)
+        if self._written and all_gone:  # else left to the sweep, which then looks again
             with contextlib.suppress(Exception):
                 await self.jobs.mark_deleted(self.job.queue_id)

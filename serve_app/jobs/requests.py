@@ -23,7 +23,7 @@ from serve_app.jobs.caps import FetchSlots, JobCaps, PendingIntakes
 from serve_app.jobs.intake import JobIntake, least_hold
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
-from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView
+from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView, result_key
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
@@ -142,9 +142,10 @@ class JobService:
         return _media_response(job, media)
 
     async def _delete_media(self, job: JobView) -> None:
+        """The media (under its key even when the row names none: a failed job's runner may
+        have put it) and the inputs."""
         await self.jobs.mark_deleted(job.queue_id)
-        if job.result_key:
-            await self.results.delete(job.result_key)
+        await self.results.delete(result_key(job.queue_id))
         for stored in job.inputs.values():
             await self.results.delete(stored)
 

@@ -35,7 +35,7 @@ from deployments.protocol import MediaJob, MediaResult
 from serve_app.billing.holds import Billing, Hold
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost, PricedLine
-from serve_app.db.tables import utcnow
+from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError
 from serve_app.jobs import downloads
 from serve_app.jobs.store import ResultStore
@@ -155,10 +155,23 @@ class JobRunner:
             await self._delete_files(job)
 
     async def _delete_files(self, job: JobView) -> None:
-        """Delete everything the job keeps in the store (inputs and media), then note it."""
-        for stored in (*job.inputs.values(), *([job.result_key] if job.result_key else [])):
+        """Delete everything the job keeps in the store (inputs and media), then note it. The
+        media's key is deleted even when the row names none: a runner may have put it
+        without managing to mark the job complete."""
+        for stored in (*job.inputs.values(), result_key(job.queue_id)):
             await self.results.delete(stored)
         await self.queue.mark_deleted(job.queue_id)
+
+    async def _drop_if_failed(self, job: JobView) -> None:
+        """Media this runner put for a job it no longer owns: deleted when the job has
+        failed meanwhile (worn out, withdrawn; its files were deleted before the media came,
+        and no sweep looks at it again). A job another runner now makes or made keeps it:
+        that runner writes the same key."""
+        now = await self.queue.get(job.queue_id)
+        if now is None or now.status == JobStatus.FAILED:
+            logger.warning("job %s failed while it was being made: its media is deleted",
+                           job.queue_id)
+            await self.results.delete(result_key(job.queue_id))
 
     async def _delete_inputs(self, job: JobView) -> None:
         for stored in job.inputs.values():
@@ -226,11 +239,19 @@ class JobRunner:
         out: MediaResult = await call_model(method, model.id, model.id,
                                             MediaJob(dict(job.params), inputs))
         key = result_key(job.queue_id)
-        await self.results.put(key, out.media, out.media_type)
+        storing = asyncio.ensure_future(self.results.put(key, out.media, out.media_type))
+        try:
+            await asyncio.shield(storing)  # a lost lease cancels us: the write goes on
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await storing
+                await self._drop_if_failed(job)
+            raise
         if not await self.queue.complete(job.queue_id, self.owner, key, out.media_type,
                                          job.stored_bytes + len(out.media)):
-            logger.warning("job %s finished after its lease was lost: its new runner "
-                           "settles it", job.queue_id)
+            logger.warning("job %s finished after it was no longer this runner's",
+                           job.queue_id)
+            await self._drop_if_failed(job)
             return
         await self._hold(job).settle(job_cost(model, job))
         # Made: the inputs have served (the media stays until it is deleted or expires).
