@@ -1,9 +1,11 @@
 """What a chat request asks of the engine, derived from the request and its model: the
-service parameters (body over model-name suffix), the sampling, the output's JSON schema, and
-the token counts admission needs (the prompt's estimate, the completion limit)."""
+service parameters (body over model-name suffix), the sampling, the output's JSON schema, the
+account's prefix-cache salt, and the token counts admission needs (the prompt's estimate, the
+completion limit)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from deployments.protocol import Sampling
@@ -24,6 +26,14 @@ def service_parameters(req: ChatCompletionRequest, suffix: dict[str, Any]) -> Se
     except Exception as exc:
         raise ApiError(400, f"Invalid model suffix parameters: {exc}",
                        code="INVALID_REQUEST") from exc
+
+
+def prefix_cache_salt(account_id: str) -> str:
+    """The engine's prefix cache is shared by every tenant of a replica, and a prompt's
+    `cached_tokens` would tell one tenant what another sent: the engine keeps each account's
+    cached prefixes under its own salt. A hash of the account's id (the id itself never
+    reaches the engine or its cache events), the same on every replica."""
+    return hashlib.sha256(f"prefix-cache:{account_id}".encode()).hexdigest()[:32]
 
 
 def sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:

@@ -21,6 +21,7 @@ from serve_app.chat.audio_parts import AudioReader, audio_parts
 from serve_app.chat.engine_request import (
     admission_tokens,
     output_schema,
+    prefix_cache_salt,
     prompt_estimate,
     sampling,
     service_parameters,
@@ -214,6 +215,7 @@ class ChatService:
             chat_template_kwargs={"enable_thinking": False} if params.disable_thinking
             else {},
             prompt_cache_key=req.prompt_cache_key,
+            cache_salt=prefix_cache_salt(key.account_id),
             images=media.images if media else (),
             videos=media.videos if media else (),
         )

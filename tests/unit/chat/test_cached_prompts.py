@@ -147,3 +147,36 @@ def test_the_prompt_cache_key_reaches_the_deployment_router(fake_gateway, key, t
 
     assert resp.status_code == 200, resp.text
     assert text.requests[-1].prompt_cache_key == "conversation-42"
+
+
+def _account_key(gateway) -> tuple[str, str]:
+    """An INFERENCE key of a new account with credit, and the account's id."""
+    account = gateway.cli("create-account", "--usd", "10")
+    resp = gateway.client.post("/api/v1/api_keys", headers=gateway.auth(account["apiKey"]),
+                               json={"apiKeyType": "INFERENCE", "description": "other"})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["data"]["apiKey"], account["accountId"]
+
+
+def _cached(gateway, key: str, question: str) -> int:
+    resp = gateway.client.post("/api/v1/chat/completions", headers=gateway.auth(key), json={
+        "model": "chat-cached", "messages": _messages(question)})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_an_account_never_reads_the_prefixes_another_cached(fake_gateway, key, text):
+    """The attack: `cached_tokens` tells whether another tenant sent the same long prompt
+    (the prefix cache was shared). Each account's prompts are cached under its own salt."""
+    other, other_account = _account_key(fake_gateway)
+
+    assert _cached(fake_gateway, key, "Where do foxes sleep?") == 0
+    assert _cached(fake_gateway, other, "Where do foxes sleep?") == 0  # the same prompt
+    assert _cached(fake_gateway, other, "What do foxes eat?") > 0  # its own prefix
+    assert _cached(fake_gateway, fake_gateway.create_key()["apiKey"],
+                   "Do foxes swim?") > 0  # another key of the first account: its cache
+
+    salts = {request.cache_salt for request in text.requests}
+    assert len(salts) == 2 and None not in salts
+    assert not any(fake_gateway.account_id in salt or other_account in salt
+                   for salt in salts)  # hashed, not the raw id
