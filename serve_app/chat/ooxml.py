@@ -4,8 +4,10 @@ An OOXML file is a zip of XML parts, so it is read as one would read a zip bomb:
 count and the sizes the central directory declares are checked before anything is expanded
 (zipfile never reads a member past its declared size: a member lying about it fails its CRC),
 and every part read counts toward one budget of uncompressed bytes. OOXML parts never carry a
-DTD, so a part declaring one (entity expansion, external entities) is refused unread. Runs in
-the extraction worker (chat/extract_worker.py), under its deadline and memory cap.
+DTD, so a part declaring one (entity expansion, external entities) is refused by the XML parser
+itself (expat's doctype handler), in whatever encoding the part is written: a search of its
+bytes would miss a UTF-16 part. Runs in the extraction worker (chat/extract_worker.py), under
+its deadline and memory cap.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from xml.etree import ElementTree
+from xml.parsers import expat
 
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 _A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
@@ -23,6 +26,7 @@ _S = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
 _R = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
 _REL = "{http://schemas.openxmlformats.org/package/2006/relationships}"
 _NUMBER = re.compile(r"(\d+)")
+_FEED = 64 * 1024  # bytes handed to the parser at a time
 
 
 class Refused(Exception):
@@ -94,13 +98,8 @@ class _Package:
         except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as exc:
             raise Refused("unreadable", f"the part {name} could not be unpacked") from exc
         self.budget -= len(body)
-        if b"<!DOCTYPE" in body or b"<!ENTITY" in body:
-            raise Refused("unreadable", f"the part {name} declares a DTD, which OOXML never "
-                                        "does")
-        try:
-            yield from ElementTree.iterparse(io.BytesIO(body), events=("end",))
-        except ElementTree.ParseError as exc:
-            raise Refused("unreadable", f"the part {name} is not well-formed XML") from exc
+        for element in _elements(body, name):
+            yield "end", element
 
     def numbered(self, prefix: str) -> list[str]:
         """Parts `prefix<N>.xml` in the order of N (slides)."""
@@ -108,6 +107,40 @@ class _Package:
                  and "/" not in n[len(prefix):]]
         return sorted(found, key=lambda n: int(m.group(1)) if (m := _NUMBER.search(
             n[len(prefix):])) else 0)
+
+
+def _qualified(name: str) -> str:
+    """expat's `uri}local` as ElementTree's `{uri}local`."""
+    return "{" + name if "}" in name else name
+
+
+def _elements(body: bytes, part: str) -> Iterator[ElementTree.Element]:
+    """Each element of the XML `body` as it ends (what `iterparse`'s end events give), parsed
+    by expat with any DTD refused as the parser meets it."""
+    parser = expat.ParserCreate(namespace_separator="}")
+    builder = ElementTree.TreeBuilder()
+    ended: list[ElementTree.Element] = []
+
+    def refuse_dtd(*_: object) -> None:
+        raise Refused("unreadable", f"the part {part} declares a DTD, which OOXML never does")
+
+    parser.StartDoctypeDeclHandler = refuse_dtd
+    parser.EntityDeclHandler = refuse_dtd  # only ever inside a DTD: refused all the same
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    parser.StartElementHandler = lambda tag, attributes: builder.start(
+        _qualified(tag), {_qualified(k): v for k, v in attributes.items()})
+    parser.EndElementHandler = lambda tag: ended.append(builder.end(_qualified(tag)))
+    parser.CharacterDataHandler = builder.data
+    parser.buffer_text = True
+    try:
+        for start in range(0, len(body) or 1, _FEED):
+            parser.Parse(body[start:start + _FEED], False)
+            yield from ended
+            ended.clear()
+        parser.Parse(b"", True)
+    except (expat.ExpatError, ValueError, LookupError) as exc:  # or in an unknown encoding
+        raise Refused("unreadable", f"the part {part} is not well-formed XML") from exc
+    yield from ended
 
 
 def _docx(package: _Package, out: _Text) -> None:

@@ -142,14 +142,27 @@ def lying_docx(paragraph: str, padding: int) -> bytes:
     return out.getvalue()
 
 
-def entity_bomb_docx() -> bytes:
-    """A DOCX whose document part declares nested entities (the billion laughs)."""
+def entity_bomb_docx(encoding: str = "UTF-8") -> bytes:
+    """A DOCX whose document part declares nested entities (the billion laughs), written in
+    `encoding` (UTF-16 hides `<!DOCTYPE` from a search of the bytes); UTF-16 without a
+    byte-order mark when the name gives the byte order (UTF-16BE, UTF-16LE)."""
     entities = '<!ENTITY a "ha">' + "".join(
         f'<!ENTITY {chr(98 + i)} "{("&" + chr(97 + i) + ";") * 10}">' for i in range(8))
-    return _zip({"word/document.xml": f"<!DOCTYPE w:document [{entities}]>"
-                 '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/'
-                 '2006/main"><w:body><w:p><w:r><w:t>&i;</w:t></w:r></w:p></w:body>'
-                 "</w:document>"})
+    return _zip({"word/document.xml": (
+        f'<?xml version="1.0" encoding="{encoding}"?>'
+        f"<!DOCTYPE w:document [{entities}]>"
+        '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/'
+        '2006/main"><w:body><w:p><w:r><w:t>&i;</w:t></w:r></w:p></w:body>'
+        "</w:document>").encode(encoding)})
+
+
+def utf16_docx(paragraph: str) -> bytes:
+    """A well-formed DOCX whose document part is UTF-16 (with its byte-order mark)."""
+    return _zip({"word/document.xml": (
+        '<?xml version="1.0" encoding="UTF-16"?>'
+        '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main">'
+        f'<w:body><w:p><w:r><w:t xml:space="preserve">{escape(paragraph)}</w:t></w:r></w:p>'
+        "</w:body></w:document>").encode("utf-16")})
 
 
 def data_url(data: bytes, media_type: str) -> str:

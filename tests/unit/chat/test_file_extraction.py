@@ -6,6 +6,8 @@ body, ledger) is in tests/unit/pipeline/test_chat_files.py."""
 from __future__ import annotations
 
 import base64
+import io
+import zipfile
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +15,7 @@ import pytest_asyncio
 
 from serve_app.chat.extraction import ExtractionFailed, ExtractionLimits, Extractor
 from serve_app.chat.files import FileReader
+from serve_app.chat.ooxml import Refused, ZipLimits, ooxml_text
 from serve_app.errors import ApiError
 from serve_app.schemas.chat import FileData, FilePart
 from tests.unit.chat import documents
@@ -23,6 +26,13 @@ async def extractor() -> AsyncIterator[Extractor]:
     pool = Extractor(workers=1)
     yield pool
     await pool.close()
+
+
+def _zipped(document_part: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as package:
+        package.writestr("word/document.xml", document_part)
+    return out.getvalue()
 
 
 def _part(data: bytes | str, filename: str | None = None, media_type: str | None = None
@@ -112,11 +122,36 @@ async def test_a_zip_understating_a_part_is_read_no_further_than_declared(
     assert "could not be unpacked" in refused.value.message
 
 
-async def test_an_entity_bomb_is_refused_unread(extractor: Extractor):
+@pytest.mark.parametrize("encoding", ["UTF-8", "UTF-16", "UTF-16BE", "UTF-16LE"])
+async def test_an_entity_bomb_is_refused_unread_in_any_encoding(extractor: Extractor,
+                                                                encoding: str):
+    """The attack: the part in UTF-16, where `<!DOCTYPE` is not those bytes; the parser
+    itself refuses the DTD."""
+    bomb = documents.entity_bomb_docx(encoding)
+    part = zipfile.ZipFile(io.BytesIO(bomb)).read("word/document.xml")
+    assert (b"<!DOCTYPE" in part) == (encoding == "UTF-8")  # the old byte search's blind spot
     with pytest.raises(ExtractionFailed) as refused:
-        await extractor.run("ooxml", documents.entity_bomb_docx())
+        await extractor.run("ooxml", bomb)
     assert refused.value.reason == "unreadable"
-    assert "declares a DTD" in refused.value.message
+    assert refused.value.message == ("the part word/document.xml declares a DTD, which OOXML "
+                                     "never does")
+
+
+def test_a_dtd_is_refused_by_the_parser_in_any_encoding():
+    """In process: the parser refuses a bare DOCTYPE (no entities) as it meets it; a part in
+    an encoding it cannot read (UTF-32) is refused as unreadable."""
+    for encoding in ("UTF-8", "UTF-16", "UTF-16BE", "ISO-8859-1"):
+        part = f'<?xml version="1.0" encoding="{encoding}"?><!DOCTYPE x><x/>'.encode(encoding)
+        with pytest.raises(Refused, match="declares a DTD"):
+            ooxml_text(_zipped(part), 100, ZipLimits())
+    utf32 = '<?xml version="1.0" encoding="UTF-32"?><!DOCTYPE x><x/>'.encode("utf-32")
+    with pytest.raises(Refused, match="is not well-formed XML"):
+        ooxml_text(_zipped(utf32), 100, ZipLimits())
+
+
+async def test_a_utf16_document_is_read(extractor: Extractor):
+    word = await extractor.run("ooxml", documents.utf16_docx("Grüße aus Köln."))
+    assert word.text == "Grüße aus Köln."
 
 
 async def test_html_is_reduced_to_readable_text(extractor: Extractor):
