@@ -28,7 +28,7 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -54,7 +54,6 @@ from serve_app.money import NANOS_PER_UNIT
 from serve_app.pipeline.context import RequestContext
 
 if TYPE_CHECKING:
-    from serve_app.billing.writer import BatchWriter
     from serve_app.limits.rate_limits import RateLimits
     from serve_app.pipeline.admission import Admission
 
@@ -251,18 +250,23 @@ def upstream_error(message: str) -> ApiError:
     return ApiError(500, f"{message}; you were not charged", code="UPSTREAM_ERROR")
 
 
+def _replayed(replay: idempotency.Replay) -> Response:
+    return Response(replay.response, media_type="application/json", headers={
+        "X-Venice-RPC-Credits": str(replay.credits), "X-Venice-RPC-Cost-USD": replay.cost_usd,
+        "Idempotent-Replayed": "true"})
+
+
 # --- the proxy ----------------------------------------------------------------------------
 
 class CryptoRpc:
     """The networks offered and the proxy; one per replica, with one shared HTTP client."""
 
     def __init__(self, config: NodeConfig, *, admission: Admission, limits: RateLimits,
-                 writer: BatchWriter, database: Engine, clock: Callable[[], datetime],
+                 database: Engine, clock: Callable[[], datetime],
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
         self.admission = admission
         self.limits = limits
-        self.writer = writer
         self.database = database
         self.clock = clock
         self.credits = CreditWindow()
@@ -388,30 +392,33 @@ class CryptoRpc:
         idempotency_key = request.headers.get("idempotency-key")
         if idempotency_key is None:
             return await self._forward(ctx, key, slug, network, rpc)
-        idempotency_key = idempotency.check_key(idempotency_key)
-        digest, now = idempotency.body_digest(body), self.clock()
-        writer, account = self.writer, key.account_id
-        replay = await writer.run(lambda s: idempotency.claim(
-            s, account, slug, idempotency_key, digest, now))
+        idem = idempotency.IdempotentCall(self.database, key.account_id, slug,
+                                          idempotency_key, body, self.clock)
+        replay = await idem.look()  # a read: a retry of a finished call is not counted again
         if replay is not None:
-            return Response(replay.response, media_type="application/json", headers={
-                "X-Venice-RPC-Credits": str(replay.credits),
-                "X-Venice-RPC-Cost-USD": replay.cost_usd, "Idempotent-Replayed": "true"})
+            return _replayed(replay)
+
+        async def admitted() -> Response | None:
+            # claimed only once the caps and the hold let the caller through
+            twin = await idem.claim()
+            return None if twin is None else _replayed(twin)
+
         try:
-            answer = await self._forward(ctx, key, slug, network, rpc)
+            answer = await self._forward(ctx, key, slug, network, rpc, admitted)
         except BaseException:
-            await writer.run(lambda s: idempotency.drop(s, account, slug, idempotency_key))
+            await idem.drop()
             raise
+        if not idem.claimed:  # a twin's answer, replayed
+            return answer
         kept = bytes(answer.body)
         if len(kept) > self.config.max_stored_bytes:
             # Answered, not kept: a retry is forwarded (and charged) again.
             logger.info("crypto RPC: an answer of %d bytes is over the %d kept for "
                         "Idempotency-Key replays", len(kept), self.config.max_stored_bytes)
-            await writer.run(lambda s: idempotency.drop(s, account, slug, idempotency_key))
+            await idem.drop()
             return answer
-        await writer.run(lambda s: idempotency.complete(
-            s, account, slug, idempotency_key, kept,
-            int(answer.headers["X-Venice-RPC-Credits"]), answer.headers["X-Venice-RPC-Cost-USD"]))
+        await idem.complete(kept, int(answer.headers["X-Venice-RPC-Credits"]),
+                            answer.headers["X-Venice-RPC-Cost-USD"])
         return answer
 
     async def sweep_idempotency(self) -> int:
@@ -443,7 +450,11 @@ class CryptoRpc:
             await asyncio.sleep(interval_s)
 
     async def _forward(self, ctx: RequestContext, key: KeyRecord, slug: str, network: Network,
-                       rpc: RpcRequest) -> Response:
+                       rpc: RpcRequest,
+                       admitted: Callable[[], Awaitable[Response | None]] | None = None
+                       ) -> Response:
+        """Caps, hold, node, settlement. `admitted`: run once the caller is held; an answer
+        it gives is returned in place of forwarding (the hold given back)."""
         model = self.model(slug)
         counted = False
 
@@ -460,6 +471,10 @@ class CryptoRpc:
             charge = await self.admission.admit(
                 ctx, key, model, 0, price(model, {LINE_TYPE: rpc.max_credits}), limit=caps)
             try:
+                instead = await admitted() if admitted is not None else None
+                if instead is not None:
+                    await charge.release()
+                    return instead
                 with ctx.step("upstream"):
                     raw = await self._fetch(network, json.dumps(rpc.payload).encode())
                 answer = self._decode(network, rpc, raw)
