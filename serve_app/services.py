@@ -155,7 +155,7 @@ class GatewayServices:
                               settings.embedding_min_texts_beside),
             image_sources=image_sources,
             crypto_rpc=CryptoRpc(load_nodes(settings.crypto_rpc_nodes), admission=admission,
-                                 limits=limits, writer=billing.writer, database=engine,
+                                 limits=limits, database=engine,
                                  clock=billing.clock),
             wallets=WalletAuth(engine, sign_in_domains(settings)),
             payments=payments,
