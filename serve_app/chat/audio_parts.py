@@ -71,8 +71,7 @@ class AudioReader:
             raise UnsupportedFeature("This server has no transcription model for audio "
                                      "inputs (input_audio)", _FIELD) from exc
 
-    async def _hear(self, model: CatalogModel, part: AudioPart) -> Transcription:
-        audio = _decode(part.input_audio.data)
+    async def _hear(self, model: CatalogModel, audio: bytes) -> Transcription:
         heard: Transcription = await call_model(
             self.router.handle(model).transcribe, model.id, model.id,
             TranscriptionRequest(audio, None, False))
@@ -82,7 +81,12 @@ class AudioReader:
                      heard: Callable[[int], None]) -> ChatCompletionRequest:
         """`req` with each audio part replaced by a text part of its transcript; `heard` is
         told the seconds of each part as soon as it is heard (its started seconds, at least
-        one), so that they are charged even when a later part or the chat fails."""
+        one), so that they are charged even when a later part or the chat fails. Every part's
+        size and base64 are checked before the first is heard: a part refused by those costs
+        nothing."""
+        decoded = {id(part): _decode(part.input_audio.data) for message in req.messages
+                   if isinstance(message.content, list) for part in message.content
+                   if isinstance(part, AudioPart)}
         messages: list[ChatMessage] = []
         for message in req.messages:
             if not isinstance(message.content, list):
@@ -91,7 +95,7 @@ class AudioReader:
             content = []
             for part in message.content:
                 if isinstance(part, AudioPart):
-                    transcript = await self._hear(model, part)
+                    transcript = await self._hear(model, decoded[id(part)])
                     heard(max(1, math.ceil(transcript.duration)))
                     part = TextPart(type="text", text=f"[Audio]\n{transcript.text.strip()}")
                 content.append(part)

@@ -250,3 +250,15 @@ def test_audio_heard_before_a_part_that_cannot_be_heard_is_charged(fake_gateway,
     assert fakes["text-xs"].calls == []
     total = _heard_and_charged(books, resp.headers["cf-ray"], 2)
     assert books.balance_nanos() == before - total
+
+
+def test_a_second_part_that_is_not_base64_costs_nothing(fake_gateway, fakes, key, books):
+    """Every part's bytes are checked before the first is heard: a client mistake found by
+    that check is a 400 that transcribes and charges nothing."""
+    before = books.balance_nanos()
+
+    resp = _chat(fake_gateway, key, _wav(2), "not base64 at all!")
+
+    assert resp.status_code == 400, resp.text
+    assert fakes["transcription"].calls == [] and fakes["text-xs"].calls == []
+    assert books.balance_nanos() == before
