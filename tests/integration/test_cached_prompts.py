@@ -6,6 +6,7 @@ per million tokens)."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -21,6 +22,8 @@ def test_a_long_prompt_sent_twice_is_read_from_the_prefix_cache_and_billed_so(cl
     # Unique from its first block on (vLLM caches whole blocks of 128 tokens on CPU), and long
     # enough for a few blocks.
     prompt = f"Conversation {uuid.uuid4().hex}. " + "Tell me about the quiet forest. " * 80
+    # the history lists the oldest lines first: read from this test's start on
+    since = (datetime.now(UTC) - timedelta(seconds=5)).isoformat()
     messages = [{"role": "user", "content": prompt}]
 
     def ask():
@@ -37,7 +40,7 @@ def test_a_long_prompt_sent_twice_is_read_from_the_prefix_cache_and_billed_so(cl
     assert second.prompt_tokens == first.prompt_tokens
     assert 0 < cached < second.prompt_tokens
     history = httpx.get(f"{platform.base_url}/billing/usage-history",
-                        params={"pageSize": 50}, headers=platform.auth()).json()["data"]
+                        params={"startTimestamp": since}, headers=platform.auth()).json()["data"]
     units: dict[str, int] = {}
     charged = 0.0  # USD (a line paid partly in DIEM is listed once per currency)
     for line in history:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import numpy as np
@@ -46,6 +47,8 @@ def _clip() -> bytes:
 def test_an_image_and_a_video_reach_the_vision_model_and_their_tokens_are_billed(client,
                                                                                   platform):
     question = {"type": "text", "text": "What is in the picture and the clip?"}
+    # the history lists the oldest lines first: read from this test's start on
+    since = (datetime.now(UTC) - timedelta(seconds=5)).isoformat()
 
     text_only = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": [question]}], max_tokens=4,
@@ -65,7 +68,7 @@ def test_an_image_and_a_video_reach_the_vision_model_and_their_tokens_are_billed
     assert 4 * (SPEC.tile_tokens + 2) < media
     assert media <= SPEC.image_tokens(120, 90) + SPEC.video_tokens(96, 64, 3)
     history = httpx.get(f"{platform.base_url}/billing/usage-history",
-                        params={"pageSize": 50}, headers=platform.auth()).json()["data"]
+                        params={"startTimestamp": since}, headers=platform.auth()).json()["data"]
     units: dict[str, int] = {}
     charged = 0.0  # USD
     for line in history:
