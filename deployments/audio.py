@@ -17,7 +17,8 @@ from typing import Any
 from ray import serve
 
 from deployments.base import ModelDeployment
-from deployments.engines.audio import CONTENT_TYPES, ENGINES, encode_audio, encode_sentences
+from deployments.engines.audio import CONTENT_TYPES, encode_audio, encode_sentences
+from deployments.engines.audio_engines import ENGINES
 from deployments.protocol import (
     EngineError,
     MediaJob,

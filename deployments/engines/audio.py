@@ -434,16 +434,3 @@ def _encode_pyav(chunks: Iterable[np.ndarray], sample_rate: int, fmt: str) -> It
         container.close()  # writes the trailer
     if rest := (sink.getvalue() if isinstance(sink, io.BytesIO) else sink.take()):
         yield rest
-
-
-def _kokoro(weights: str | None, options: dict[str, Any] | None = None) -> SpeechEngine:
-    from deployments.engines.kokoro import KokoroSpeechEngine  # it builds on this module
-
-    return KokoroSpeechEngine(weights, options)
-
-
-ENGINES: dict[str, Any] = {
-    "piper": PiperSpeechEngine,
-    "kokoro": _kokoro,
-    "faster-whisper": WhisperEngine,
-}

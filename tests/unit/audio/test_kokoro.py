@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.engines.audio import ENGINES, WhisperEngine, encode_sentences
+from deployments.engines.audio import WhisperEngine, encode_sentences
+from deployments.engines.audio_engines import ENGINES
 from deployments.engines.kokoro import MAX_TOKENS, KokoroSpeechEngine, _fit
 from deployments.weights.audio import default_kokoro_model, default_whisper_model
 from deployments.weights.registry import BUILDERS, DEFAULT_WEIGHTS

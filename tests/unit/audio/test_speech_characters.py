@@ -12,12 +12,12 @@ import pytest
 
 from deployments.engines.audio import (
     CONTENT_TYPES,
-    ENGINES,
     PiperSpeechEngine,
     Sentence,
     encode_audio,
     encode_sentences,
 )
+from deployments.engines.audio_engines import ENGINES
 
 TEXT = ("Hello there. This is a much longer sentence about the speech engine and its voice! "
         "Short one? Yes.")

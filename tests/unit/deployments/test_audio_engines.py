@@ -18,12 +18,12 @@ import pytest
 
 from deployments.engines.audio import (
     CONTENT_TYPES,
-    ENGINES,
     PiperSpeechEngine,
     WhisperEngine,
     decode_audio,
     encode_audio,
 )
+from deployments.engines.audio_engines import ENGINES
 from deployments.weights.audio import join_whisper_parts
 from deployments.weights.registry import BUILDERS
 
