@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 from deployments.protocol import Transcription, TranscriptionRequest
 from serve_app.billing.pricing import PricedLine, nanos_of, unit_price_usd
+from serve_app.chat.parts import replace_parts
 from serve_app.errors import ApiError, UnsupportedFeature, invalid_request, payload_too_large
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
-from serve_app.schemas.chat import AudioPart, ChatCompletionRequest, ChatMessage, TextPart
+from serve_app.schemas.chat import AudioPart, ChatCompletionRequest, TextPart
 
 MAX_AUDIO_BYTES = 25 * 1024 * 1024  # as `/audio/transcriptions` takes
 DEFAULT_MAX_AUDIO_SECONDS = 1800  # a transcription model's cap unless its catalog sets one
@@ -87,17 +88,10 @@ class AudioReader:
         decoded = {id(part): _decode(part.input_audio.data) for message in req.messages
                    if isinstance(message.content, list) for part in message.content
                    if isinstance(part, AudioPart)}
-        messages: list[ChatMessage] = []
-        for message in req.messages:
-            if not isinstance(message.content, list):
-                messages.append(message)
-                continue
-            content = []
-            for part in message.content:
-                if isinstance(part, AudioPart):
-                    transcript = await self._hear(model, decoded[id(part)])
-                    heard(max(1, math.ceil(transcript.duration)))
-                    part = TextPart(type="text", text=f"[Audio]\n{transcript.text.strip()}")
-                content.append(part)
-            messages.append(message.model_copy(update={"content": content}))
-        return req.model_copy(update={"messages": messages})
+
+        async def as_text(part: AudioPart) -> TextPart:
+            transcript = await self._hear(model, decoded[id(part)])
+            heard(max(1, math.ceil(transcript.duration)))
+            return TextPart(type="text", text=f"[Audio]\n{transcript.text.strip()}")
+
+        return await replace_parts(req, AudioPart, as_text)

@@ -20,9 +20,10 @@ import contextlib
 import re
 
 from serve_app.chat.extraction import ExtractionFailed, Extractor
+from serve_app.chat.parts import replace_parts
 from serve_app.errors import ApiError, invalid_request, payload_too_large
 from serve_app.jobs.caps import FetchSlots, over_cap
-from serve_app.schemas.chat import ChatCompletionRequest, ChatMessage, FilePart, TextPart
+from serve_app.schemas.chat import ChatCompletionRequest, FilePart, TextPart
 
 MAX_FILE_BYTES = 10 * 1024 * 1024
 MAX_FILES = 20  # file parts in one request
@@ -164,20 +165,12 @@ class FileReader:
 
     async def _inlined(self, req: ChatCompletionRequest, slot: _AccountSlot
                        ) -> ChatCompletionRequest:
-        messages: list[ChatMessage] = []
-        for message in req.messages:
-            if not isinstance(message.content, list):
-                messages.append(message)
-                continue
-            content = []
-            for part in message.content:
-                if isinstance(part, FilePart):
-                    text = await self._read(part, slot)
-                    name = part.file.filename or "attachment"
-                    part = TextPart(type="text", text=f"[File: {name}]\n{text}")
-                content.append(part)
-            messages.append(message.model_copy(update={"content": content}))
-        return req.model_copy(update={"messages": messages})
+        async def as_text(part: FilePart) -> TextPart:
+            text = await self._read(part, slot)
+            name = part.file.filename or "attachment"
+            return TextPart(type="text", text=f"[File: {name}]\n{text}")
+
+        return await replace_parts(req, FilePart, as_text)
 
 
 def has_files(req: ChatCompletionRequest) -> bool:
