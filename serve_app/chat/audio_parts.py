@@ -7,16 +7,13 @@ transcription replica."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
-import re
 from collections.abc import Callable
 
 from deployments.protocol import Transcription, TranscriptionRequest
 from serve_app.billing.pricing import PricedLine, nanos_of, unit_price_usd
-from serve_app.chat.parts import replace_parts
-from serve_app.errors import ApiError, UnsupportedFeature, invalid_request, payload_too_large
+from serve_app.chat.parts import decode_payload, replace_parts
+from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
@@ -24,7 +21,6 @@ from serve_app.schemas.chat import AudioPart, ChatCompletionRequest, TextPart
 
 MAX_AUDIO_BYTES = 25 * 1024 * 1024  # as `/audio/transcriptions` takes
 DEFAULT_MAX_AUDIO_SECONDS = 1800  # a transcription model's cap unless its catalog sets one
-_DATA_URL = re.compile(r"^data:[\w.+/-]*(;[\w=.-]+)*;base64,", re.I)
 _FIELD = "messages"
 
 
@@ -46,16 +42,10 @@ def heard_line(model: CatalogModel, seconds: int) -> PricedLine:
 
 
 def _decode(data: str) -> bytes:
-    match = _DATA_URL.match(data)
-    if match:
-        data = data[match.end():]
-    if len(data) * 3 // 4 > MAX_AUDIO_BYTES:  # before decoding: 4 characters per 3 bytes
-        raise payload_too_large(f"Audio inputs must be under "
-                                f"{MAX_AUDIO_BYTES // (1024 * 1024)} MB")
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise invalid_request("input_audio.data is not valid base64", _FIELD) from exc
+    audio, _ = decode_payload(data, MAX_AUDIO_BYTES,
+                              f"Audio inputs must be under {MAX_AUDIO_BYTES // (1024 * 1024)} MB",
+                              "input_audio.data is not valid base64")
+    return audio
 
 
 class AudioReader:

@@ -14,13 +14,10 @@ one request reads its documents under one of its account's extraction slots
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import re
 
 from serve_app.chat.extraction import ExtractionFailed, Extractor
-from serve_app.chat.parts import replace_parts
+from serve_app.chat.parts import decode_payload, replace_parts
 from serve_app.errors import ApiError, invalid_request, payload_too_large
 from serve_app.jobs.caps import FetchSlots, over_cap
 from serve_app.schemas.chat import ChatCompletionRequest, FilePart, TextPart
@@ -28,7 +25,6 @@ from serve_app.schemas.chat import ChatCompletionRequest, FilePart, TextPart
 MAX_FILE_BYTES = 10 * 1024 * 1024
 MAX_FILES = 20  # file parts in one request
 EXTRACTIONS_PER_ACCOUNT = 1  # requests of one account reading documents at once, per replica
-_DATA_URL = re.compile(r"^data:([\w.+/-]+)?(;[\w=.-]+)*;base64,", re.I)
 _TEXT_SUFFIXES = (".txt", ".md", ".csv", ".json", ".xml", ".html", ".htm", ".py", ".yaml",
                   ".yml", ".log", ".tsv")
 _OOXML_TYPES = {
@@ -40,18 +36,9 @@ _FIELD = "messages"
 
 
 def _decode(file_data: str) -> tuple[bytes, str]:
-    media_type = ""
-    match = _DATA_URL.match(file_data)
-    if match:
-        media_type = (match.group(1) or "").lower()
-        file_data = file_data[match.end():]
-    # Check the size before decoding: base64 is 4 characters per 3 bytes.
-    if len(file_data) * 3 // 4 > MAX_FILE_BYTES:
-        raise payload_too_large(f"A file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MB")
-    try:
-        return base64.b64decode(file_data, validate=True), media_type
-    except (binascii.Error, ValueError) as exc:
-        raise invalid_request("file_data is not valid base64", _FIELD) from exc
+    return decode_payload(file_data, MAX_FILE_BYTES,
+                          f"A file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MB",
+                          "file_data is not valid base64")
 
 
 def file_kind(data: bytes, media_type: str, filename: str) -> str:
