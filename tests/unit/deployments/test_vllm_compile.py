@@ -15,6 +15,19 @@ def test_a_model_can_still_ask_for_eager():
     assert compile_settings({"enforce_eager": True}, {})["enforce_eager"] is True
 
 
+def test_a_compiled_text_model_on_cpu_warms_up_on_fewer_tokens():
+    cpu = {"VLLM_TARGET_DEVICE": "cpu"}
+    assert compile_settings({}, dict(cpu))["max_num_batched_tokens"] == 512
+    # vLLM's own default elsewhere: on a GPU, for an eager engine, for a vision model (one
+    # image's tokens must fit in a step), and whatever the catalog says wins
+    assert compile_settings({}, {})["max_num_batched_tokens"] is None
+    assert compile_settings({"enforce_eager": True}, dict(cpu))["max_num_batched_tokens"] is None
+    assert compile_settings({"vision": {"frame_side": 224}},
+                            dict(cpu))["max_num_batched_tokens"] is None
+    assert compile_settings({"max_num_batched_tokens": 2048},
+                            dict(cpu))["max_num_batched_tokens"] == 2048
+
+
 def test_the_compile_cache_lives_under_data_dir(tmp_path):
     env = {"DATA_DIR": str(tmp_path)}
 
@@ -39,14 +52,14 @@ def test_without_data_dir_vllm_keeps_its_default():
     assert "VLLM_CACHE_ROOT" not in env
 
 
-def test_the_cpu_build_uses_the_compile_cache_that_loads_back(tmp_path):
+def test_the_cpu_build_keeps_what_dynamo_traced_and_inductors_graphs(tmp_path):
     cpu = {"VLLM_TARGET_DEVICE": "cpu", "DATA_DIR": str(tmp_path)}
     gpu = {"DATA_DIR": str(tmp_path)}
 
     compile_settings({}, cpu)
     compile_settings({}, gpu)
 
-    assert cpu["VLLM_USE_AOT_COMPILE"] == "0"
+    assert cpu["VLLM_USE_AOT_COMPILE"] == "1"  # loads back with the project's plugin
     assert cpu["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "vllm" / "inductor_cache")
     assert "VLLM_USE_AOT_COMPILE" not in gpu and "TORCHINDUCTOR_CACHE_DIR" not in gpu
 
@@ -64,3 +77,48 @@ def test_torchs_default_inductor_cache_moves_under_data_dir_but_an_operators_sta
     assert imported["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "vllm" /
                                                       "inductor_cache")
     assert chosen["TORCHINDUCTOR_CACHE_DIR"] == "/srv/inductor"
+
+
+def test_an_ahead_of_time_artifact_compiled_by_inductor_loads_back():
+    from types import SimpleNamespace
+
+    from deployments.engines.vllm_aot import loading_plain_functions
+
+    def inductor_compiled(*inputs):  # what the CPU build's artifact holds: a plain function
+        return inputs
+
+    class VllmCompiled:  # vLLM's own backend (GPUs) finalizes itself
+        finalized = False
+
+        def finalize_loading(self, _config):
+            self.finalized = True
+
+    own = VllmCompiled()
+    artifacts = {"cpu": inductor_compiled, "gpu": own}
+    load = loading_plain_functions(
+        lambda name: SimpleNamespace(_artifacts=SimpleNamespace(compiled_fn=artifacts[name])))
+
+    cpu, gpu = load("cpu"), load("gpu")
+
+    cpu._artifacts.compiled_fn.finalize_loading(object())  # vLLM's call: no longer fails
+    assert cpu._artifacts.compiled_fn(1, 2) == (1, 2)
+    gpu._artifacts.compiled_fn.finalize_loading(object())
+    assert gpu._artifacts.compiled_fn is own and own.finalized
+
+
+def test_the_plugin_wraps_torchs_loader_once_and_only_on_cpu(monkeypatch):
+    import torch.compiler
+
+    from deployments.engines import vllm_aot
+
+    original = torch.compiler.load_compiled_function
+    monkeypatch.setattr(torch.compiler, "load_compiled_function", original)
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    vllm_aot.register()
+    assert torch.compiler.load_compiled_function is original
+
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    vllm_aot.register()
+    wrapped = torch.compiler.load_compiled_function
+    vllm_aot.register()  # vLLM loads plugins in every process, maybe more than once
+    assert wrapped is not original and torch.compiler.load_compiled_function is wrapped
