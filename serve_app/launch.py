@@ -22,15 +22,16 @@ import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import yaml
 
-from deployments.weights.registry import weights_to_build
-from serve_app.accounts.provisioning import bootstrap
-from serve_app.models.catalog import Catalog, load_catalog
 from serve_app.process_tree import ray_processes, reap
 from serve_app.settings import PROJECT_ROOT, LaunchSettings, Settings
+
+if TYPE_CHECKING:
+    from serve_app.models.catalog import Catalog
 
 READY_TIMEOUT_S = 600.0
 SERVE_PROXY_PORT = 8001  # http_options.port of configs/local.yaml
@@ -217,6 +218,11 @@ def main() -> int:
              f"--temp-dir={temp_dir}", f"--metrics-export-port={metrics_port}"],
             env=env, stdout=subprocess.DEVNULL,
         )
+        # Imported once Ray is starting: the database layer takes most of a second to import.
+        from deployments.weights.registry import weights_to_build
+        from serve_app.accounts.provisioning import bootstrap
+        from serve_app.models.catalog import load_catalog
+
         result = bootstrap(settings)
         # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress
         # on the console, rather than silently inside a replica.
