@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from deployments.gil import hand_over_the_gil_quickly
 from deployments.spec import ModelSpec
 from deployments.weights.registry import engine_weights
 
@@ -43,4 +44,5 @@ class ModelDeployment:
     ENGINES: ClassVar[Mapping[str, EngineFactory]] = {}
 
     def __init__(self, models: list[ModelSpec]) -> None:
+        hand_over_the_gil_quickly()  # engines run in worker threads beside the event loop
         self.engines: dict[str, Any] = load_engines(models, self.ENGINES)

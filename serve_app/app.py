@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.deployment import Application
 
+from deployments.gil import hand_over_the_gil_quickly
 from deployments.registry import MODEL_DEPLOYMENTS, bind
 from deployments.weights.registry import check_weights
 from serve_app.accounts.key_events import KeyEventHub, ServeKeyEvents
@@ -49,6 +50,7 @@ class Gateway:
     hop to the model deployment."""
 
     def __init__(self, settings: dict[str, Any], handles: dict[str, Any], key_hub: Any) -> None:
+        hand_over_the_gil_quickly()  # the billing writer's thread answers without a 5 ms wait
         self._state = GatewayServices.build(
             Settings.model_validate(settings),
             handles={name: h.resolve() if isinstance(h, OtherAppDeployment) else h
