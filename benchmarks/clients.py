@@ -50,13 +50,14 @@ def wrk(url: str, concurrency: int, seconds: int, *, headers: dict[str, str] | N
             "p50_ms": float(p50.group(1)) * scale}
 
 
-async def stream_chats(base: str, key: str, model: str, streams: int, tokens: int
-                       ) -> tuple[float, float]:
+async def stream_chats(base: str, key: str, model: str, streams: int, tokens: int,
+                       extra: dict | None = None) -> tuple[float, float]:
     """(completion tokens/s over all streams, median time to first token in ms): `streams`
-    greedy chats at once, after one to warm up, `RUNS` times; the best run counts."""
+    greedy chats at once, after one to warm up, `RUNS` times; the best run counts. `extra`:
+    more fields of the request body."""
     body = {"model": model, "temperature": 0, "max_tokens": tokens, "stream": True,
             "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": PROMPT}]}
+            "messages": [{"role": "user", "content": PROMPT}], **(extra or {})}
     async with httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {key}"},
                                  limits=httpx.Limits(max_connections=streams)) as client:
         async def one() -> tuple[int, float]:

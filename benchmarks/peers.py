@@ -110,16 +110,16 @@ def litellm_config(path: Path, models: dict[str, int]) -> Path:
     return path
 
 
-def chat_figures(base: str, key: str, model: str, tokens: int, seconds: int
-                 ) -> dict[str, float]:
+def chat_figures(base: str, key: str, model: str, tokens: int, seconds: int,
+                 extra: dict | None = None) -> dict[str, float]:
     """What `make bench` compares with the peers, the same way for every stack: 1-token chats/s
     at concurrency 8 (wrk), one stream's tokens/s and median time to first token, 8 streams'
-    tokens/s."""
+    tokens/s. `extra`: more fields of every request body."""
     out: dict[str, float] = {}
-    out["s1"], out["ttft1"] = asyncio.run(stream_chats(base, key, model, 1, tokens))
-    out["s8"], _ = asyncio.run(stream_chats(base, key, model, 8, tokens))
+    out["s1"], out["ttft1"] = asyncio.run(stream_chats(base, key, model, 1, tokens, extra))
+    out["s8"], _ = asyncio.run(stream_chats(base, key, model, 8, tokens, extra))
     body = {"model": model, "max_tokens": 1, "temperature": 0,
-            "messages": [{"role": "user", "content": "Say hi."}]}
+            "messages": [{"role": "user", "content": "Say hi."}], **(extra or {})}
     auth = {"Authorization": f"Bearer {key}"}
     wrk(f"{base}/chat/completions", 8, 2, headers=auth, body=body)  # warm-up
     out["short8"] = wrk(f"{base}/chat/completions", 8, seconds, headers=auth, body=body)["rps"]
