@@ -26,6 +26,8 @@ def test_a_compiled_text_model_on_cpu_warms_up_on_fewer_tokens():
                             dict(cpu))["max_num_batched_tokens"] is None
     assert compile_settings({"max_num_batched_tokens": 2048},
                             dict(cpu))["max_num_batched_tokens"] == 2048
+    # more sequences a step than 512 tokens would hold: vLLM would refuse to start
+    assert compile_settings({"max_num_seqs": 1024}, dict(cpu))["max_num_batched_tokens"] is None
 
 
 def test_the_compile_cache_lives_under_data_dir(tmp_path):
@@ -60,14 +62,25 @@ def test_the_cpu_build_keeps_what_dynamo_traced_and_inductors_graphs(tmp_path):
     compile_settings({}, gpu)
 
     assert cpu["VLLM_USE_AOT_COMPILE"] == "1"  # loads back with the project's plugin
-    assert cpu["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "vllm" / "inductor_cache")
+    assert "TORCHINDUCTOR_CACHE_DIR" not in cpu  # vLLM keeps inductor's graphs in the artifact
     assert "VLLM_USE_AOT_COMPILE" not in gpu and "TORCHINDUCTOR_CACHE_DIR" not in gpu
+
+
+def test_without_the_plugin_the_cpu_build_reuses_inductors_own_cache(tmp_path):
+    # vLLM's plugin allowlist leaves ours out: a failing load would trace again every start
+    cpu = {"VLLM_TARGET_DEVICE": "cpu", "DATA_DIR": str(tmp_path),
+           "VLLM_PLUGINS": "lora_filesystem_resolver"}
+
+    compile_settings({}, cpu)
+
+    assert cpu["VLLM_USE_AOT_COMPILE"] == "0"
+    assert cpu["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "vllm" / "inductor_cache")
 
 
 def test_torchs_default_inductor_cache_moves_under_data_dir_but_an_operators_stays(tmp_path):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    cpu = {"VLLM_TARGET_DEVICE": "cpu", "DATA_DIR": str(tmp_path)}
+    cpu = {"VLLM_TARGET_DEVICE": "cpu", "DATA_DIR": str(tmp_path), "VLLM_USE_AOT_COMPILE": "0"}
     imported = {**cpu, "TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}  # as importing vLLM sets
     chosen = {**cpu, "TORCHINDUCTOR_CACHE_DIR": "/srv/inductor"}
 
