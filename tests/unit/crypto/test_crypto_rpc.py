@@ -56,11 +56,11 @@ def node() -> Iterator[RpcNode]:
 
 
 def rpc_gateway(tmp_path: Path, node: RpcNode, monkeypatch: pytest.MonkeyPatch,
-                **overrides) -> Iterator[Gateway]:
+                initial_credit_usd: float = 10, **overrides) -> Iterator[Gateway]:
     monkeypatch.setenv("CRYPTO_RPC_TEST_BASE_URL", node.url)
     monkeypatch.delenv("CRYPTO_RPC_TEST_UNSET_URL", raising=False)
     nodes = write_config(tmp_path / "crypto_rpc.yaml", node.url, **overrides)
-    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
+    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=initial_credit_usd,
                                      rate_limit_backend="local", crypto_rpc_nodes=nodes))
 
 
@@ -439,10 +439,7 @@ def test_no_credentials(gw: Gateway, node: RpcNode) -> None:
 
 def test_insufficient_balance_is_402_and_the_node_is_not_called(
         tmp_path: Path, node: RpcNode, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CRYPTO_RPC_TEST_BASE_URL", node.url)
-    nodes = write_config(tmp_path / "crypto_rpc.yaml", node.url)
-    for gw in make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=0,
-                                    rate_limit_backend="local", crypto_rpc_nodes=nodes)):
+    for gw in rpc_gateway(tmp_path, node, monkeypatch, initial_credit_usd=0):
         resp = post(gw, "ethereum-mainnet", call("eth_blockNumber"))
         assert resp.status_code == 402, resp.text
         assert node.requests == []

@@ -17,10 +17,9 @@ from sqlmodel import Session
 
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account
-from serve_app.settings import Settings
 from tests.rpc_node import RpcNode
 from tests.unit.conftest import Gateway, make_gateway
-from tests.unit.crypto.test_crypto_rpc import RPC, call, post, rpc_gateway, write_config
+from tests.unit.crypto.test_crypto_rpc import RPC, call, post, rpc_gateway
 from tests.unit.wallets.wallet_gateway import CALL, CHAT_URL, RPC_URL, wallet_settings
 from tests.wallets import Wallet, signed_in
 
@@ -75,10 +74,7 @@ def test_a_caller_over_its_request_cap_writes_nothing_and_a_retry_is_still_repla
 
 def test_a_caller_without_balance_writes_no_idempotency_key(
         tmp_path: Path, node: RpcNode, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CRYPTO_RPC_TEST_BASE_URL", node.url)
-    nodes = write_config(tmp_path / "crypto_rpc.yaml", node.url)
-    for gw in make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=0,
-                                    rate_limit_backend="local", crypto_rpc_nodes=nodes)):
+    for gw in rpc_gateway(tmp_path, node, monkeypatch, initial_credit_usd=0):
         writer = gw.state.billing.writer
         assert post(gw, "ethereum-mainnet", call("eth_blockNumber")).status_code == 402
         before = writer.operations
