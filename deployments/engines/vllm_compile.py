@@ -47,14 +47,15 @@ def compile_settings(options: Mapping[str, Any],
     environment, read by vLLM when it compiles)."""
     if "VLLM_CACHE_ROOT" not in env and env.get("DATA_DIR"):
         env["VLLM_CACHE_ROOT"] = str(Path(env["DATA_DIR"]) / CACHE_FOLDER)
-    if env.get("VLLM_TARGET_DEVICE") == "cpu":
+    cpu = env.get("VLLM_TARGET_DEVICE") == "cpu"
+    if cpu:
         env.setdefault("VLLM_USE_AOT_COMPILE", "1" if _aot_plugin_loads(env) else "0")
         if env["VLLM_USE_AOT_COMPILE"] == "0" and env.get("VLLM_CACHE_ROOT") and \
                 env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default()):
             env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(env["VLLM_CACHE_ROOT"]) / "inductor_cache")
     eager = bool(options.get("enforce_eager", False))
     batched = options.get("max_num_batched_tokens")
-    if batched is None and env.get("VLLM_TARGET_DEVICE") == "cpu" and not eager \
+    if batched is None and cpu and not eager \
             and not options.get("vision") \
             and int(options.get("max_num_seqs", 8)) <= CPU_BATCHED_TOKENS:
         batched = CPU_BATCHED_TOKENS
