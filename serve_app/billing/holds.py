@@ -19,7 +19,7 @@ from serve_app.billing import ledger
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost
 from serve_app.billing.writer import BatchWriter
-from serve_app.db.engine import make_engine
+from serve_app.db.engine import is_sqlite_file, make_engine
 from serve_app.db.tables import utcnow
 from serve_app.metrics import metrics
 from serve_app.money import NANOS_PER_UNIT, from_nanos
@@ -108,7 +108,11 @@ def _count_charge(cost: Cost) -> None:
 class Billing:
     def __init__(self, database_url: str, *, clock: Clock = utcnow) -> None:
         self._engine = make_engine(database_url, write_transactions=True)
-        self.writer = BatchWriter(self._engine)
+        # On SQLite an operation that finds the writer idle commits on the caller's thread,
+        # never waiting for the database's lock there (billing/writer.py).
+        inline = make_engine(database_url, write_transactions=True, lock_wait_s=0) \
+            if is_sqlite_file(database_url) else None
+        self.writer = BatchWriter(self._engine, inline_engine=inline)
         self.clock = clock
         self._balances: TTLCache[str, Balances] = TTLCache(maxsize=100_000,
                                                             ttl=BALANCE_CACHE_TTL_S)

@@ -49,16 +49,26 @@ def is_database_outage(exc: BaseException) -> bool:
 _SQLITE_OUTAGE_SIGNS = ("database is locked", "unable to open database", "disk I/O error")
 
 
-def make_engine(url: str, *, write_transactions: bool = False) -> Engine:
+def is_sqlite_file(url: str) -> bool:
+    """A SQLite database in a file (which several engines may open), not in memory."""
+    url = normalise_url(url)
+    return url.startswith("sqlite") and url.split("///", 1)[-1] not in ("", ":memory:")
+
+
+def make_engine(url: str, *, write_transactions: bool = False,
+                lock_wait_s: float = 30.0) -> Engine:
     """An engine for the URL. `write_transactions`: every SQLite transaction takes the write lock
     when it begins (BEGIN IMMEDIATE), so a read-then-write cannot race another writer; the
-    money operations use such an engine (on PostgreSQL they lock rows instead)."""
+    money operations use such an engine (on PostgreSQL they lock rows instead).
+    `lock_wait_s`: how long a SQLite statement waits for a lock another connection holds."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         db_path = url.split("///", 1)[-1]
         if db_path and db_path != ":memory:":
             Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False,
+                                                  "timeout": lock_wait_s})
+        busy_timeout_ms = int(lock_wait_s * 1000)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -66,7 +76,7 @@ def make_engine(url: str, *, write_transactions: bool = False) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
             cur.close()
             if write_transactions:
                 dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself, below
