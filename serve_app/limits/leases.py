@@ -62,7 +62,7 @@ class LeaseBook:
         lease.next_request += 1
         lease.tokens_left -= tokens
         return Outcome(code=OK, window_ms=lease.window_ms, requests=requests,
-                       tokens=lease.tokens_counted - lease.tokens_left)
+                       tokens=max(0, lease.tokens_counted - lease.tokens_left))
 
     def finish(self, bucket: str) -> tuple[int, int, int] | None:
         """Drop the bucket's lease if it can no longer serve; `(window, slots, tokens)` it did
@@ -75,6 +75,18 @@ class LeaseBook:
         if slots <= 0 and lease.tokens_left <= 0:
             return None
         return lease.window_ms, max(0, slots), max(0, lease.tokens_left)
+
+    def absorb(self, bucket: str, window_ms: int, delta: int) -> bool:
+        """Fold a correction of the bucket's token count in `window_ms` (measured minus
+        estimated) into this replica's lease of that window, instead of sending it to the
+        actor: the actor counted the lease's tokens whole, so the lease admitting `delta`
+        fewer tokens (or giving them back at its end) corrects the count the same way. False:
+        no lease of that window, or too little left in it for a positive `delta`."""
+        lease = self._leases.get(bucket)
+        if lease is None or lease.window_ms != window_ms or delta > lease.tokens_left:
+            return False
+        lease.tokens_left -= delta
+        return True
 
     def wanted(self, bucket: str) -> tuple[int, int] | None:
         """(slots, tokens) to ask for along with this decision; None: the bucket is not busy

@@ -29,15 +29,16 @@ class Charge:
         return self.hold.done
 
     async def settle(self, cost: Cost | None, *, tokens: int | None = None) -> None:
-        """Charge `cost` (what was delivered; None or an empty cost releases the hold), and
+        """Charge `cost` (what was delivered; None or an empty cost releases the hold), then
         correct the rate-limit count to the measured `tokens` (sent, not awaited)."""
-        if tokens is not None and self.ticket is not None:
-            ticket, self.ticket = self.ticket, None
-            ticket.correct(tokens)
-        if self.hold.done:
-            return
-        with self.ctx.step("settle"):
-            await self.hold.finish(cost)
+        try:
+            if not self.hold.done:
+                with self.ctx.step("settle"):
+                    await self.hold.finish(cost)
+        finally:
+            if tokens is not None and self.ticket is not None:
+                ticket, self.ticket = self.ticket, None
+                ticket.correct(tokens)
 
     async def release(self, *, tokens: int | None = None) -> None:
         """Nothing was delivered: the hold goes back whole; `tokens`: what the rate-limit

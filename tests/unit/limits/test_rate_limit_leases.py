@@ -97,3 +97,38 @@ def test_a_quiet_key_asks_the_actor_every_time():
         return limiter
 
     assert asyncio.run(main()).actor_calls == HOT_PER_SECOND - 1
+
+
+def test_token_corrections_of_a_leased_bucket_stay_in_the_replica_and_keep_the_count_exact():
+    async def main():
+        limiter = InProcessActor()
+        for i in range(100):  # busy: the replica holds a lease
+            outcome = await limiter.decide("key|class:XS", 100_000, 1_000_000, 10, [], T0 + i)
+            # each request was estimated at 10 tokens and measured at 7
+            limiter.adjust_soon("key|class:XS", outcome.window_ms, -3)
+        await asyncio.sleep(0)
+        return limiter
+
+    limiter = asyncio.run(main())
+    calls = limiter.actor_calls
+    assert calls < 100 - HOT_PER_SECOND  # the corrections travelled with no call of their own
+    # Whatever the lease still holds goes back; the actor's count is then what was used.
+    unused = limiter.leases.finish("key|class:XS")
+    limiter.core.give_back("key|class:XS", *unused)
+    counted = limiter.core.decide("key|class:XS", 100_000, 1_000_000, 0, WINDOW, 30_000, [],
+                                  T0 + 300)
+    assert (counted.requests, counted.tokens) == (101, 100 * 7)
+
+
+def test_a_correction_larger_than_the_lease_holds_goes_to_the_actor():
+    async def main():
+        limiter = InProcessActor()
+        for i in range(60):
+            outcome = await limiter.decide("key|class:XS", 100_000, 1_000_000, 10, [], T0 + i)
+        lease = limiter.leases._leases["key|class:XS"]
+        before = limiter.actor_calls
+        limiter.adjust_soon("key|class:XS", outcome.window_ms, lease.tokens_left + 1)
+        await asyncio.sleep(0)
+        return limiter.actor_calls - before
+
+    assert asyncio.run(main()) == 1
