@@ -37,30 +37,36 @@ class EmbeddingDeployment(ModelDeployment):
         if model_id not in self.engines:
             return not_served(model_id)
         started = time.perf_counter()
-        vectors, tokens = await self._encode((model_id, texts))
+        (vectors, tokens), engine_ms = await self._encode((model_id, texts))
         return Embeddings(vectors, tokens, self.engines[model_id].max_seq_length,
-                          (time.perf_counter() - started) * 1000)
+                          (time.perf_counter() - started) * 1000, engine_ms)
 
     # Whole calls are batched (the gateway already puts concurrent requests in one call; calls
     # from several gateway replicas meet here), and nothing waits for company: what queued
     # while the previous forward pass ran forms the next one.
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0)
-    async def _encode(self, calls: list[tuple[str, list[str]]]) -> list[Encoded]:
-        out: list[Encoded | None] = [None] * len(calls)
+    async def _encode(self, calls: list[tuple[str, list[str]]]) -> list[tuple[Encoded, float]]:
+        """Each call's part of the forward pass of its model's texts, and that pass's ms."""
+        out: list[tuple[Encoded, float] | None] = [None] * len(calls)
         by_model: dict[str, list[int]] = {}
         for position, (model_id, _) in enumerate(calls):
             by_model.setdefault(model_id, []).append(position)
         for model_id, positions in by_model.items():
             texts = [text for p in positions for text in calls[p][1]]
             # On a thread: the replica keeps taking calls while the model runs.
-            done = await asyncio.to_thread(self.engines[model_id].embed, texts)
+            done, engine_ms = await asyncio.to_thread(_timed, self.engines[model_id], texts)
             start = 0
             for p in positions:
                 end = start + len(calls[p][1])
-                out[p] = Encoded(done.vectors[start:end], done.tokens[start:end])
+                out[p] = Encoded(done.vectors[start:end], done.tokens[start:end]), engine_ms
                 start = end
         return out  # type: ignore[return-value]
 
     def dimensions(self, model_id: str) -> int:
         return self.engines[model_id].dimensions
 
+
+def _timed(engine: EmbeddingEngine, texts: list[str]) -> tuple[Encoded, float]:
+    started = time.perf_counter()
+    done = engine.embed(texts)
+    return done, (time.perf_counter() - started) * 1000

@@ -160,12 +160,14 @@ TextEvent = Chunk | Usage | EngineError
 @dataclass(frozen=True, slots=True)
 class Embeddings:
     """Unit vectors of the texts of one call, each input's whole token count (the model read
-    at most `max_seq_length` of them), and the replica's time on the call."""
+    at most `max_seq_length` of them), the replica's time on the call, and of it the forward
+    pass that carried the call (shared with the other calls of its batch)."""
 
     vectors: np.ndarray  # (texts, dimensions), float32
     tokens: list[int]
     max_seq_length: int
     replica_ms: float
+    engine_ms: float = 0.0
 
 
 # ---- images ------------------------------------------------------------------------------

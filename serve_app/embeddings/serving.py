@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,6 +25,17 @@ class Embedded:
     vectors: np.ndarray  # (inputs, dimensions), unit length
     tokens: int  # tokens the model read, summed over the inputs
     replica_ms: float  # the time the model replica spent on the call that carried them
+    engine_ms: float  # of it, the forward pass that carried them
+
+
+class _Row(NamedTuple):
+    """One text of a handle call's answer."""
+
+    vector: np.ndarray
+    tokens: int  # its whole token count
+    read: int  # of them, what the model read (at most its max_seq_length)
+    replica_ms: float
+    engine_ms: float
 
 
 def max_tokens(texts: list[str]) -> int:
@@ -55,17 +67,17 @@ class Embedder:
         self._router = router
         self._calls_in_flight = calls_in_flight
         self._min_texts_beside = min_texts_beside
-        self._batchers: dict[str, CallBatcher[str, tuple[np.ndarray, int, int, float]]] = {}
+        self._batchers: dict[str, CallBatcher[str, _Row]] = {}
 
     def _batcher(self, model: CatalogModel) -> CallBatcher:
         batcher = self._batchers.get(model.id)
         if batcher is None:
             handle = self._router.handle(model)
 
-            async def send(texts: list[str]) -> list[tuple[np.ndarray, int, int, float]]:
+            async def send(texts: list[str]) -> list[_Row]:
                 out: Embeddings = await call_model(handle.embed, model.id, model.id, texts)
-                cap, spent = out.max_seq_length, out.replica_ms
-                return [(vector, count, min(count, cap), spent)
+                cap = out.max_seq_length
+                return [_Row(vector, count, min(count, cap), out.replica_ms, out.engine_ms)
                         for vector, count in zip(out.vectors, out.tokens, strict=True)]
 
             batcher = CallBatcher(send, max_in_flight=self._calls_in_flight,
@@ -76,9 +88,9 @@ class Embedder:
     async def embed(self, model: CatalogModel, texts: list[str]) -> Embedded:
         """Vectors of `texts`; 400 when an input is over the per-input token limit."""
         rows = await self._batcher(model).submit(texts)
-        for index, (_, count, _, _) in enumerate(rows):
-            if count > MAX_INPUT_TOKENS:
-                raise invalid_request(f"input[{index}] has {count} tokens; the limit is "
+        for index, row in enumerate(rows):
+            if row.tokens > MAX_INPUT_TOKENS:
+                raise invalid_request(f"input[{index}] has {row.tokens} tokens; the limit is "
                                       f"{MAX_INPUT_TOKENS} per input", "input")
-        return Embedded(np.stack([row[0] for row in rows]), sum(row[2] for row in rows),
-                        rows[0][3])
+        return Embedded(np.stack([row.vector for row in rows]), sum(row.read for row in rows),
+                        rows[0].replica_ms, rows[0].engine_ms)
