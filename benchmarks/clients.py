@@ -87,8 +87,10 @@ async def stream_chats(base: str, key: str, model: str, streams: int, tokens: in
     return best(runs)
 
 
-def step_profile(url: str, body: dict, headers: dict[str, str], count: int = 40) -> str:
-    """Median time of each step of one request (the `Server-Timing` header), one at a time."""
+def step_profile(url: str, body: dict, headers: dict[str, str], count: int = 40
+                 ) -> dict[str, float]:
+    """Median time of each step of one request (the `Server-Timing` header, and `client`: the
+    whole request as this client saw it), one request at a time."""
     steps: dict[str, list[float]] = {}
     with httpx.Client(headers=headers, timeout=120) as client:
         for i in range(count + 5):
@@ -100,4 +102,8 @@ def step_profile(url: str, body: dict, headers: dict[str, str], count: int = 40)
                 name, _, value = part.partition(";dur=")
                 steps.setdefault(name, []).append(float(value))
             steps.setdefault("client", []).append(response.elapsed.total_seconds() * 1000)
-    return ", ".join(f"{name} {statistics.median(values):.2f}" for name, values in steps.items())
+    return {name: statistics.median(values) for name, values in steps.items()}
+
+
+def format_steps(steps: dict[str, float]) -> str:
+    return ", ".join(f"{name} {ms:.2f}" for name, ms in steps.items())

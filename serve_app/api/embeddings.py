@@ -34,7 +34,8 @@ async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: Inference
         with ctx.step("model"):
             embedded = await state.embedder.embed(model, texts)
         ctx.record("replica", embedded.replica_ms)
-        ctx.record("engine", embedded.engine_ms)
+        if embedded.engine_ms:
+            ctx.record("engine", embedded.engine_ms)
     except BaseException:
         await charge.release()
         raise

@@ -108,10 +108,11 @@ def _count_charge(cost: Cost) -> None:
 class Billing:
     def __init__(self, database_url: str, *, clock: Clock = utcnow) -> None:
         self._engine = make_engine(database_url, write_transactions=True)
-        # On SQLite an operation that finds the writer idle commits on the caller's thread,
-        # never waiting for the database's lock there (billing/writer.py).
-        inline = make_engine(database_url, write_transactions=True, lock_wait_s=0) \
-            if is_sqlite_file(database_url) else None
+        # On SQLite an operation of a quiet replica commits on the caller's thread, never
+        # waiting for the database's lock there (billing/writer.py), nor copying the log back
+        # into the database: the writer thread's commits do that (the heartbeat's at least).
+        inline = make_engine(database_url, write_transactions=True, lock_wait_s=0,
+                             checkpoints=False) if is_sqlite_file(database_url) else None
         self.writer = BatchWriter(self._engine, inline_engine=inline)
         self.clock = clock
         self._balances: TTLCache[str, Balances] = TTLCache(maxsize=100_000,
@@ -122,17 +123,29 @@ class Billing:
         # beat (a script, a test) leaves its holds to HOLD_MAX_AGE alone.
         self.holder: str | None = None
         self._beating_since: float | None = None
+        # The requests whose holds this replica took and has not yet settled or released: with
+        # at most one, the replica is quiet and its money operations may commit on the event
+        # loop's thread (billing/writer.py).
+        self._open_holds: set[str] = set()
+
+    @property
+    def _quiet(self) -> bool:
+        return len(self._open_holds) <= 1
 
     async def hold(self, request_id: str, payer: Payer, amount_nanos: int) -> Hold:
         now = self.clock()
         started = time.perf_counter()
+        self._open_holds.add(request_id)
         try:
             result = await self.writer.run(
-                lambda s: ledger.hold(s, request_id, payer, amount_nanos, now, self.holder))
-        except asyncio.CancelledError:
-            # The caller left while the hold was being written: the hold commits all the
-            # same (the writer is shielded), so queue its release right behind it.
-            self.writer.submit(lambda s: ledger.release(s, request_id))
+                lambda s: ledger.hold(s, request_id, payer, amount_nanos, now, self.holder),
+                quiet=self._quiet)
+        except BaseException as exc:
+            self._open_holds.discard(request_id)
+            if isinstance(exc, asyncio.CancelledError):
+                # The caller left while the hold was being written: the hold commits all the
+                # same (the writer is shielded), so queue its release right behind it.
+                self.writer.submit(lambda s: ledger.release(s, request_id))
             raise
         _observe("hold", started)
         self._balances[payer.account_id] = Balances(
@@ -144,9 +157,12 @@ class Billing:
         now = self.clock()
         elapsed_ms = int((time.monotonic() - hold.started) * 1000)
         started = time.perf_counter()
-        settled = await self.writer.run(lambda s: ledger.settle(
-            s, hold.request_id, hold.payer, cost, started_at=hold.started_at, now=now,
-            execution_ms=elapsed_ms))
+        try:
+            settled = await self.writer.run(lambda s: ledger.settle(
+                s, hold.request_id, hold.payer, cost, started_at=hold.started_at, now=now,
+                execution_ms=elapsed_ms), quiet=self._quiet)
+        finally:
+            self._open_holds.discard(hold.request_id)
         _observe("settle", started)
         _count_charge(cost)
         self._remember(hold.payer.account_id, settled.balance)
@@ -155,7 +171,11 @@ class Billing:
     async def release(self, hold: Hold) -> None:
         now = self.clock()
         started = time.perf_counter()
-        released = await self.writer.run(lambda s: ledger.release(s, hold.request_id, now))
+        try:
+            released = await self.writer.run(lambda s: ledger.release(s, hold.request_id, now),
+                                             quiet=self._quiet)
+        finally:
+            self._open_holds.discard(hold.request_id)
         _observe("release", started)
         self._remember(hold.payer.account_id, released.balance if released else None)
 

@@ -3,11 +3,13 @@ waiting in one transaction. Each caller is answered only after the commit that h
 operation, so a charge is durable before the request is answered, and a busy replica pays for
 one commit per batch instead of one per request.
 
-On SQLite, an operation that finds the writer idle (nothing queued, no batch running) runs at
-once on the caller's thread instead, in a transaction that does not wait for the database's
-lock: a local commit takes a fraction of a millisecond, and the two thread handoffs it spares
-cost more than that in a busy replica. One that finds the lock taken, or fails in any other
-way than a refusal, is rolled back and queued as before.
+On SQLite, an operation of a quiet replica (the caller says so) that finds the writer idle
+(nothing queued, no batch running) runs at once on the caller's thread instead, in a
+transaction that does not wait for the database's lock: a local commit takes a fraction of a
+millisecond, less than the two thread handoffs it spares. One that finds the lock taken, or
+fails in any other way than a refusal, is rolled back and queued as before. A busy replica's
+operations always queue: run on the event loop one by one, they would each pay a commit and
+hold the loop, where the queue shares one commit among many.
 """
 
 from __future__ import annotations
@@ -106,15 +108,15 @@ class BatchWriter:
         self._jobs.put(_Job(op, future, loop))
         return future
 
-    async def run(self, op: Callable[[Session], T]) -> T:
-        if self._inline_engine is not None and self._pending == 0:
-            # The tasks already ready go first: a request one of them is about to send (the
-            # rate limiter's decision, beside a hold) leaves before this holds the loop.
-            await asyncio.sleep(0)
-            if self._pending == 0:
-                ran, result = self._run_inline(op)
-                if ran:
-                    return result
+    async def run(self, op: Callable[[Session], T], *, quiet: bool = False) -> T:
+        """Run `op` to its commit and return its result. `quiet`: the caller is the only
+        request of its replica in flight, so the operation may run on its thread (above)."""
+        if quiet and self._inline_engine is not None and self._pending == 0:
+            # No await before it runs: a caller cancelled now (a client that hung up) still
+            # has its operation committed, as a queued one is.
+            ran, result = self._run_inline(op)
+            if ran:
+                return result  # type: ignore[return-value]
         future = self.submit(op)
         # The operation runs to its commit even if the caller is cancelled (a client that hung
         # up): shield it, so the ledger never misses a write that the database has.

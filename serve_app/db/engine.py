@@ -52,15 +52,21 @@ _SQLITE_OUTAGE_SIGNS = ("database is locked", "unable to open database", "disk I
 def is_sqlite_file(url: str) -> bool:
     """A SQLite database in a file (which several engines may open), not in memory."""
     url = normalise_url(url)
-    return url.startswith("sqlite") and url.split("///", 1)[-1] not in ("", ":memory:")
+    if not url.startswith("sqlite") or "///" not in url:
+        return False
+    path = url.split("///", 1)[1]
+    return path not in ("", ":memory:") and "mode=memory" not in path
 
 
 def make_engine(url: str, *, write_transactions: bool = False,
-                lock_wait_s: float = 30.0) -> Engine:
+                lock_wait_s: float = 30.0, checkpoints: bool = True) -> Engine:
     """An engine for the URL. `write_transactions`: every SQLite transaction takes the write lock
     when it begins (BEGIN IMMEDIATE), so a read-then-write cannot race another writer; the
     money operations use such an engine (on PostgreSQL they lock rows instead).
-    `lock_wait_s`: how long a SQLite statement waits for a lock another connection holds."""
+    `lock_wait_s`: how long a SQLite statement waits for a lock another connection holds.
+    `checkpoints`: its commits copy the write-ahead log back into the database once it has
+    grown (SQLite's automatic checkpoint, a write and an fsync); without them, another
+    engine's commits do it."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         db_path = url.split("///", 1)[-1]
@@ -77,6 +83,8 @@ def make_engine(url: str, *, write_transactions: bool = False,
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+            if not checkpoints:
+                cur.execute("PRAGMA wal_autocheckpoint=0")
             cur.close()
             if write_transactions:
                 dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself, below

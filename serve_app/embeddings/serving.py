@@ -77,7 +77,8 @@ class Embedder:
             async def send(texts: list[str]) -> list[_Row]:
                 out: Embeddings = await call_model(handle.embed, model.id, model.id, texts)
                 cap = out.max_seq_length
-                return [_Row(vector, count, min(count, cap), out.replica_ms, out.engine_ms)
+                engine_ms = getattr(out, "engine_ms", 0.0)  # a replica of an older build: none
+                return [_Row(vector, count, min(count, cap), out.replica_ms, engine_ms)
                         for vector, count in zip(out.vectors, out.tokens, strict=True)]
 
             batcher = CallBatcher(send, max_in_flight=self._calls_in_flight,

@@ -81,9 +81,12 @@ class LeaseBook:
         estimated) into this replica's lease of that window, instead of sending it to the
         actor: the actor counted the lease's tokens whole, so the lease admitting `delta`
         fewer tokens (or giving them back at its end) corrects the count the same way. False:
-        no lease of that window, or too little left in it for a positive `delta`."""
+        no live lease of that window (an expired one gives back only at this replica's next
+        decision for the bucket, which may never come), or too little left in it for a
+        positive `delta`."""
         lease = self._leases.get(bucket)
-        if lease is None or lease.window_ms != window_ms or delta > lease.tokens_left:
+        if (lease is None or lease.window_ms != window_ms or delta > lease.tokens_left
+                or self._clock() >= lease.expires):
             return False
         lease.tokens_left -= delta
         return True

@@ -69,7 +69,7 @@ def test_an_operation_that_finds_the_writer_idle_is_durable_when_it_returns(tmp_
     writer, url = _ledger_writer(tmp_path)
 
     async def main() -> tuple[int, list[int]]:
-        result = await writer.run(_insert(1))
+        result = await writer.run(_insert(1), quiet=True)
         return result, _entries(url)  # read through another connection, before any await
 
     assert asyncio.run(main()) == (1, [1])
@@ -84,7 +84,7 @@ def test_a_refusal_on_the_callers_thread_writes_nothing(tmp_path):
         raise ApiError(402, "Insufficient balance")
 
     async def main() -> None:
-        await writer.run(refused)
+        await writer.run(refused, quiet=True)
 
     with pytest.raises(ApiError) as caught:
         asyncio.run(main())
@@ -101,7 +101,7 @@ def test_an_operation_that_finds_the_database_locked_waits_in_the_queue_and_comm
         with other.connect() as conn:
             transaction = conn.begin()  # BEGIN IMMEDIATE: holds the write lock
             conn.execute(text("insert into entries values (0)"))
-            pending = asyncio.ensure_future(writer.run(_insert(1)))
+            pending = asyncio.ensure_future(writer.run(_insert(1), quiet=True))
             await asyncio.sleep(0.2)
             assert not pending.done()  # not refused, not lost: queued behind the lock
             transaction.commit()
@@ -123,7 +123,7 @@ def test_operations_keep_their_order_while_the_queue_is_busy(tmp_path):
 
     async def main() -> list[int]:
         first = writer.submit(slow_first)
-        second = asyncio.ensure_future(writer.run(_insert(2)))  # the queue is not idle
+        second = asyncio.ensure_future(writer.run(_insert(2), quiet=True))  # queue busy
         await asyncio.sleep(0.05)
         gate.set()
         return [await first, await second]
@@ -131,4 +131,16 @@ def test_operations_keep_their_order_while_the_queue_is_busy(tmp_path):
     assert asyncio.run(main()) == [1, 2]
     assert _entries(url) == [1, 2]
     assert writer.inline == 0
+    writer.close()
+
+
+def test_a_busy_replicas_operations_share_the_queues_commits(tmp_path):
+    writer, url = _ledger_writer(tmp_path)
+
+    async def main() -> list[int]:
+        return [await writer.run(_insert(n), quiet=False) for n in range(3)]
+
+    assert asyncio.run(main()) == [0, 1, 2]
+    assert _entries(url) == [0, 1, 2]
+    assert writer.inline == 0 and writer.operations == 3
     writer.close()

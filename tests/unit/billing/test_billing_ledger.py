@@ -328,3 +328,34 @@ def test_holds_of_a_replica_that_stopped_beating_are_released_within_seconds(dat
     asyncio.run(main())
     assert books.holds() == 2  # on-alive and on-quiet
     assert books.account().usd_balance_nanos == to_nanos("0.6")
+
+
+def test_a_quiet_replica_commits_on_its_own_thread_and_a_busy_one_shares_commits(database_url):
+    """On SQLite, the money operations of a replica with one request in flight commit on the
+    event loop's thread; with two in flight they queue. On PostgreSQL they always queue."""
+    books = _books(database_url, usd="1")
+    cost = price(MODEL, {"input": 100, "output": 10})
+
+    async def main() -> list[int]:
+        billing = Billing(database_url)
+        payer = Payer(books.account_id)
+        counts = []
+        try:
+            alone = await billing.hold("alone", payer, to_nanos("0.01"))
+            await billing.settle(alone, cost)
+            counts.append(billing.writer.inline)
+            first = await billing.hold("first", payer, to_nanos("0.01"))
+            second = await billing.hold("second", payer, to_nanos("0.01"))
+            await billing.settle(second, cost)
+            counts.append(billing.writer.inline)
+            await billing.settle(first, cost)  # alone again
+            counts.append(billing.writer.inline)
+            return counts
+        finally:
+            billing.close()
+
+    counts = asyncio.run(main())
+    # alone: hold and settle; "first" was held alone; "second" and its settlement queued
+    assert counts == ([2, 3, 4] if database_url.startswith("sqlite") else [0, 0, 0])
+    assert books.ledger_nanos() == (3 * cost.nanos, 0)
+    assert books.holds() == 0

@@ -7,7 +7,7 @@ import asyncio
 
 from serve_app.limits.backends import RayLimiter, run_calls
 from serve_app.limits.core import OK, OVER_REQUESTS, LimiterCore
-from serve_app.limits.leases import HOT_PER_SECOND
+from serve_app.limits.leases import HOT_PER_SECOND, LEASE_SECONDS, LeaseBook
 
 T0 = 1_800_000_000_000
 WINDOW = 60_000
@@ -132,3 +132,16 @@ def test_a_correction_larger_than_the_lease_holds_goes_to_the_actor():
         return limiter.actor_calls - before
 
     assert asyncio.run(main()) == 1
+
+
+def test_a_correction_after_the_lease_expired_goes_to_the_actor_at_once():
+    now = [100.0]
+    book = LeaseBook(clock=lambda: now[0])
+    # slots, window, requests counted, tokens counted, tokens leased
+    book.granted("key|class:XS", [10, T0, 20, 5_000, 1_000])
+    assert book.absorb("key|class:XS", T0, -300)  # live: the lease carries it
+    now[0] += LEASE_SECONDS
+    # Expired: it gives back only at this replica's next decision for the key, which may
+    # never come, so the correction must not wait in it.
+    assert not book.absorb("key|class:XS", T0, -300)
+    assert not book.absorb("key|class:XS", T0 + WINDOW, -300)  # another window's
