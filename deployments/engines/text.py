@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from deployments.engines import vllm_fork_server
 from deployments.engines.vision import (
     DEFAULT_FRAME_SIDE,
     MediaError,
@@ -117,6 +118,11 @@ class VLLMEngine:
     takes the images and videos of a request, as vLLM's multimodal data."""
 
     def __init__(self, model_path: str, options: dict[str, Any]) -> None:
+        compiling = compile_settings(options)  # the compile cache's place, in the environment
+        # vLLM's engine core imports vLLM in a fork server while this process does
+        # (vllm_fork_server.py), where vLLM would import it after, in a spawned process.
+        fork_server = vllm_fork_server.start()
+        before_import = dict(os.environ)
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -133,7 +139,7 @@ class VLLMEngine:
             tokenizer=model_path,
             dtype=dtype,
             # Compiled (CUDA graphs on a GPU), the compile cache under DATA_DIR.
-            **compile_settings(options),
+            **compiling,
             max_model_len=self.max_model_len,
             max_num_seqs=int(options.get("max_num_seqs", 8)),
             disable_log_stats=True,
@@ -149,7 +155,8 @@ class VLLMEngine:
                 backend="xgrammar", disable_any_whitespace=True),
             **(vllm_vision_args(vision) if vision else {}),
         )
-        self.engine = AsyncLLM.from_engine_args(args)
+        with vllm_fork_server.engine_core_forked(fork_server, before_import):
+            self.engine = AsyncLLM.from_engine_args(args)
         self.tokenizer = self.engine.get_tokenizer()
         # Completion tokens of requests cancelled mid-stream (most recent last).
         self.cancelled: collections.deque[int] = collections.deque(maxlen=100)
