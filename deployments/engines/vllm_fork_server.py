@@ -11,15 +11,18 @@ watches it through the server; the server lives as long as the replica), and its
 the server's pages, copied as they are written.
 
 The forked engine core must be what `spawn` would have started:
-- its environment is the replica's at the moment vLLM starts it (set in the child before
-  vLLM's code runs);
-- what is read from the environment when a module is imported or a program starts (OpenMP
-  and allocator preloads, inductor's threads: `READ_AT_START`) was read by the server from
-  the environment it was started with. The CPU settings that vLLM's CPU platform puts in the
-  replica's environment before it starts its engine core are put there before the server
-  starts (`cpu_platform_env`). If such a variable has moved in the replica by then otherwise
-  than as the import of vLLM changed it (the server's import did the same), vLLM's own
-  `spawn` starts the engine core, as without this module, and says which variables moved.
+- its environment is the replica's at the moment vLLM starts it, set in the child before
+  vLLM's code runs;
+- what the server read from its environment when it started and imported vLLM was the same.
+  The settings that vLLM's CPU platform puts in the replica's environment for its engine core
+  are put there before the server starts (`cpu_platform_env`). When vLLM starts its engine
+  core, the replica's environment may differ from the server's only as the import of vLLM
+  changed it (the server's import did the same; never for what the dynamic loader reads at
+  exec, `AT_EXEC`) and in variables read by ROCm's libraries alone (`RUN_TIME_ONLY`).
+  Otherwise vLLM's own `spawn` starts the engine core, as without this module, the server is
+  stopped, and the variables that moved are logged;
+- it ends when the replica does: a spawned engine core is the replica's child, which Ray ends
+  with the replica, where a forked one is the server's (`_end_with`).
 
 Off with ENGINE_CORE_FORK_SERVER=0; only on CPU, where vLLM spawns its engine core.
 """
@@ -34,6 +37,10 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
+import select
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,12 +48,14 @@ from typing import Any
 logger = logging.getLogger("deployments.text")
 
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
-# Variables read when a program starts or a module is imported: the dynamic loader's, OpenMP's
-# and the allocators', torch's and inductor's, Python's own, and vLLM's (most of vLLM's are
-# read when used, but a module may keep one from its import). Any other is read at run time,
-# from the environment the forked engine core is given before vLLM's code runs.
-READ_AT_START = ("LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "MALLOC_",
-                 "TCMALLOC_", "TORCH", "PYTORCH_", "CUDA_", "PYTHON", "VLLM_")
+# Read by the dynamic loader and the C libraries when a program starts: a value set later
+# (even by vLLM's import, as OpenCV's adds to LD_LIBRARY_PATH) reaches a spawned engine core
+# but not one forked from the server.
+AT_EXEC = ("LD_", "MALLOC_", "GLIBC_", "PYTHON")
+# Set by vLLM when its ROCm module is first imported, read only by ROCm's libraries.
+RUN_TIME_ONLY = ("AITER_",)
+# How long a forked engine core whose replica is gone has to shut down before it is ended.
+ORPHAN_GRACE_S = 10.0
 
 
 def wanted(env: Mapping[str, str] = os.environ) -> bool:
@@ -58,7 +67,8 @@ def wanted(env: Mapping[str, str] = os.environ) -> bool:
 
 def cpu_platform_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The variables vLLM's CPU platform sets for its engine core when it builds the engine's
-    configuration, with the values it gives them on this machine (vllm/platforms/cpu.py)."""
+    configuration, with the values it gives them on this machine (vllm/platforms/cpu.py). A
+    value that drifts from vLLM's only costs the speed-up: the engine core is then spawned."""
     values = {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "NUMEXPR_MAX_THREADS": str(len(os.sched_getaffinity(0))),
@@ -71,10 +81,14 @@ def cpu_platform_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
         values["VLLM_SSM_CONV_STATE_LAYOUT"] = "SD"
     preload = env.get("LD_PRELOAD", "")
     if not any(name in preload for name in ("libomp", "libgomp", "libiomp")):
-        # torch's own OpenMP runtime, preloaded so that thread binding uses it
-        gomp = _torch_libgomp()
-        if gomp:
+        gomp = _first_file("torch", ("../torch.libs", "lib"), "libgomp*.so*")
+        if gomp:  # torch's own OpenMP runtime, so that thread binding uses it
             preload = f"{preload}:{gomp}" if preload else gomp
+    if "libtcmalloc" not in preload:
+        tcmalloc = _first_file("vllm", ("libs",), "libtcmalloc_minimal*.so*") \
+            or _first_file("vllm", ("libs",), "libtcmalloc.so*")
+        if tcmalloc:  # the allocator vLLM ships in some builds
+            preload = f"{tcmalloc}:{preload}" if preload else tcmalloc
     if preload:
         values["LD_PRELOAD"] = preload
     return values
@@ -88,14 +102,15 @@ def _cpu_flag(flag: str) -> bool:
         return False
 
 
-def _torch_libgomp() -> str | None:
-    spec = importlib.util.find_spec("torch")
+def _first_file(package: str, folders: tuple[str, ...], pattern: str) -> str | None:
+    """The first file matching `pattern` in a folder of an installed package, in the order
+    the file system lists them (as vLLM looks them up)."""
+    spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         return None
-    package = os.path.dirname(spec.origin)
-    for folder in (os.path.join(os.path.dirname(package), "torch.libs"),
-                   os.path.join(package, "lib")):
-        found = sorted(glob.glob(os.path.join(folder, "libgomp*.so*")))
+    root = os.path.dirname(spec.origin)
+    for folder in folders:
+        found = glob.glob(os.path.join(os.path.normpath(os.path.join(root, folder)), pattern))
         if found:
             return found[0]
     return None
@@ -105,6 +120,7 @@ def _torch_libgomp() -> str | None:
 class ForkServer:
     """The fork server of this process, and the environment it was started with."""
 
+    pid: int
     started_with: dict[str, str]
     # What importing vLLM changed in this process's environment (the server's import made the
     # same changes in its own): set once the replica has imported vLLM.
@@ -115,12 +131,35 @@ class ForkServer:
                                     if before.get(k) != after.get(k)})
 
     def moved(self, env: Mapping[str, str]) -> list[str]:
-        """The variables read at start-up that differ in `env` from the server's environment
-        other than as importing vLLM changed them: what a forked engine core would have read
-        otherwise than a spawned one."""
-        keys = {k for k in set(env) | set(self.started_with) if k.startswith(READ_AT_START)}
-        return sorted(k for k in keys if env.get(k) != self.started_with.get(k)
-                      and not (k in self.import_changes and env.get(k) == self.import_changes[k]))
+        """The variables of `env` that differ from the server's environment in a way a forked
+        engine core could have read otherwise than a spawned one."""
+        def same(key: str) -> bool:
+            value = env.get(key)
+            if value == self.started_with.get(key) or key.startswith(RUN_TIME_ONLY):
+                return True
+            if key.startswith(AT_EXEC):
+                return key == "LD_LIBRARY_PATH" and _existing_folders(value) == \
+                    _existing_folders(self.started_with.get(key))
+            return key in self.import_changes and value == self.import_changes[key]
+
+        return sorted(k for k in set(env) | set(self.started_with) if not same(k))
+
+    def alive(self) -> bool:
+        with contextlib.suppress(ChildProcessError):
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        return False
+
+    def stop(self) -> None:
+        """End the server (its import may still run) and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        with contextlib.suppress(Exception):
+            multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
+def _existing_folders(search_path: str | None) -> list[str]:
+    """A library search path as the loader uses it: the folders that exist."""
+    return [p for p in (search_path or "").split(":") if p and os.path.isdir(p)]
 
 
 _server: ForkServer | None = None
@@ -139,11 +178,12 @@ def start(env: MutableMapping[str, str] = os.environ) -> ForkServer | None:
     try:
         multiprocessing.get_context("forkserver").set_forkserver_preload([ENGINE_CORE_MODULE])
         multiprocessing.forkserver.ensure_running()
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
     except Exception:
         logger.warning("the engine core's fork server did not start; vLLM spawns the engine "
                        "core", exc_info=True)
         return None
-    _server = ForkServer(started_with=dict(env))
+    _server = ForkServer(pid=pid, started_with=dict(env))
     return _server
 
 
@@ -151,7 +191,7 @@ def start(env: MutableMapping[str, str] = os.environ) -> ForkServer | None:
 def engine_core_forked(server: ForkServer | None, before_import: Mapping[str, str]
                        ) -> Iterator[None]:
     """While vLLM starts its engine core (`AsyncLLM(...)`), it forks it from `server` instead
-    of spawning it, when nothing read at start-up moved. `before_import`: this process's
+    of spawning it, when nothing it reads at start-up moved. `before_import`: this process's
     environment just before it imported vLLM."""
     if server is None:
         yield
@@ -162,10 +202,13 @@ def engine_core_forked(server: ForkServer | None, before_import: Mapping[str, st
     own = engine_utils.get_mp_context
 
     def get_mp_context() -> Any:
+        global _server
         moved = server.moved(os.environ)
-        if moved:
-            logger.warning("vLLM spawns the engine core: %s moved since its fork server "
-                           "started", ", ".join(moved))
+        if moved or not server.alive():
+            logger.warning("vLLM spawns the engine core: %s", f"{', '.join(moved)} moved since "
+                           "its fork server started" if moved else "its fork server is gone")
+            server.stop()
+            _server = None
             return own()
         logger.info("vLLM's engine core is forked from its fork server")
         return _ForkedContext()
@@ -179,10 +222,11 @@ def engine_core_forked(server: ForkServer | None, before_import: Mapping[str, st
 
 class _EngineCoreProcess(multiprocessing.context.ForkServerProcess):
     """A process forked from the fork server that runs in the environment its parent had
-    when it started it, as a spawned one would."""
+    when it started it, as a spawned one would, and ends with that parent."""
 
     def start(self) -> None:
-        self._target = _InEnvironment(self._target, dict(os.environ))  # type: ignore[attr-defined]
+        self._target = _InEnvironment(self._target, dict(os.environ),  # type: ignore
+                                      os.getpid())
         super().start()
 
 
@@ -191,12 +235,45 @@ class _ForkedContext(multiprocessing.context.ForkServerContext):
 
 
 class _InEnvironment:
-    """`target`, run once the environment is `env` (picklable: it travels to the child)."""
+    """`target`, run once the environment is `env`, in a process that ends soon after the
+    process `parent_pid` (picklable: it travels to the forked process)."""
 
-    def __init__(self, target: Callable[..., Any], env: dict[str, str]) -> None:
-        self.target, self.env = target, env
+    def __init__(self, target: Callable[..., Any], env: dict[str, str], parent_pid: int
+                 ) -> None:
+        self.target, self.env, self.parent_pid = target, env, parent_pid
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         os.environ.clear()
         os.environ.update(self.env)
+        threading.Thread(target=_end_with, args=(self.parent_pid,), daemon=True,
+                         name="end-with-replica").start()
         return self.target(*args, **kwargs)
+
+
+def _end_with(pid: int, grace_s: float = ORPHAN_GRACE_S) -> None:
+    """Once process `pid` is gone, end this one: SIGTERM (vLLM's engine core shuts down on
+    it), then, if it is still there after `grace_s`, at once. A spawned engine core is ended
+    by Ray with the replica it is a child of; a forked one is the fork server's child."""
+    try:
+        watched = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pass  # gone already
+    except OSError:  # a kernel without pidfd: look every second
+        while _exists(pid):
+            time.sleep(1.0)
+    else:
+        select.select([watched], [], [])
+        os.close(watched)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    os._exit(1)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,15 +1,18 @@
 """The text engine's core forked from its fork server (deployments/engines/vllm_fork_server.py)
 answers as the spawned one does: the same greedy text, from a process that is the fork
-server's child. Each start is its own process with a replica's environment (vLLM's CPU build,
-`spawn`, one thread)."""
+server's child, and it ends by itself when the process it served is killed. Each start is its
+own process with a replica's environment (vLLM's CPU build, `spawn`, one thread)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from deployments.weights.text import build_tiny_chat_model
@@ -19,7 +22,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 START_AND_CHAT = """
-import asyncio, logging, sys
+import asyncio, logging, os, sys
 
 import psutil
 
@@ -46,6 +49,8 @@ def main():
               "server" if "multiprocessing.forkserver" in " ".join(process.cmdline()) else "",
               flush=True)
     print("text", repr("".join(e.text for e in events if isinstance(e, Chunk))), flush=True)
+    if sys.argv[2] == "killed":  # as a replica Ray kills: no shutdown
+        os._exit(0)
     engine.shutdown()
 
 
@@ -54,8 +59,10 @@ if __name__ == "__main__":
 """
 
 
-def _start_and_chat(model: Path, data_dir: Path, fork_server: bool) -> str:
-    """Standard output and error of one start and one greedy chat."""
+def _start_and_chat(model: Path, data_dir: Path, fork_server: bool, end: str = "shutdown"
+                    ) -> str:
+    """Standard output and error of one start and one greedy chat; `end`: "shutdown" the
+    engine, or leave it as a killed process would ("killed")."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_USE_AOT_COMPILE")}
     env.update({"DATA_DIR": str(data_dir), "VLLM_TARGET_DEVICE": "cpu",
@@ -67,10 +74,13 @@ def _start_and_chat(model: Path, data_dir: Path, fork_server: bool) -> str:
     script = data_dir / "start_and_chat.py"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(START_AND_CHAT)
-    done = subprocess.run([sys.executable, str(script), str(model)], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout + done.stderr
+    # Into a file, not a pipe: an engine core left running must not hold the run open.
+    output = data_dir / "output.txt"
+    with output.open("w") as out:
+        done = subprocess.run([sys.executable, str(script), str(model), end], env=env,
+                              stdout=out, stderr=subprocess.STDOUT, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, output.read_text()[-3000:]
+    return output.read_text()
 
 
 def _text(output: str) -> str:
@@ -80,7 +90,7 @@ def _text(output: str) -> str:
 def test_the_forked_engine_core_answers_as_the_spawned_one(tmp_path):
     model = build_tiny_chat_model(tmp_path / "models" / "tiny-chat")
 
-    forked = _start_and_chat(model, tmp_path / "forked", fork_server=True)
+    forked = _start_and_chat(model, tmp_path / "forked", fork_server=True, end="killed")
     spawned = _start_and_chat(model, tmp_path / "spawned", fork_server=False)
 
     assert "forked from its fork server" in forked and "moved" not in forked
@@ -90,4 +100,16 @@ def test_the_forked_engine_core_answers_as_the_spawned_one(tmp_path):
     chat = next(line.split()[1] for line in forked.splitlines() if line.startswith("chat "))
     processes = [line.split() for line in forked.splitlines() if line.startswith("process ")]
     servers = {f[1] for f in processes if f[3] == chat and f[-1] == "server"}
-    assert len(servers) == 1 and any(f[3] in servers for f in processes)
+    cores = [int(f[1]) for f in processes if f[3] in servers]
+    assert len(servers) == 1 and cores
+    # its chat process gone without a word, the engine core and its server end by themselves
+    left = [*cores, *map(int, servers)]
+    deadline = time.monotonic() + 60
+    try:
+        while any(psutil.pid_exists(pid) for pid in left):
+            assert time.monotonic() < deadline, "the engine core outlived the process it served"
+            time.sleep(0.5)
+    finally:
+        for pid in left:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
