@@ -69,9 +69,8 @@ def make_engine(url: str, *, write_transactions: bool = False,
     engine's commits do it."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
-        db_path = url.split("///", 1)[-1]
-        if db_path and db_path != ":memory:":
-            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        if is_sqlite_file(url):
+            Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False,
                                                   "timeout": lock_wait_s})
         busy_timeout_ms = int(lock_wait_s * 1000)
