@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from deployments.engines import vllm_fork_server
+from deployments.engines.cpu_flags import cpu_has_bf16
 from deployments.engines.vision import (
     DEFAULT_FRAME_SIDE,
     MediaError,
@@ -34,15 +35,6 @@ class TextEngine(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     def shutdown(self) -> None: ...
-
-
-def cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            flags = fh.read()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def _logprob_entries(tokenizer: Any, token_ids: list[int], logprobs: list[dict] | None,

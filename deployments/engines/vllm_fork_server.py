@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.engines.cpu_flags import cpu_flags
+
 logger = logging.getLogger("deployments.text")
 
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
@@ -77,7 +79,7 @@ def cpu_platform_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
         "TORCHINDUCTOR_CPP_DYNAMIC_THREADS": "1",
         "LOCAL_WORLD_SIZE": "1",
     }
-    if _cpu_flag("avx512_bf16"):  # its state layout for models with convolution state
+    if "avx512_bf16" in cpu_flags():  # its state layout for models with convolution state
         values["VLLM_SSM_CONV_STATE_LAYOUT"] = "SD"
     preload = env.get("LD_PRELOAD", "")
     if not any(name in preload for name in ("libomp", "libgomp", "libiomp")):
@@ -92,14 +94,6 @@ def cpu_platform_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     if preload:
         values["LD_PRELOAD"] = preload
     return values
-
-
-def _cpu_flag(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            return any(line.startswith("flags") and flag in line.split() for line in fh)
-    except OSError:
-        return False
 
 
 def _first_file(package: str, folders: tuple[str, ...], pattern: str) -> str | None:

@@ -1,0 +1,24 @@
+"""The instruction-set flags of this machine's CPU, as the kernel lists them: what the CPU
+engines choose a dtype or a state layout by."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The `flags` of /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes in bfloat16 natively (AVX-512 BF16 or AMX)."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
