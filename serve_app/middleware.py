@@ -12,6 +12,7 @@ and refuses bodies over the size cap before anything reads them.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import logging
@@ -25,6 +26,7 @@ from datetime import UTC, datetime
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve_app.client_gone import CLIENT_CLOSED_REQUEST
 from serve_app.errors import unexpected_error_body
 from serve_app.pipeline.context import RequestContext
 from serve_app.version import service_version
@@ -200,15 +202,23 @@ class RequestOutcomeMiddleware:
             return
         started = time.perf_counter()
         status = 500
+        answered = False
 
         async def send_watching(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], True
             await send(message)
 
         try:
             await self.app(scope, receive, send_watching)
+        except asyncio.CancelledError:
+            # The server cancels a request whose client hung up (Serve does): before an answer
+            # began, that is the client's leaving, not our failure, and must not count
+            # toward the key's error budget as a 500 would.
+            if not answered:
+                status = CLIENT_CLOSED_REQUEST
+            raise
         finally:
             try:
                 self.on_finished(scope, status, time.perf_counter() - started)
