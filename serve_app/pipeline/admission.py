@@ -165,9 +165,17 @@ class PendingAdmission:
                 hold = await self._admission._hold(ctx, self._key, models, max_cost)
             return Charge(ctx, hold, ticket)
         with ctx.step("limits+hold"):
-            admitted, held = await asyncio.gather(
-                self._deciding, self._admission._hold(ctx, self._key, models, max_cost),
-                return_exceptions=True)
+            holding = asyncio.ensure_future(self._admission._hold(ctx, self._key, models,
+                                                                  max_cost))
+            try:
+                admitted, held = await asyncio.gather(self._deciding, holding,
+                                                      return_exceptions=True)
+            except asyncio.CancelledError:
+                # The caller left (its client hung up) while the limiter decided: a hold
+                # already taken would otherwise stay open until it goes stale.
+                if holding.done() and not holding.cancelled() and not holding.exception():
+                    await holding.result().finish(None)
+                raise
         if isinstance(admitted, BaseException):
             if isinstance(held, Hold):
                 await held.finish(None)
