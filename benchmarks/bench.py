@@ -6,9 +6,9 @@ runs it) and against a reference measured in the same run on the same machine:
   embeddings_c32          POST /embeddings at concurrency 32 (wrk) / the embedding engine
                           on batches of 32 in this process
   embeddings_c1_added_ms  p50 latency at concurrency 1 minus the engine's own time per text
-                          (the replica's forward pass, from Server-Timing); its ceiling is the
-                          floor (a Serve hop plus a durable charge, both measured in the run:
-                          floor.py) + 5 ms
+                          (the replica's forward pass, from Server-Timing, just after); its
+                          ceiling is the floor (a Serve hop plus a durable charge, both
+                          measured in the run: floor.py) + 5 ms
   chat_stream_smollm2_s1  streamed tokens/s through the API / vLLM in this process, 1 stream
   chat_stream_smollm2_s8  the same, 8 streams
   chat_ttft_added_ms      time to first token through the API minus the engine's, 1 stream
@@ -415,17 +415,17 @@ def measure_api(platform: Platform, key: str, parts: set[str], ref: dict[str, fl
         body = {"model": EMBEDDER, "input": SENTENCE}
         wrk(f"{platform.base}/embeddings", 8, 3, headers=auth, body=body)  # warm-up
         c1 = wrk(f"{platform.base}/embeddings", 1, args.seconds, headers=auth, body=body)
-        c32 = wrk(f"{platform.base}/embeddings", 32, args.seconds, headers=auth, body=body)
-        # At concurrency 1 again, so the steps are those of the wrk run above: the key's
-        # decisions come from a lease by then, as they do through most of that run.
-        wrk(f"{platform.base}/embeddings", 1, 2, headers=auth, body=body)
+        # Right after the wrk run at concurrency 1, so the replica's engine time of these
+        # requests is that of the wrk run's (it moved by up to 2 ms between the windows of
+        # one run); the key's decisions still come from a lease, as through that run.
         steps = step_profile(f"{platform.base}/embeddings", body, auth, 100)
+        c32 = wrk(f"{platform.base}/embeddings", 32, args.seconds, headers=auth, body=body)
         print("    steps (ms, p50, concurrency 1): " + format_steps(steps), flush=True)
         hop, charge = serve_hop_ms(platform.noop, args.seconds), durable_charge_ms(CATALOG,
                                                                                    EMBEDDER)
-        # The engine's own time is the replica's forward pass of these requests (Server-Timing
-        # `engine`), not the same engine timed in this process before the platform started: the
-        # two moved apart by up to 2 ms between runs of one build.
+        # The engine's own time is the replica's forward pass (Server-Timing `engine`) of the
+        # requests just after the wrk run, not the same engine timed in this process before
+        # the platform started: the two moved apart by up to 2 ms between runs of one build.
         added = ceiling_figure("embeddings_c1_added_ms", "ms", c1["p50_ms"], steps["engine"],
                                round(hop + charge + FLOOR_MARGIN_MS, 2))
         added.floor = round(hop + charge, 2)
@@ -433,8 +433,9 @@ def measure_api(platform: Platform, key: str, parts: set[str], ref: dict[str, fl
                     added]
         step(f"POST /embeddings: {c32['rps']:.0f}/s at 32, p50 {c1['p50_ms']:.1f} ms at 1, of "
              f"which the engine {steps['engine']:.2f} ms in the replica ({ref['emb1_ms']:.2f} "
-             f"in this process: {c1['p50_ms'] - ref['emb1_ms']:.2f} ms added against it); "
-             f"floor {added.floor:.2f} ms (Serve hop {hop:.2f} + durable charge {charge:.2f})")
+             f"in this process); {steps['added']:.2f} ms added per request by httpx one at a "
+             f"time; floor {added.floor:.2f} ms (Serve hop {hop:.2f} + durable charge "
+             f"{charge:.2f})")
     if "cheap_route" in parts:
         route = f"{platform.base}/api_keys/rate_limits"
         wrk(route, 8, 2, headers=auth)

@@ -90,7 +90,9 @@ async def stream_chats(base: str, key: str, model: str, streams: int, tokens: in
 def step_profile(url: str, body: dict, headers: dict[str, str], count: int = 40
                  ) -> dict[str, float]:
     """Median time of each step of one request (the `Server-Timing` header, and `client`: the
-    whole request as this client saw it), one request at a time."""
+    whole request as this client saw it), one request at a time. Where the replica timed its
+    engine (`engine`), `added` is the median of each request's client time minus its own
+    engine time: what the path added, with the engine's drift between requests taken out."""
     steps: dict[str, list[float]] = {}
     with httpx.Client(headers=headers, timeout=120) as client:
         for i in range(count + 5):
@@ -98,10 +100,15 @@ def step_profile(url: str, body: dict, headers: dict[str, str], count: int = 40
             response.raise_for_status()
             if i < 5:
                 continue
+            timed = {}
             for part in response.headers["server-timing"].split(", "):
                 name, _, value = part.partition(";dur=")
+                timed[name] = float(value)
                 steps.setdefault(name, []).append(float(value))
-            steps.setdefault("client", []).append(response.elapsed.total_seconds() * 1000)
+            seen = response.elapsed.total_seconds() * 1000
+            steps.setdefault("client", []).append(seen)
+            if "engine" in timed:
+                steps.setdefault("added", []).append(seen - timed["engine"])
     return {name: statistics.median(values) for name, values in steps.items()}
 
 
