@@ -419,8 +419,8 @@ def measure_api(platform: Platform, key: str, parts: set[str], ref: dict[str, fl
         # requests is that of the wrk run's (it moved by up to 2 ms between the windows of
         # one run); the key's decisions still come from a lease, as through that run.
         steps = step_profile(f"{platform.base}/embeddings", body, auth, 100)
-        c32 = wrk(f"{platform.base}/embeddings", 32, args.seconds, headers=auth, body=body)
         print("    steps (ms, p50, concurrency 1): " + format_steps(steps), flush=True)
+        c32 = wrk(f"{platform.base}/embeddings", 32, args.seconds, headers=auth, body=body)
         hop, charge = serve_hop_ms(platform.noop, args.seconds), durable_charge_ms(CATALOG,
                                                                                    EMBEDDER)
         # The engine's own time is the replica's forward pass (Server-Timing `engine`) of the
