@@ -28,7 +28,7 @@ from serve_app.crypto.networks import load_nodes
 from serve_app.crypto.serving import CryptoRpc
 from serve_app.db.engine import make_engine
 from serve_app.embeddings.serving import Embedder
-from serve_app.images.inputs import ImageSourceReader, image_fetcher
+from serve_app.images.inputs import ImageInspector, ImageSourceReader, image_fetcher
 from serve_app.images.serving import ImageService
 from serve_app.jobs.caps import FetchSlots, JobCaps
 from serve_app.jobs.requests import JobService
@@ -132,6 +132,7 @@ class GatewayServices:
                        settings.web_search_url, settings.web_search_api_key,
                        extractor=extractor)
         image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
+        image_inspector = ImageInspector(limits, timeout_s=settings.image_inspect_timeout_s)
         job_runner = JobRunner(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment)
         fetch_slots = FetchSlots(settings.media_fetches_per_account)  # chat's media too
@@ -166,8 +167,9 @@ class GatewayServices:
             job_runner=job_runner,
             chat=ChatService(router, catalog, web, engine, admission, FileReader(extractor),
                              AudioReader(router),
-                             MediaReader(image_sources, probe_video, fetch_slots)),
-            images=ImageService(catalog, router, admission),
+                             MediaReader(image_sources, probe_video, fetch_slots,
+                                         image_inspector)),
+            images=ImageService(catalog, router, admission, image_inspector),
             audio=AudioService(router, catalog, admission),
             job_service=job_service,
             queued_audio=QueuedAudio(router, job_service),
@@ -197,6 +199,7 @@ class GatewayServices:
         with contextlib.suppress(Exception):
             await self.crypto_rpc.close()
         self.top_ups.close()
+        self.images.inspector.close()
         await self.extractor.close()
         self.billing.close()
         await self.limits.close()

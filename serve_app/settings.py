@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     # the megabytes their inputs and finished media keep in the result store (429 past them).
     job_open_per_account: int = Field(default=20, ge=1)
     job_stored_mb_per_account: int = Field(default=2048, ge=1)
+    # The longest an image's header may take to read in the gateway's workers (bounded walk:
+    # milliseconds); past it the image is refused as unreadable (400 CORRUPTED_IMAGE).
+    image_inspect_timeout_s: float = Field(default=5.0, gt=0)
     # JSON-RPC nodes of `/crypto/rpc/{network}` (configs/crypto_rpc.yaml documents the format).
     crypto_rpc_nodes: Path = PROJECT_ROOT / "configs" / "crypto_rpc.yaml"
 

@@ -24,7 +24,7 @@ from deployments.protocol import ChatImage, ChatVideo
 from serve_app.billing.pricing.video import SourceVideo
 from serve_app.chat.vision import VisionSpec
 from serve_app.errors import ApiError, invalid_request
-from serve_app.images.inputs import ImageSourceReader, inspect_image
+from serve_app.images.inputs import ImageInspector, ImageSourceReader
 from serve_app.jobs.caps import FetchSlots
 from serve_app.models.catalog import CatalogModel
 from serve_app.schemas.chat import ChatCompletionRequest, ImagePart, VideoPart
@@ -150,11 +150,12 @@ def _named(err: ApiError, item: MediaItem) -> ApiError:
 class MediaReader:
     """Reads and checks the image and video parts of chat requests."""
 
-    def __init__(self, sources: ImageSourceReader, probe: VideoProbe, slots: FetchSlots
-                 ) -> None:
+    def __init__(self, sources: ImageSourceReader, probe: VideoProbe, slots: FetchSlots,
+                 inspector: ImageInspector | None = None) -> None:
         self.sources = sources
         self.probe = probe
         self.slots = slots
+        self.inspector = inspector or ImageInspector(None)
 
     async def collect(self, req: ChatCompletionRequest, model: CatalogModel,
                       account_id: str) -> ChatMedia:
@@ -165,7 +166,7 @@ class MediaReader:
         if inline:
             async with self.slots.slot(account_id):
                 for item in inline:
-                    await self._read(item, spec, allow_urls=False)
+                    await self._read(item, spec, account_id, allow_urls=False)
         return media
 
     async def fetch(self, media: ChatMedia, account_id: str) -> None:
@@ -175,14 +176,16 @@ class MediaReader:
             return
         async with self.slots.slot(account_id):
             for item in pending:
-                await self._read(item, media.spec, allow_urls=True)
+                await self._read(item, media.spec, account_id, allow_urls=True)
 
-    async def _read(self, item: MediaItem, spec: VisionSpec, *, allow_urls: bool) -> None:
+    async def _read(self, item: MediaItem, spec: VisionSpec, account_id: str, *,
+                    allow_urls: bool) -> None:
         try:
             data = await self.sources.read(item.source, item.field, allow_urls=allow_urls,
                                            media=item.kind)
             if item.kind == "image":
-                checked = inspect_image(data, item.field, max_pixels=MAX_IMAGE_PIXELS)
+                checked = await self.inspector.inspect(data, item.field, account_id=account_id,
+                                                       max_pixels=MAX_IMAGE_PIXELS)
                 item.image = ChatImage(data, checked.width, checked.height)
             else:
                 item.video = await self._video(data, item.field, spec)

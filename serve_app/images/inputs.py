@@ -3,7 +3,9 @@
 Two stages. At the gateway, `ImageSourceReader` and `read_image_body` get the bytes (raw
 base64, a data URL, an http(s) URL or a multipart upload) and refuse anything of 25 MB or more
 before it is read whole or decoded; `inspect_image` then checks the image from its header
-alone (format, size, frames, mode) without decoding a pixel. In the model replica,
+alone (format, size, frames, mode) without decoding a pixel, in a worker thread with a deadline
+(`ImageInspector`, which counts the images it refuses toward the account's budget). In the
+model replica,
 `decode_image` decodes. Both stages apply the same rules (rules.py): the gateway raises
 `ApiError`, the replica `ImageInputError`, a `ValueError` it can report as data.
 """
@@ -14,6 +16,7 @@ import asyncio
 import base64
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -33,12 +36,14 @@ from serve_app.errors import (
     validation_error_response,
 )
 from serve_app.images.rules import (
+    CORRUPT,
     MAX_IMAGE_BYTES,
     ImageInputError,
     displayed_size,
     open_checked,
     too_large_message,
 )
+from serve_app.limits.rate_limits import RateLimits
 from serve_app.net_guard import (
     BlockedAddress,
     FetchTimedOut,
@@ -50,6 +55,9 @@ from serve_app.net_guard import (
 
 IMAGE_FETCH_TIMEOUT_S = 15.0
 MAX_FORM_FIELDS = 64
+# The longest an image's header may take to read in the worker (it takes milliseconds: the
+# header walk is bounded, rules.open_checked); past it the image is refused as unreadable.
+IMAGE_INSPECT_TIMEOUT_S = 5.0
 
 
 _URL_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://")
@@ -84,7 +92,8 @@ def to_api_error(err: ImageInputError) -> ApiError:
 
 def inspect_image(data: bytes, field: str, *, min_pixels: int | None = None,
                   max_pixels: int | None = None) -> ImageInput:
-    """Check an image from its header, without decoding it (cheap enough for the event loop).
+    """Check an image from its header, without decoding it (a bounded walk, rules.open_checked:
+    milliseconds; the gateway's requests run it in `ImageInspector`'s workers).
 
     Raises ApiError: 400 naming `field` for a refused image, 413 for 25 MB or more.
     """
@@ -97,6 +106,46 @@ def inspect_image(data: bytes, field: str, *, min_pixels: int | None = None,
         width, height = displayed_size(image)
         return ImageInput(data=data, width=width, height=height, format=image_format,
                           mode=image.mode, field=field)
+
+
+class ImageInspector:
+    """`inspect_image` for the gateway's requests: in one of a few worker threads, never on the
+    event loop, within a deadline; every image it refuses counts toward its account's budget
+    of refused images (`RateLimits.image_refused`), and an account past it is refused (429)
+    before its next image is read."""
+
+    def __init__(self, limits: RateLimits | None, *, timeout_s: float = IMAGE_INSPECT_TIMEOUT_S,
+                 workers: int = 2) -> None:
+        self.limits = limits
+        self.timeout_s = timeout_s
+        self._workers = ThreadPoolExecutor(max_workers=workers,
+                                           thread_name_prefix="image-inspect")
+
+    async def inspect(self, data: bytes, field: str, *, account_id: str,
+                      min_pixels: int | None = None,
+                      max_pixels: int | None = None) -> ImageInput:
+        """Raises ApiError: 400 naming `field` for a refused image (unreadable in time
+        included), 413 for 25 MB or more, 429 when the account's budget is spent."""
+        if self.limits is not None:
+            self.limits.check_refused_images(account_id)
+        work = self._workers.submit(inspect_image, data, field, min_pixels=min_pixels,
+                                    max_pixels=max_pixels)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.wrap_future(work)
+        except TimeoutError:
+            work.cancel()
+            refused: ApiError = to_api_error(ImageInputError(
+                f"{CORRUPT}: its header could not be read in {self.timeout_s:g} s", field,
+                code="CORRUPTED_IMAGE"))
+        except ApiError as exc:
+            refused = exc
+        if self.limits is not None:
+            await self.limits.image_refused(account_id)
+        raise refused
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from typing import Any
 
 from PIL import Image, ImageOps
 
+from serve_app.images.header_scan import HeaderTooCostly, check_header_cost
+
 MAX_IMAGE_BYTES = 25 * 1024 * 1024  # images must be smaller: 25 MB or more is refused
 # No endpoint takes more pixels than this, whatever its own bound (256 MB once RGBA).
 ABSOLUTE_MAX_PIXELS = 8192 * 8192
@@ -119,6 +121,11 @@ def open_checked(data: bytes, field: str, *, min_pixels: int | None,
     if len(data) >= MAX_IMAGE_BYTES:
         raise ImageInputError(too_large_message(field, len(data)), field, 413)
     limit = ABSOLUTE_MAX_PIXELS if max_pixels is None else min(max_pixels, ABSOLUTE_MAX_PIXELS)
+    try:
+        check_header_cost(data)  # before Pillow walks the header in Python
+    except HeaderTooCostly as exc:
+        raise ImageInputError(f"image could not be read: {exc}", field,
+                              code="CORRUPTED_IMAGE") from exc
     try:
         image = Image.open(BytesIO(data), formats=ACCEPTED_FORMATS)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:

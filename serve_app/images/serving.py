@@ -20,7 +20,7 @@ from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.images import image_cost
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images import sizing
-from serve_app.images.inputs import ImageInput, inspect_image
+from serve_app.images.inputs import ImageInput, ImageInspector
 from serve_app.models.calls import call_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel, ImageOperation
 from serve_app.models.router import ModelRouter, RoutedModel
@@ -59,10 +59,12 @@ class ImageService:
     """Image requests between the router and the image deployments: the model, admission,
     the inputs, one call, the settlement of what it did cost."""
 
-    def __init__(self, catalog: Catalog, router: ModelRouter, admission: Admission) -> None:
+    def __init__(self, catalog: Catalog, router: ModelRouter, admission: Admission,
+                 inspector: ImageInspector | None = None) -> None:
         self.catalog = catalog
         self.router = router
         self.admission = admission
+        self.inspector = inspector or ImageInspector(admission.limits)
 
     def model_for(self, operation: ImageOperation, name: str | None) -> RoutedModel:
         """The model of an image operation: by name (id, alias or trait), or the operation's
@@ -120,7 +122,8 @@ class ImageService:
 
         async def work() -> tuple[Produced, Cost]:
             data = await source()
-            image = inspect_image(data, "image", min_pixels=sizing.UPSCALE_MIN_PIXELS)
+            image = await self.inspector.inspect(data, "image", account_id=key.account_id,
+                                                 min_pixels=sizing.UPSCALE_MIN_PIXELS)
             scale = sizing.effective_scale(image.width, image.height, body.scale)
             params = {"scale": scale, "creativity": body.clamped_creativity}
             produced = await self._run(ctx, model, [image], params, "png")
@@ -137,7 +140,9 @@ class ImageService:
         model = routed.model
 
         async def work() -> tuple[Produced, Cost]:
-            image = inspect_image(await source(), "image", max_pixels=sizing.EDIT_MAX_PIXELS)
+            image = await self.inspector.inspect(await source(), "image",
+                                                 account_id=key.account_id,
+                                                 max_pixels=sizing.EDIT_MAX_PIXELS)
             return await self._run(ctx, model, [image], {}, "png"), image_cost(model)
 
         return await self._charged(ctx, key, routed, image_cost(model), work)
@@ -188,9 +193,10 @@ class ImageService:
                               input_images=len(sources), enhanced=enhance)
 
         async def work() -> tuple[Produced, Cost]:
-            inputs = [inspect_image(await read(), name, min_pixels=sizing.EDIT_MIN_PIXELS,
-                                    max_pixels=sizing.EDIT_MAX_PIXELS)
-                      for read, name in zip(sources, fields, strict=True)]
+            inputs = [await self.inspector.inspect(
+                await read(), name, account_id=key.account_id,
+                min_pixels=sizing.EDIT_MIN_PIXELS, max_pixels=sizing.EDIT_MAX_PIXELS)
+                for read, name in zip(sources, fields, strict=True)]
             size = sizing.output_size(model, body.aspect_ratio, resolution, inputs[0].width,
                                       inputs[0].height)
             fmt = {"jpg": "jpeg"}.get(body.output_format or "", body.output_format) or \

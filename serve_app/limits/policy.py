@@ -29,6 +29,9 @@ WINDOW_MS = 60_000  # requests and tokens per minute
 BUDGET_WINDOW_MS = 30_000  # error budgets roll over 30 seconds
 FAILED_REQUESTS_MAX = 50
 UNSUPPORTED_FEATURE_MAX = 200
+# Images one account may send that the gateway refuses after reading their header (any key or
+# wallet of the account): past it, its images are refused with 429 before they are read.
+REFUSED_IMAGES_MAX = 20
 API_KEY_CREATIONS_PER_MINUTE = 20
 
 # class -> (requests/min, tokens/min, partner requests/min, partner tokens/min); None: none.

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,7 @@ from serve_app.limits.policy import (
     API_KEY_CREATIONS_PER_MINUTE,
     BUDGET_WINDOW_MS,
     FAILED_REQUESTS_MAX,
+    REFUSED_IMAGES_MAX,
     UNSUPPORTED_FEATURE_MAX,
     WINDOW_MS,
     Limits,
@@ -121,6 +123,7 @@ class RateLimits:
         self.clock = clock
         self._logged: dict[tuple, float] = {}
         self._tripped: dict[str, int] = {}  # key id -> ms until its model-less budget refills
+        self._images_tripped: dict[str, int] = {}  # account id -> ms until it refills
         self._tasks: set[asyncio.Task] = set()
         # bucket -> (window start, requests, tokens) of its last decision here: the room the
         # key had, as far as this replica knows.
@@ -315,6 +318,35 @@ class RateLimits:
         raise self._budget_error("FAILED_REQUESTS", Outcome(
             budget=1, limit=FAILED_REQUESTS_MAX, count=FAILED_REQUESTS_MAX + 1,
             resets_ms=until), "")
+
+    async def image_refused(self, account_id: str) -> None:
+        """Count an image refused after its header was read toward the account's budget."""
+        now = self._now_ms()
+        try:
+            count = await self.backend.record(f"{account_id}|images|REFUSED", now,
+                                              uuid.uuid4().hex)
+        except Exception as exc:  # the refusal stands; only its count is lost
+            logger.warning("refused image count lost: %s", exc)
+            return
+        if count > REFUSED_IMAGES_MAX:
+            self._images_tripped[account_id] = now + BUDGET_WINDOW_MS
+
+    def check_refused_images(self, account_id: str) -> None:
+        """429 for an account whose budget of refused images is spent, before its next image
+        is read."""
+        until = self._images_tripped.get(account_id)
+        if until is None:
+            return
+        if self._now_ms() >= until:
+            del self._images_tripped[account_id]
+            return
+        resets = math.ceil((until - self._now_ms()) / 1000)
+        message = (f"Too many refused images: more than {REFUSED_IMAGES_MAX} images of this "
+                   f"account were refused in {BUDGET_WINDOW_MS // 1000} seconds; send readable "
+                   "PNG, JPEG or WebP files")
+        raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                       headers={"x-ratelimit-remaining": "0", "x-ratelimit-resets": str(resets),
+                                "Retry-After": str(resets)})
 
     def unsupported_feature(self, key: KeyRecord, model_id: str, request_id: str) -> None:
         """Count an unsupported-feature request (its own budget, not the failed one)."""
