@@ -7,7 +7,9 @@ sent one, plus the headers that later steps put in the request's context
 (serve_app/pipeline/context.py: model, balance, rate limits...), completed when the answer
 starts by `on_start` (the gateway's: the key's rate-limit windows).
 It also turns an unexpected exception into a 500 standard error logged with the request id,
-and refuses bodies over the size cap before anything reads them.
+and refuses a body that declares more than its route's cap (`body_cap`) before anything reads
+it; bodies sent without a length are counted as they arrive by the API's caller gate
+(serve_app/caller_gate.py), which also knows the caller.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ MEDIA_ROUTES = {"/image/upscale": 1, "/image/background-remove": 1, "/image/edit
 REQUEST_TIMESTAMP = b"x-service-request-timestamp-ms"
 _MILLISECONDS = re.compile(rb"\d{1,16}(\.\d{1,6})?")
 
+
+
+def body_cap(path: str, default: int = MAX_BODY_BYTES) -> int:
+    """The largest body the route at `path` takes: more on the routes of MEDIA_ROUTES."""
+    path = path.rstrip("/")
+    for route, images in MEDIA_ROUTES.items():
+        if path.endswith(route):
+            return max(images * ONE_IMAGE_BODY_BYTES, default)
+    return default
+
+
 # Completes the context's headers when the answer starts: (the request's scope, its context,
 # the answer's headers).
 OnStart = Callable[[Scope, RequestContext, MutableHeaders], Awaitable[None]]
@@ -60,10 +73,6 @@ class RequestIdLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = record.cf_ray = request_id_var.get()
         return True
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 def _json_error(status: int, body: dict, headers: dict[str, str] | None = None
@@ -89,13 +98,6 @@ class ServiceHeadersMiddleware:
         self.version = service_version().encode()
         self.on_start = on_start
         self.host_name = host_name or socket.gethostname()
-
-    def _body_cap(self, scope: Scope) -> int:
-        path = scope.get("path", "").rstrip("/")
-        for route, images in MEDIA_ROUTES.items():
-            if path.endswith(route):
-                return max(images * ONE_IMAGE_BODY_BYTES, self.max_body_bytes)
-        return self.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope.setdefault("state", {})
@@ -142,29 +144,16 @@ class ServiceHeadersMiddleware:
                 headers["Server-Timing"] = ctx.times.header()
             await send(message)
 
-        received = 0
-        cap = self._body_cap(scope)
-
-        async def receive_capped() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > cap:
-                    raise _BodyTooLarge
-            return message
-
         try:
+            cap = body_cap(scope.get("path", ""), self.max_body_bytes)
             if self._declared_length(scope) > cap:
-                raise _BodyTooLarge
-            await self.app(scope, receive_capped, send_with_headers)
-        except _BodyTooLarge:
-            if not started:
                 for message in _json_error(413, {
                     "code": "PAYLOAD_TOO_LARGE",
                     "error": f"Request body exceeds {cap} bytes",
                 }):
                     await send_with_headers(message)
+                return
+            await self.app(scope, receive, send_with_headers)
         except Exception as exc:
             # Starlette has usually answered already (the app's exception handler) and
             # re-raised; otherwise answer here.

@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     # the megabytes their inputs and finished media keep in the result store (429 past them).
     job_open_per_account: int = Field(default=20, ge=1)
     job_stored_mb_per_account: int = Field(default=2048, ge=1)
+    # The longest a request body may take to arrive (408 past it), and how many bodies over
+    # 1 MB one client address may have on their way at once (429 past it).
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    large_bodies_per_client: int = Field(default=2, ge=1)
     # The longest an image's header may take to read in the gateway's workers (bounded walk:
     # milliseconds); past it the image is refused as unreadable (400 CORRUPTED_IMAGE).
     image_inspect_timeout_s: float = Field(default=5.0, gt=0)

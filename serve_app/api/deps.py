@@ -14,6 +14,7 @@ from sqlmodel import Session
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.holds import RemainingCredit
 from serve_app.billing.ledger import Balances
+from serve_app.caller_gate import bearer_secret_of
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.pipeline import respond
@@ -53,21 +54,14 @@ Context = Annotated[RequestContext, Depends(request_context)]
 
 
 def bearer_secret(request: Request) -> str:
-    header = request.headers.get("authorization")
-    if not header:
-        raise authentication_failed(
-            "Authentication failed: send your API key as 'Authorization: Bearer <key>'")
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise authentication_failed(
-            "Authentication failed: the Authorization header must be 'Bearer <key>'")
-    return secret.strip()
+    return bearer_secret_of(request.headers.get("authorization"))
 
 
 async def current_key(request: Request, state: State) -> KeyRecord:
     ctx = context_of(request)
     with ctx.step("auth"):
-        key = await state.keys.authenticate(bearer_secret(request))
+        # Found by the caller gate before the body was read; looked up here without it.
+        key = ctx.authenticated_key or await state.keys.authenticate(bearer_secret(request))
         ctx.caller = key
         state.limits.check_failed_budget(key)
         respond.balance_headers(ctx, await state.billing.balances(key.account_id))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from serve_app.errors import (
     ApiError,
     invalid_request,
     payload_too_large,
-    validation_error_response,
 )
 from serve_app.images.rules import (
     CORRUPT,
@@ -43,6 +41,7 @@ from serve_app.images.rules import (
     open_checked,
     too_large_message,
 )
+from serve_app.json_bodies import parse_json
 from serve_app.limits.rate_limits import RateLimits
 from serve_app.net_guard import (
     BlockedAddress,
@@ -322,22 +321,8 @@ async def read_image_body(request: Request, *, file_fields: frozenset[str],
     raise _unsupported_media_type(content_type, multipart)
 
 
-# Parsing a large JSON body takes the event loop for a while: parse those in a worker thread,
-# a few at a time (each briefly holds its body two or three times over).
-_LARGE_JSON_BYTES = 1024 * 1024
-_large_json = asyncio.Semaphore(4)
-
-
 async def _read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    try:
-        if len(body) < _LARGE_JSON_BYTES:
-            value = json.loads(body)
-        else:
-            async with _large_json:
-                value = await asyncio.to_thread(json.loads, body)
-    except (ValueError, RecursionError) as exc:
-        raise validation_error_response([{"type": "json_invalid"}]) from exc
+    value = await parse_json(await request.body())  # a large one in a worker, counted first
     if not isinstance(value, dict):
         raise invalid_request("Request body must be a JSON object")
     return value

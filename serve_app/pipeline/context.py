@@ -28,6 +28,9 @@ class RequestContext:
     times: StepTimes = field(default_factory=StepTimes)
     headers: dict[str, str | LateHeader] = field(default_factory=dict)
     caller: KeyRecord | None = None
+    # The Bearer key found valid before the body was read (serve_app/caller_gate.py): the
+    # route's auth takes it rather than looking the key up again.
+    authenticated_key: KeyRecord | None = None
     # The model whose limits counted the request: failures count toward its error budget.
     limit_model: str = ""
     # Refused as an unsupported feature: counted by its own budget, not the failed one.

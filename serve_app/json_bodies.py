@@ -1,0 +1,94 @@
+"""Large JSON bodies, parsed in a worker thread after a count of what they would build.
+
+FastAPI parses a route's JSON body with `json.loads` on the event loop. The cost of a parse is
+in the Python objects it makes: 30 MB of `[[],[],...]` is ten million lists, seconds of the
+parser holding the interpreter, in a worker thread or not. So the arrays and objects of a
+body long enough to hold more than `MAX_CONTAINERS` are counted first, at C speed
+(`bytes.count`), and past it the body is refused unparsed. What passes is parsed inline under
+1 MB (milliseconds), and by orjson in one of two worker threads above. Legitimate large bodies
+are base64 media and long texts: a few containers each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.routing import APIRoute, request_response
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serve_app.errors import invalid_request, validation_error_response
+
+LARGE_JSON_BYTES = 1024 * 1024
+# Arrays and objects a large body may hold (brackets inside strings count too): parsing that
+# many takes orjson tens of milliseconds.
+MAX_CONTAINERS = 200_000
+
+_parsers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="json-parse")
+
+
+# A shorter body cannot hold more than MAX_CONTAINERS: it is not counted.
+COUNTED_FROM_BYTES = 2 * MAX_CONTAINERS
+
+
+def _count_containers(body: bytes) -> None:
+    if len(body) < COUNTED_FROM_BYTES:
+        return
+    containers = body.count(b"[") + body.count(b"{")
+    if containers > MAX_CONTAINERS:
+        raise invalid_request(f"The request body holds {containers} JSON arrays and objects; "
+                              f"at most {MAX_CONTAINERS} are accepted")
+
+
+def _parse_counted(body: bytes) -> Any:
+    _count_containers(body)
+    return orjson.loads(body)
+
+
+async def parse_json(body: bytes) -> Any:
+    """The value of a JSON body, counted first: inline under LARGE_JSON_BYTES, else in a
+    worker thread.
+
+    Raises ApiError: 400 for a body that is not JSON or holds too many containers."""
+    try:
+        if len(body) < LARGE_JSON_BYTES:
+            _count_containers(body)
+            return json.loads(body)
+        return await asyncio.wrap_future(_parsers.submit(_parse_counted, body))
+    except (ValueError, RecursionError) as exc:  # orjson's and json's decode errors
+        raise validation_error_response([{"type": "json_invalid"}]) from exc
+
+
+def _takes_json(request: Request) -> bool:
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _parsed_first(handler: Handler) -> Handler:
+    async def handle(request: Request) -> Response:
+        if _takes_json(request):
+            body = await request.body()
+            if len(body) >= COUNTED_FROM_BYTES:
+                # Starlette's own cache of `request.json()`, which FastAPI then reads.
+                request._json = await parse_json(body)  # type: ignore[attr-defined]
+        return await handler(request)
+
+    return handle
+
+
+def parse_large_bodies_off_loop(app: FastAPI) -> None:
+    """Every route of `app` with a JSON body parameter gets its large bodies parsed by
+    `parse_json` before FastAPI's own handler reads them (routes that read their bodies
+    themselves call `parse_json`)."""
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.body_field is not None:
+            route.app = request_response(_parsed_first(route.get_route_handler()))
