@@ -7,6 +7,7 @@ from typing import Literal
 from fastapi import APIRouter, Query
 
 from serve_app.api.deps import State
+from serve_app.errors import ApiError
 
 router = APIRouter(tags=["Models"])
 
@@ -40,3 +41,15 @@ async def list_compatibility(state: State, type: AliasTypeFilter = Query("text")
 @router.get("/image/styles", tags=["Image"], summary="Image styles for generation")
 async def list_image_styles(state: State) -> dict:
     return {"object": "list", "data": list(state.catalog.image_styles)}
+
+
+@router.get("/models/{model_id:path}", summary="One model, as the listing shows it")
+async def get_model(model_id: str, state: State) -> dict:
+    """The record `GET /models` lists for this id (a compatibility alias or trait, such as
+    `gpt-4o-mini` or `default`, answers its model's record); registered after the
+    `/models/...` listings so that their paths are not read as model ids."""
+    model = state.catalog.find(model_id)
+    if model is None:
+        raise ApiError(404, f"Model {model_id!r} not found; GET /models lists the models",
+                       code="MODEL_NOT_FOUND")
+    return model.public_record(offline=not state.router.is_online(model))

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.models.records import model_record
+
 ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
                     "music"]
 MODEL_TYPES: tuple[str, ...] = ModelType.__args__  # type: ignore[attr-defined]
@@ -28,24 +30,6 @@ MediaOperation = Literal["text-to-video", "image-to-video", "reference-to-video"
                          "video-upscale", "video-interpolate", "speech", "voice-change"]
 _DEFAULT_OPERATION: dict[str, ImageOperation] = {"image": "generate", "inpaint": "edit",
                                                  "upscale": "upscale"}
-
-TEXT_CAPABILITY_DEFAULTS: dict[str, Any] = {
-    "optimizedForCode": False,
-    "quantization": "not-available",
-    "supportsFunctionCalling": False,
-    "supportsAudioInput": False,
-    "supportsReasoning": False,
-    "supportsReasoningEffort": False,
-    "supportsResponseSchema": False,
-    "supportsMultipleImages": False,
-    "supportsVision": False,
-    "supportsVideoInput": False,
-    "supportsWebSearch": False,
-    "supportsLogProbs": False,
-    "supportsTeeAttestation": False,
-    "supportsE2EE": False,
-    "supportsXSearch": False,
-}
 
 
 class Deprecation(BaseModel):
@@ -72,7 +56,6 @@ class CatalogModel(BaseModel):
     size_class: SizeClass | None = None
     privacy: Literal["private", "anonymized"] = "private"
     tee: bool = False
-    owned_by: str = "self-hosted"
     created: int = 0
     context_length: int | None = None
     max_completion_tokens: int | None = None
@@ -136,45 +119,8 @@ class CatalogModel(BaseModel):
         return os.path.expandvars(self.weights.replace("${DATA_DIR}", str(data_dir)))
 
     def public_record(self, *, offline: bool) -> dict[str, Any]:
-        """The published model record shape of `GET /models`."""
-        spec: dict[str, Any] = {
-            "name": self.name,
-            "description": self.description,
-            "privacy": self.privacy,
-            "pricing": self.pricing,
-            "traits": list(self.traits),
-            "offline": offline,
-            "beta": self.beta,
-            "modelSource": self.model_source or "",
-        }
-        if self.type == "text":
-            spec["capabilities"] = {**TEXT_CAPABILITY_DEFAULTS, **self.capabilities}
-        elif self.capabilities:
-            spec["capabilities"] = dict(self.capabilities)
-        if self.constraints:
-            spec["constraints"] = self.constraints
-        if self.voices:
-            spec["voices"] = list(self.voices)
-        if self.supported_formats:
-            spec["supported_formats"] = list(self.supported_formats)
-            spec["default_format"] = self.default_format or self.supported_formats[0]
-        if self.context_length:
-            spec["availableContextTokens"] = self.context_length
-        if self.max_completion_tokens:
-            spec["maxCompletionTokens"] = self.max_completion_tokens
-        if self.deprecation:
-            spec["deprecation"] = self.deprecation.model_dump(mode="json", exclude_none=True)
-        record: dict[str, Any] = {
-            "id": self.id,
-            "type": self.type,
-            "object": "model",
-            "owned_by": self.owned_by,
-            "created": self.created,
-            "model_spec": spec,
-        }
-        if self.context_length:
-            record["context_length"] = self.context_length
-        return record
+        """The published model record of `GET /models` (records.py)."""
+        return model_record(self, offline=offline)
 
     def deprecation_headers(self) -> dict[str, str]:
         if not self.deprecation:
@@ -240,13 +186,27 @@ class Catalog(BaseModel):
                     return self.by_id[target]
         return None
 
+    def default_model(self, model_type: str) -> CatalogModel | None:
+        """The model `/models/traits` names `default` for a type, else the type's first
+        model; None when the catalog has no model of that type."""
+        named = self.traits.get(model_type, {}).get("default")
+        if named:
+            return self.by_id[named]
+        return next((m for m in self.models if m.type == model_type), None)
+
     def of_type(self, model_type: str | None) -> list[CatalogModel]:
+        """The models `/models?type=` lists, in catalog order except that each type's default
+        model comes first: clients that take "the first model of this type" get the default
+        (the listing's order is otherwise the catalog's, so it is stable)."""
         if model_type in (None, "all"):
-            return list(self.models)
-        if model_type == "code":
-            return [m for m in self.models
-                    if m.type == "text" and m.capabilities.get("optimizedForCode")]
-        return [m for m in self.models if m.type == model_type]
+            found = list(self.models)
+        elif model_type == "code":
+            found = [m for m in self.models
+                     if m.type == "text" and m.capabilities.get("optimizedForCode")]
+        else:
+            found = [m for m in self.models if m.type == model_type]
+        defaults = {self.traits.get(m.type, {}).get("default") for m in found}
+        return sorted(found, key=lambda m: m.id not in defaults)
 
     def for_operation(self, operation: ImageOperation) -> list[CatalogModel]:
         """The image models of one operation, those with the `default` trait first."""
