@@ -1,4 +1,9 @@
-"""Characters and their reviews: the records of `/characters` and the operator's tools."""
+"""Characters and their reviews: the records of `/characters` and the operator's tools.
+
+Every character has a model (`modelId`, a string in the published record): the one it was
+created with, or else the catalog's default text model. A character stored without one
+(created before this rule) is answered with the default text model of the running catalog.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from serve_app.db.tables import Character, CharacterReview, iso_z, utcnow
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, invalid_request
+from serve_app.models.catalog import Catalog
 
 
 def find_character(session: Session, slug: str) -> Character:
@@ -29,12 +35,35 @@ def _stats(session: Session, character_ids: list[str]) -> dict[str, tuple[int, i
     return {cid: (int(n), int(total or 0)) for cid, n, total in rows}
 
 
-def character_record(row: Character, stats: tuple[int, int]) -> dict[str, Any]:
+def default_character_model(catalog: Catalog) -> str:
+    """The model of a character created without naming one: the default text model."""
+    model = catalog.default_model("text")
+    if model is None:
+        raise ApiError(500, "The catalog has no text model for characters to use",
+                       code="UNKNOWN_ERROR")
+    return model.id
+
+
+def character_model(catalog: Catalog, requested: str | None) -> str:
+    """The model id a new character is stored with: the named text model (by id, alias or
+    trait, stored as its id), or the default text model when none is named."""
+    if requested is None:
+        return default_character_model(catalog)
+    model = catalog.find(requested, "text")
+    if model is None or model.type != "text":
+        raise invalid_request(f"modelId {requested!r} is not a text model of this platform; "
+                              "see GET /models?type=text", "modelId")
+    return model.id
+
+
+def character_record(row: Character, stats: tuple[int, int],
+                     default_model: str) -> dict[str, Any]:
+    """The published character record; `default_model` stands in for a model never stored."""
     count, total = stats
     return {
         "adult": row.adult, "author": row.author, "createdAt": iso_z(row.created_at),
         "description": row.description or None, "featured": row.featured, "id": row.id,
-        "modelId": row.model_id, "name": row.name, "photoUrl": row.photo_url,
+        "modelId": row.model_id or default_model, "name": row.name, "photoUrl": row.photo_url,
         "shareUrl": None, "slug": row.slug,
         "stats": {"averageRating": round(total / count, 2) if count else 0, "imports": 0,
                   "ratingCount": count, "ratingSum": total, "userRating": None},
@@ -52,7 +81,7 @@ def review_record(row: CharacterReview, account_id: str | None) -> dict[str, Any
 
 
 def list_characters(session: Session, *, limit: int, offset: int, search: str | None,
-                    tags: list[str]) -> list[dict[str, Any]]:
+                    tags: list[str], default_model: str) -> list[dict[str, Any]]:
     query = select(Character)
     if search:
         pattern = f"%{search.lower()}%"
@@ -63,12 +92,12 @@ def list_characters(session: Session, *, limit: int, offset: int, search: str | 
         rows = [r for r in rows if set(tags) & set(r.tags or [])]
     rows = rows[offset:offset + limit]
     stats = _stats(session, [r.id for r in rows])
-    return [character_record(r, stats.get(r.id, (0, 0))) for r in rows]
+    return [character_record(r, stats.get(r.id, (0, 0)), default_model) for r in rows]
 
 
-def get_character(session: Session, slug: str) -> dict[str, Any]:
+def get_character(session: Session, slug: str, *, default_model: str) -> dict[str, Any]:
     row = find_character(session, slug)
-    return character_record(row, _stats(session, [row.id]).get(row.id, (0, 0)))
+    return character_record(row, _stats(session, [row.id]).get(row.id, (0, 0)), default_model)
 
 
 def review_page(session: Session, slug: str, page: int, page_size: int,
@@ -89,7 +118,10 @@ def review_page(session: Session, slug: str, page: int, page_size: int,
     }
 
 
-def create_character(session: Session, **fields: Any) -> dict[str, Any]:
+def create_character(session: Session, *, catalog: Catalog, **fields: Any) -> dict[str, Any]:
+    """A new character; its model is the one named (checked against `catalog`), else the
+    default text model."""
+    fields["model_id"] = character_model(catalog, fields.get("model_id"))
     if session.exec(select(Character).where(Character.slug == fields["slug"])).first():
         raise ApiError(409, f"Character {fields['slug']!r} already exists",
                        code="INVALID_REQUEST")
@@ -97,7 +129,7 @@ def create_character(session: Session, **fields: Any) -> dict[str, Any]:
     session.add(row)
     session.commit()
     session.refresh(row)
-    return character_record(row, (0, 0))
+    return character_record(row, (0, 0), row.model_id or "")
 
 
 def add_review(session: Session, slug: str, *, account_id: str | None = None,

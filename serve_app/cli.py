@@ -20,6 +20,7 @@ from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
 from serve_app.errors import ApiError
 from serve_app.limits.policy import load_tiers
+from serve_app.models.catalog import load_catalog
 from serve_app.money import as_number, to_nanos
 from serve_app.schemas.api_keys import CreateApiKeyRequest
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
@@ -92,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     character.add_argument("--author", default="")
     character.add_argument("--tag", action="append", default=[])
     character.add_argument("--web-enabled", action="store_true")
+    character.add_argument("--model", default=None,
+                           help="its text model (default: the catalog's default text model)")
 
     review = sub.add_parser("add-review", help="add a review to a character")
     review.add_argument("slug")
@@ -163,8 +166,9 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
                 req = CreateCharacterRequest(
                     slug=args.slug, name=args.name, description=args.description,
                     systemPrompt=args.system_prompt, author=args.author, tags=args.tag,
-                    webEnabled=args.web_enabled)
-                return characters.create_character(session, **req.columns())
+                    webEnabled=args.web_enabled, modelId=args.model)
+                return characters.create_character(
+                    session, catalog=load_catalog(settings.model_catalog), **req.columns())
             if args.command == "add-review":
                 req = CreateReviewRequest(username=args.username, rating=args.rating,
                                           message=args.message, locale=args.locale)

@@ -24,22 +24,27 @@ async def list_characters(
     search: Annotated[str | None, Query(max_length=200)] = None,
     tags: Annotated[list[str] | None, Query(max_length=20)] = None,
 ) -> Response:
+    default_model = characters.default_character_model(state.catalog)
     data = await run_db(state, lambda s: characters.list_characters(
-        s, limit=limit, offset=offset, search=search, tags=tags or []))
+        s, limit=limit, offset=offset, search=search, tags=tags or [],
+        default_model=default_model))
     return json_response(ctx, {"data": data, "object": "list"})
 
 
 @router.post("", dependencies=[JsonBody], summary="Create a character (operator)")
 async def create_character(body: CreateCharacterRequest, ctx: Context, key: OperatorKey,
                            state: State) -> Response:
-    data = await run_db(state, lambda s: characters.create_character(s, **body.columns()))
+    data = await run_db(state, lambda s: characters.create_character(
+        s, catalog=state.catalog, **body.columns()))
     return json_response(ctx, {"data": data, "success": True})
 
 
 @router.get("/{slug}", summary="Get a character")
 async def get_character(slug: str, ctx: Context, key: CurrentKey, state: State) -> Response:
-    data = await run_db(state, lambda s: characters.get_character(s, slug))
-    return json_response(ctx, {"data": data})
+    default_model = characters.default_character_model(state.catalog)
+    data = await run_db(state, lambda s: characters.get_character(
+        s, slug, default_model=default_model))
+    return json_response(ctx, {"data": data, "object": "character"})
 
 
 @router.get("/{slug}/reviews", summary="Reviews of a character (preview)")
