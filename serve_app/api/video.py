@@ -3,13 +3,19 @@
 A job is queued at once (its quoted price held) and made by the video deployments through the
 job runner; clients poll `/video/retrieve` until it answers with the MP4, then call
 `/video/complete` (or retrieve with `delete_media_on_completion`) to delete it.
+
+As the reference delivers: a model that streams its video sends no `download_url` at queue
+time, and its retrieve answers the MP4 to clients that accept video (no `Accept`, `*/*`,
+`video/*`, `video/mp4`) and the JSON `COMPLETED` status to those whose `Accept` excludes it;
+a model that delivers by link (catalog `delivery: download_url`) sends the signed
+`download_url` and its retrieve answers JSON status only.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.pipeline.respond import json_response
@@ -22,8 +28,8 @@ from serve_app.schemas.video import (
 
 router = APIRouter(tags=["Video"])
 
-_PROCESSING = {"application/json": {"schema": {"type": "object", "properties": {
-    "status": {"type": "string", "enum": ["PROCESSING"]},
+_STATUS = {"application/json": {"schema": {"type": "object", "properties": {
+    "status": {"type": "string", "enum": ["PROCESSING", "COMPLETED"]},
     "average_execution_time": {"type": "number"},
     "execution_duration": {"type": "number"}}}}}
 
@@ -42,23 +48,25 @@ async def queue_video(body: QueueVideoRequest, request: Request, ctx: Context,
 
 @router.post("/video/retrieve", dependencies=[JsonBody], summary="Status or video of a job",
              response_class=Response, responses={200: {"content": {
-                 **_PROCESSING, "video/mp4": {"schema": {"type": "string",
+                 **_STATUS, "video/mp4": {"schema": {"type": "string",
                                                          "format": "binary"}}}}})
 async def retrieve_video(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
-                         state: State) -> Response:
-    return await state.job_service.retrieve(ctx, key, body, "video")
+                         state: State, accept: Annotated[str | None, Header()] = None
+                         ) -> Response:
+    return await state.job_service.retrieve(ctx, key, body, "video", accept)
 
 
 @router.get("/video/retrieve", summary="Status or video of a job (query form)",
             response_class=Response, responses={200: {"content": {
-                **_PROCESSING, "video/mp4": {"schema": {"type": "string",
+                **_STATUS, "video/mp4": {"schema": {"type": "string",
                                                         "format": "binary"}}}}})
 async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Context,
-                                  key: InferenceCaller, state: State) -> Response:
+                                  key: InferenceCaller, state: State,
+                                  accept: Annotated[str | None, Header()] = None) -> Response:
     """The spec names `GET /video/retrieve`; the published interface has the POST. Both
     answer alike; the GET only reads (deleting is the POST's `delete_media_on_completion`)."""
     return await state.job_service.retrieve(ctx, key, RetrieveRequest(**query.model_dump()),
-                                           "video")
+                                           "video", accept)
 
 
 @router.get("/video/download/{queue_id}", summary="A finished video by its delivery URL",
@@ -66,7 +74,8 @@ async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Co
                 "video/mp4": {"schema": {"type": "string", "format": "binary"}}}}})
 async def download_video(queue_id: str, expires: int, signature: str,
                          state: State) -> Response:
-    """The queue result's `download_url`: no API key, valid for 24 hours."""
+    """The queue result's `download_url` (models that deliver by link): no API key, valid for
+    24 hours."""
     return await state.job_service.download(queue_id, expires, signature)
 
 

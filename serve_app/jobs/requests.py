@@ -118,28 +118,37 @@ class JobService:
         return job, model
 
     async def retrieve(self, ctx: RequestContext, key: KeyRecord,
-                       body: RetrieveRequest, kind: str) -> Response:
-        """The job's status and timing while it runs; its media once it is done (deleted then
-        when asked); its error if it failed."""
+                       body: RetrieveRequest, kind: str, accept: str | None = None) -> Response:
+        """The job's status and timing while it runs; its error if it failed; once it is done,
+        its media (deleted then when asked), or for a video job the JSON `COMPLETED` status
+        when the media is not streamed: the model delivers by `download_url`, or the client's
+        `Accept` excludes the video (`application/json`)."""
         job, model = await self._own_job(key, body, kind)
         respond.model_headers(ctx, model, "direct")
         if job.status in OPEN_STATUSES:
-            average = await self.jobs.p80_execution_ms(job.model_id)
-            return respond.json_response(ctx, {
-                "status": "PROCESSING",
-                "average_execution_time": round(average or DEFAULT_EXECUTION_MS),
-                "execution_duration": round(_ms_since(job.created_at))})
+            return respond.json_response(ctx, await self._status(job, "PROCESSING"))
         if job.status == JobStatus.FAILED:
             raise ApiError(job.error_status or 500, job.error or "The generation failed",
                            code=job.error_code or "INFERENCE_FAILED")
-        media = None if job.media_deleted or not job.result_key else \
-            await self.results.get(job.result_key)
+        if job.media_deleted or not job.result_key:
+            raise _media_deleted(kind, job)
+        if kind == "video" and (model.delivery == "download_url"
+                                or not accepts(accept, job.media_type or "video/mp4")):
+            return respond.json_response(ctx, await self._status(job, "COMPLETED"))
+        media = await self.results.get(job.result_key)
         if media is None:
-            raise ApiError(404, f"The media of {kind} request {job.queue_id!r} was deleted",
-                           code="MEDIA_NOT_FOUND")
+            raise _media_deleted(kind, job)
         if body.delete_media_on_completion:
             await self._delete_media(job)
         return _media_response(job, media)
+
+    async def _status(self, job: JobView, status: str) -> dict[str, str | int]:
+        """A job's JSON status: its model's estimated run time (P80) and how long it has run
+        (until it finished, for a finished one), in ms."""
+        average = await self.jobs.p80_execution_ms(job.model_id)
+        return {"status": status,
+                "average_execution_time": round(average or DEFAULT_EXECUTION_MS),
+                "execution_duration": round(_ms_since(job.created_at, job.finished_at))}
 
     async def _delete_media(self, job: JobView) -> None:
         """The media (under its key even when the row names none: a failed job's runner may
@@ -175,8 +184,45 @@ def _media_response(job: JobView, media: bytes) -> Response:
                              f'attachment; filename="{job.queue_id}{_suffix(job)}"'})
 
 
-def _ms_since(start: datetime) -> float:
-    return max(0.0, (utcnow() - start).total_seconds() * 1000)
+def accepts(accept: str | None, media_type: str) -> bool:
+    """Whether an `Accept` header takes `media_type` (no header takes anything): the most
+    specific range that matches it decides (`type/subtype`, then `type/*`, then `*/*`), and
+    one whose `q` is 0 refuses it."""
+    if not accept or not accept.strip():
+        return True
+    major = media_type.split("/", 1)[0]
+    best: tuple[int, float] | None = None  # (specificity, q)
+    for part in accept.split(","):
+        media_range, *params = [piece.strip() for piece in part.split(";")]
+        media_range = media_range.lower()
+        if media_range == media_type:
+            specificity = 2
+        elif media_range == f"{major}/*":
+            specificity = 1
+        elif media_range in ("*/*", "*"):
+            specificity = 0
+        else:
+            continue
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if best is None or specificity > best[0]:
+            best = (specificity, q)
+    return best is not None and best[1] > 0
+
+
+def _media_deleted(kind: str, job: JobView) -> ApiError:
+    return ApiError(404, f"The media of {kind} request {job.queue_id!r} was deleted",
+                    code="MEDIA_NOT_FOUND")
+
+
+def _ms_since(start: datetime, end: datetime | None = None) -> float:
+    return max(0.0, ((end or utcnow()) - start).total_seconds() * 1000)
 
 
 def _suffix(job: JobView) -> str:

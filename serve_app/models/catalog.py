@@ -74,6 +74,11 @@ class CatalogModel(BaseModel):
     # generate, inpaint -> edit, upscale -> upscale); video and queued audio models: what
     # they do. Not part of the public record.
     operation: ImageOperation | MediaOperation | None = None
+    # Video models: how a finished video reaches the client. `stream`: `/video/retrieve`
+    # answers the MP4 (or its JSON COMPLETED status to a client that does not accept video);
+    # `download_url`: the queue result carries a signed delivery link and retrieve answers JSON
+    # status only, as the reference does for such models (the spec: private models only).
+    delivery: Literal["stream", "download_url"] = "stream"
     # Speech models: the voices they offer, the audio formats they answer in, the default.
     voices: list[str] = Field(default_factory=list)
     supported_formats: list[str] = Field(default_factory=list)
@@ -83,6 +88,13 @@ class CatalogModel(BaseModel):
     def _text_needs_size(self) -> CatalogModel:
         if self.type == "text" and self.size_class is None:
             raise ValueError(f"text model {self.id!r} needs a size_class (XS, S, M or L)")
+        return self
+
+    @model_validator(mode="after")
+    def _delivery_by_link_is_for_private_video(self) -> CatalogModel:
+        if self.delivery == "download_url" and (self.type != "video" or not self.is_private):
+            raise ValueError(f"model {self.id!r}: delivery download_url is for private video "
+                             "models only")
         return self
 
     @model_validator(mode="before")

@@ -170,10 +170,11 @@ class VideoService:
                       "enhancement_model": body.enhancement_model,
                       "creativity": body.creativity}
             # read before queueing: once the job is queued, nothing may fail the answer
-            secret = await self.job_service.download_secret() if model.is_private else None
+            secret = await self.job_service.download_secret() \
+                if model.delivery == "download_url" else None
             job = await intake.queue(plan.cost, params)
         queued = {"model": model.id, "queue_id": job.queue_id}
-        if secret is not None:  # the spec: a short-lived delivery URL, for private models only
+        if secret is not None:  # a short-lived delivery URL; retrieve then answers JSON only
             queued["download_url"] = delivery_url(request, self.public_api_url, secret,
                                                   job.queue_id)
         return queued

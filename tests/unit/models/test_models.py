@@ -118,3 +118,15 @@ def test_router_resolves_ids_aliases_and_reports_missing_or_offline_models():
     with pytest.raises(ApiError) as offline:
         ModelRouter(catalog, {}).handle(routed.model)
     assert (offline.value.status, offline.value.code) == (503, "MODEL_OFFLINE")
+
+
+def test_delivery_by_link_is_for_private_video_models_only():
+    video = {"id": "v1", "type": "video", "name": "V", "deployment": "video-generation",
+             "engine": "wan", "operation": "text-to-video", "pricing": {},
+             "delivery": "download_url"}
+    assert Catalog.model_validate({"models": [video]}).by_id["v1"].delivery == "download_url"
+    with pytest.raises(ValidationError, match="private video models only"):
+        Catalog.model_validate({"models": [{**video, "privacy": "anonymized"}]})
+    with pytest.raises(ValidationError, match="private video models only"):
+        Catalog.model_validate({"models": [{**_catalog()["models"][0],
+                                            "delivery": "download_url"}]})

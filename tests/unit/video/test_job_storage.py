@@ -1,6 +1,6 @@
 """Every stored byte expires, through the API: a job's inputs are deleted once it is made or
-has failed, its media once its download link's lifetime has passed (retrieve and the link then
-answer 404), and an account past its cap on open jobs or stored bytes gets a 429 that holds,
+has failed, its media once a download link's lifetime has passed (retrieve then answers 404),
+and an account past its cap on open jobs or stored bytes gets a 429 that holds,
 charges and keeps nothing."""
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ def test_inputs_go_when_a_job_is_made_or_fails_and_media_when_its_link_expires(
 
     gone = post(gateway, key, "retrieve", {"model": body["model"], "queue_id": queue_id})
     assert gone.status_code == 404 and gone.json()["code"] == "MEDIA_NOT_FOUND"
-    assert gateway.client.get(queued.json()["download_url"]).status_code == 404
     assert stored(gateway) == []
     assert books.only_charge(queued.headers["cf-ray"]).total_nanos == nanos("0.02")
 
