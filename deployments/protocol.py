@@ -45,11 +45,32 @@ class EngineError:
     message: str
     code: str | None = None
     field: str | None = None
+    retry_after: float | None = None  # seconds, for a 503 at capacity (`Retry-After`)
+
+
+def at_capacity(model_id: str, retry_after: float) -> EngineError:
+    """The answer of a deployment whose engine would make the request wait too long for its
+    turn (deployments/fair_share.py): a 503 to retry after `retry_after` seconds."""
+    return EngineError(503, f"Model {model_id} is at capacity; try again in "
+                            f"{retry_after:.0f} s", code="MODEL_AT_CAPACITY",
+                       retry_after=retry_after)
 
 
 def not_served(model_id: str) -> EngineError:
     """The answer of a deployment for a model it does not hold (a 404)."""
     return EngineError(404, f"Model {model_id!r} is not served here", code="MODEL_NOT_FOUND")
+
+
+# ---- who asks -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """Whose request it is, for the engine's fair share (deployments/fair_share.py): an opaque
+    id the same for every request of one account (a hash, never the account's id) and the
+    account's share weight (its rate-limit tier's; 1 by default)."""
+
+    id: str
+    weight: float = 1.0
 
 
 # ---- text --------------------------------------------------------------------------------
@@ -122,6 +143,7 @@ class TextRequest:
     cache_salt: str | None = None
     images: tuple[ChatImage, ...] = ()
     videos: tuple[ChatVideo, ...] = ()
+    tenant: Tenant | None = None
 
 
 @dataclass(frozen=True, slots=True)

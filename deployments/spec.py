@@ -8,7 +8,9 @@ What crosses Ray to the replicas is plain data, one `ModelSpec` per model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
+
+DEFAULT_MAX_QUEUE_WAIT_S = 30.0
 
 
 class ServedModel(Protocol):
@@ -35,11 +37,17 @@ class ModelSpec(TypedDict):
     engine: str
     weights: str | None  # a path or `package:<module>/<path>`, DATA_DIR filled in
     engine_options: dict[str, Any]
+    # The longest a request may wait for its turn at the engine before it is refused with a
+    # 503 (the MAX_QUEUE_WAIT_S setting; deployments/fair_share.py).
+    max_queue_wait_s: NotRequired[float]
 
 
 def model_specs(models: list[ServedModel], settings: dict[str, Any]) -> list[ModelSpec]:
     """What a deployment's replicas need of each of its catalog models, as plain data (it
-    crosses Ray): id, engine, weights (with DATA_DIR filled in) and engine options."""
+    crosses Ray): id, engine, weights (with DATA_DIR filled in), engine options and the
+    longest wait for a turn at the engine."""
     data_dir = Path(settings["data_dir"])
+    max_wait = float(settings.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S))
     return [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
-             "engine_options": dict(m.engine_options)} for m in models]
+             "engine_options": dict(m.engine_options), "max_queue_wait_s": max_wait}
+            for m in models]

@@ -1,5 +1,7 @@
 """Text deployments, one per size class (text-xs, text-s, text-m, text-l): each replica holds
-the engines of the catalog models assigned to its class and streams their chunks.
+the engines of the catalog models assigned to its class and streams their chunks. Each engine's
+sequences are shared among tenants by a fair-share gate (deployments/fair_share.py): least
+served first, room kept for a newcomer, and a 503 with `Retry-After` instead of a long wait.
 
 Serve options, and the environment of vLLM's CPU build: configs/deployments.yaml."""
 
@@ -13,7 +15,15 @@ from ray import serve
 
 from deployments.base import ModelDeployment
 from deployments.engines.text import ENGINES, TextEngine
-from deployments.protocol import TextEvent, TextRequest, not_served
+from deployments.fair_share import AtCapacity, FairShareGates, Turn
+from deployments.protocol import (
+    Chunk,
+    TextEvent,
+    TextRequest,
+    at_capacity,
+    not_served,
+)
+from deployments.spec import ModelSpec
 from deployments.streaming import coalesce, merge
 
 
@@ -22,15 +32,26 @@ class TextDeployment(ModelDeployment):
     ENGINES = ENGINES
     engines: dict[str, TextEngine]
 
+    def __init__(self, models: list[ModelSpec]) -> None:
+        super().__init__(models)
+        self.gates = FairShareGates(models)
+
     async def generate(self, model_id: str, request: TextRequest
                        ) -> AsyncIterator[list[TextEvent] | TextEvent]:
         engine = self.engines.get(model_id)
         if engine is None:
             yield not_served(model_id)
             return
-        # Lists of chunks: what a fast engine produced since the last list travels together.
-        async for chunks in coalesce(engine.generate(request)):
-            yield chunks
+        try:
+            async with self.gates.of(model_id, engine).turn(
+                    request.tenant, request.sampling.n) as turn:
+                # Lists of chunks: what a fast engine produced since the last list travels
+                # together.
+                async for chunks in coalesce(engine.generate(request)):
+                    _count_served(turn, chunks)
+                    yield chunks
+        except AtCapacity as full:
+            yield at_capacity(model_id, full.retry_after)
 
     async def complete(self, model_id: str, request: TextRequest) -> list[TextEvent]:
         """The whole answer in one reply, for a unary request: one message back instead of a
@@ -38,13 +59,31 @@ class TextDeployment(ModelDeployment):
         engine = self.engines.get(model_id)
         if engine is None:
             return [not_served(model_id)]
-        return merge([chunk async for chunk in engine.generate(request)])
+        try:
+            async with self.gates.of(model_id, engine).turn(
+                    request.tenant, request.sampling.n) as turn:
+                chunks = [chunk async for chunk in engine.generate(request)]
+                _count_served(turn, chunks)
+        except AtCapacity as full:
+            return [at_capacity(model_id, full.retry_after)]
+        return merge(chunks)
 
     async def stats(self) -> dict[str, dict[str, Any]]:
-        """Per model: requests in progress, and tokens of requests cancelled mid-stream."""
-        return {model_id: engine.stats() for model_id, engine in self.engines.items()}
+        """Per model: requests in progress, tokens of requests cancelled mid-stream, and its
+        fair-share gate (slots, running, waiting, active tenants, mean seconds a slot)."""
+        return {model_id: {**engine.stats(),
+                           "fair_share": self.gates.of(model_id, engine).stats()}
+                for model_id, engine in self.engines.items()}
 
     def __del__(self) -> None:
         for engine in getattr(self, "engines", {}).values():
             with contextlib.suppress(Exception):  # shutting down: nothing left to tell
                 engine.shutdown()
+
+
+def _count_served(turn: Turn, events: list[TextEvent] | TextEvent) -> None:
+    """The tokens the engine computed for a request, as they come: the prompt's (those the
+    prefix cache did not serve) with its first chunk, then each chunk's."""
+    for event in events if isinstance(events, list) else (events,):
+        if isinstance(event, Chunk):
+            turn.served(event.tokens + (event.prompt_tokens or 0) - (event.cached_tokens or 0))

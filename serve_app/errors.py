@@ -56,6 +56,12 @@ class ApiError(Exception):
         body.update(self.extra)
         return body
 
+    @property
+    def blames_caller(self) -> bool:
+        """Whether the failure counts toward the caller's error budget: a model at capacity
+        (503 `MODEL_AT_CAPACITY`) is the platform's state, not the caller's failure."""
+        return not (self.status == 503 and self.code == "MODEL_AT_CAPACITY")
+
 
 class UnsupportedFeature(ApiError):
     """A request for something the model cannot do (counted by its own error budget)."""
@@ -172,7 +178,11 @@ def unexpected_error_response(exc: BaseException, scope: Mapping[str, Any]) -> J
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if not exc.blames_caller:
+            context = request.scope.get("state", {}).get("context")
+            if context is not None:  # read when the request's outcome is counted
+                context.caller_failure = False
         return error_response(exc)
 
     async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

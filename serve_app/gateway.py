@@ -117,7 +117,8 @@ def create_app(state: GatewayServices) -> FastAPI:
                        model=ctx.limit_model or str(ctx.headers.get("x-service-model-id", "")),
                        auth="none" if key is None else "wallet" if key.wallet_address else "key")
         state.limits.request_finished(key, ctx.limit_model, status, ctx.request_id,
-                                      unsupported_feature=ctx.unsupported_feature)
+                                      unsupported_feature=ctx.unsupported_feature,
+                                      caller_failure=ctx.caller_failure)
 
     parse_large_bodies_off_loop(app)
     # Inside the outcome middleware, so that its answers are counted like any other.

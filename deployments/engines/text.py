@@ -29,6 +29,7 @@ logger = logging.getLogger("deployments.text")
 
 class TextEngine(Protocol):
     max_model_len: int
+    max_num_seqs: int  # sequences it runs at once: the slots of its fair-share gate
 
     def generate(self, request: TextRequest) -> AsyncIterator[TextEvent]: ...
 
@@ -124,6 +125,9 @@ class VLLMEngine:
             # Without native bf16 a CPU runs float32 3-4x faster than emulated bf16.
             dtype = "bfloat16" if cpu_has_bf16() else "float32"
         self.max_model_len = int(options.get("max_model_len", 2048))
+        # Eight for the busiest tenant, as before the fair-share gate, and two kept for the
+        # others (deployments/fair_share.py).
+        self.max_num_seqs = int(options.get("max_num_seqs", 10))
         vision = dict(options.get("vision") or {})
         self.frame_side = int(vision.get("frame_side", DEFAULT_FRAME_SIDE))
         args = AsyncEngineArgs(
@@ -133,7 +137,7 @@ class VLLMEngine:
             # Compiled (CUDA graphs on a GPU), the compile cache under DATA_DIR.
             **compiling,
             max_model_len=self.max_model_len,
-            max_num_seqs=int(options.get("max_num_seqs", 8)),
+            max_num_seqs=self.max_num_seqs,
             disable_log_stats=True,
             seed=int(options.get("seed", 0)),
             # Repeated prefixes (a conversation's earlier turns, a shared system prompt) are

@@ -38,8 +38,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     except ClientGone:
         await plan.release()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    except BaseException:
-        await plan.release()
+    except BaseException as failure:
+        await plan.release(failure)
         raise
     respond.model_headers(ctx, plan.answered_by.model, plan.router_label)
     return respond.json_response(ctx, response)

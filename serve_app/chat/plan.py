@@ -16,6 +16,7 @@ from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, Thin
 from serve_app.chat.media import ChatMedia
 from serve_app.chat.vision import VisionSpec
 from serve_app.chat.web import WebDocument, find_urls
+from serve_app.errors import ApiError
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.settlement import Charge
@@ -168,12 +169,15 @@ class ChatPlan:
             return None
         return self._with_audio(Cost(self.candidates[0].model, ()), self.heard_seconds)
 
-    async def release(self) -> None:
+    async def release(self, failure: BaseException | None = None) -> None:
         """The request failed before, or on our side of, the model's work: its hold goes
-        back, but audio already heard is charged (the transcription was delivered)."""
+        back, but audio already heard is charged (the transcription was delivered). The
+        completion counted at admission was never generated (or not delivered); a request
+        every model refused for capacity (`failure`) had none of its tokens read either."""
         if self.charge is not None:
-            # The completion counted at admission was never generated (or not delivered).
-            await self.charge.settle(self._heard_only(), tokens=prompt_estimate(self.req))
+            refused = isinstance(failure, ApiError) and not failure.blames_caller
+            await self.charge.settle(self._heard_only(),
+                                     tokens=0 if refused else prompt_estimate(self.req))
 
     async def finish_charge(self) -> None:
         """Settle with the measured cost of what was sent, and correct the rate-limit count

@@ -218,6 +218,7 @@ class ChatService:
             cache_salt=prefix_cache_salt(key.account_id),
             images=media.images if media else (),
             videos=media.videos if media else (),
+            tenant=self.admission.tenant(key),
         )
 
     async def _first_that_answers(

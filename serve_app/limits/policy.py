@@ -69,11 +69,14 @@ class ClassLimits(BaseModel):
 
 
 class TierFile(BaseModel):
-    """configs/rate_limit_tiers.yaml: tier name -> class -> limits, every class listed."""
+    """configs/rate_limit_tiers.yaml: tier name -> class -> limits, every class listed; and
+    each tier's share of a busy engine (`shares`, 1 when not listed)."""
 
     model_config = ConfigDict(extra="forbid")
 
     tiers: dict[TierName, dict[str, ClassLimits]] = Field(default_factory=dict)
+    shares: dict[TierName, Annotated[float, Field(gt=0, le=1000)]] = Field(
+        default_factory=dict)
 
     @model_validator(mode="after")
     def _every_class(self) -> TierFile:
@@ -84,6 +87,10 @@ class TierFile(BaseModel):
                 raise ValueError(f"tier {name!r} must list exactly the classes "
                                  f"{', '.join(DEFAULT_LIMITS)} (missing: {missing}, "
                                  f"unknown: {unknown})")
+        unlisted = [name for name in self.shares
+                    if name not in self.tiers and name != DEFAULT_RATE_LIMIT_TIER]
+        if unlisted:
+            raise ValueError(f"shares name tiers that are not listed: {unlisted}")
         return self
 
 
@@ -92,6 +99,7 @@ class RateLimitTiers:
     """The tiers a replica knows, loaded once at start; `default` is always among them."""
 
     tables: Mapping[str, TierTable]
+    shares: Mapping[str, float] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
@@ -117,6 +125,15 @@ class RateLimitTiers:
                            "applies", name)
         return DEFAULT_RATE_LIMIT_TIER, self.tables[DEFAULT_RATE_LIMIT_TIER]
 
+    def share(self, name: str) -> float:
+        """The weight of tier `name` in a busy engine's fair share (deployments/fair_share.py):
+        an account of a tier with share 2 is served twice the tokens of one with share 1 while
+        both wait. 1 for a tier the file gives no share (and for an unknown tier: the
+        default's)."""
+        if name not in self.tables:
+            name = DEFAULT_RATE_LIMIT_TIER
+        return self.shares.get(name, 1.0)
+
 
 BUILTIN_TIERS = RateLimitTiers.builtin()
 
@@ -134,7 +151,7 @@ def load_tiers(path: str | Path) -> RateLimitTiers:
         name: {cls: limits.row() for cls, limits in table.items()}
         for name, table in parsed.tiers.items()}
     tables.setdefault(DEFAULT_RATE_LIMIT_TIER, DEFAULT_LIMITS)
-    return RateLimitTiers(tables)
+    return RateLimitTiers(tables, dict(parsed.shares))
 
 
 def api_tier_id(tier: str, *, is_partner: bool) -> str:

@@ -292,11 +292,14 @@ class RateLimits:
                                          self._now_ms())
 
     def request_finished(self, key: KeyRecord | None, model_id: str, status: int,
-                         request_id: str, *, unsupported_feature: bool = False) -> None:
-        """Count a failed request (any endpoint) toward its key's error budget."""
+                         request_id: str, *, unsupported_feature: bool = False,
+                         caller_failure: bool = True) -> None:
+        """Count a failed request (any endpoint) toward its key's error budget: not a refusal
+        by a limit (429), a client that left (499), an unsupported feature (its own budget),
+        nor a failure that is not the caller's (a model at capacity)."""
         if key is None or status < 400 or status in (429, CLIENT_CLOSED_REQUEST) \
-                or unsupported_feature:
-            return  # refused by a limit already, or the client left: not the key's failure
+                or unsupported_feature or not caller_failure:
+            return
         self._spawn(self._count_failure(key, model_id, request_id))
 
     async def _count_failure(self, key: KeyRecord, model_id: str, request_id: str) -> None:

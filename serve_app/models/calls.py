@@ -1,13 +1,16 @@
 """One hop to a model deployment, with its failures turned into the spec's errors.
 
-A full queue is 503 `MODEL_AT_CAPACITY` (Serve's `max_queued_requests` refuses rather than
-queueing without bound); a dead deployment is 503 `MODEL_OFFLINE`; an engine's own report of a
-failure arrives as an `EngineError` value (deployments/protocol.py) and becomes that status.
+A full queue is 503 `MODEL_AT_CAPACITY`: Serve's `max_queued_requests` refuses rather than
+queueing without bound, and an engine's fair-share gate refuses a request that would wait too
+long for its turn, with the wait as `Retry-After` (deployments/fair_share.py); a dead deployment
+is 503 `MODEL_OFFLINE`; an engine's own report of a failure arrives as an `EngineError` value
+(deployments/protocol.py) and becomes that status.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,9 +32,12 @@ class ModelFailed(ApiError):
 def engine_error_to_api(error: EngineError) -> ApiError:
     status, message, field = error.status, error.message, error.field
     details = nest_errors([((field,) if field else (), message)]) if status == 400 else None
+    headers = ({"Retry-After": str(max(1, math.ceil(error.retry_after)))}
+               if error.retry_after is not None else None)
     cls = ModelFailed if status >= 500 else ApiError
     return cls(status, message, code=error.code or (
-        "INVALID_REQUEST" if status == 400 else "INFERENCE_FAILED"), details=details)
+        "INVALID_REQUEST" if status == 400 else "INFERENCE_FAILED"), details=details,
+        headers=headers)
 
 
 def raise_if_reported(answer: Any) -> None:

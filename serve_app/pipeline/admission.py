@@ -22,8 +22,10 @@ or, for a request checked while the limiter decides (chat):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 
+from deployments.protocol import Tenant
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.holds import Billing, Hold
 from serve_app.billing.ledger import Payer
@@ -106,6 +108,13 @@ class Admission:
         previous, charge.ticket = charge.ticket, ticket
         if previous is not None:
             previous.correct(left_tokens)
+
+    def tenant(self, key: KeyRecord) -> Tenant:
+        """Whose request it is at a busy engine (deployments/fair_share.py): the caller's
+        account (a wallet's too), hashed so that its id never reaches an engine, with the
+        share of its rate-limit tier."""
+        digest = hashlib.sha256(f"tenant:{key.account_id}".encode()).hexdigest()[:24]
+        return Tenant(digest, self.limits.tiers.share(key.rate_limit_tier))
 
     async def admit_key_creation(self, ctx: RequestContext, key: KeyRecord) -> None:
         """The account's per-minute cap on new API keys (429)."""

@@ -35,6 +35,9 @@ class RequestContext:
     limit_model: str = ""
     # Refused as an unsupported feature: counted by its own budget, not the failed one.
     unsupported_feature: bool = False
+    # False when the request failed through no fault of its caller (a model at capacity):
+    # its error budget does not count it.
+    caller_failure: bool = True
 
     def step(self, name: str) -> AbstractContextManager[None]:
         """`with ctx.step("hold"): ...` records the step's wall time for `Server-Timing`."""

@@ -271,3 +271,28 @@ def test_the_migration_gives_existing_accounts_the_default_tier(empty_database_u
     command.downgrade(alembic_config(url), "0004")  # and back, keeping the account
     migrate(url)
     assert cli(["accounts"], settings=settings)[0]["rateLimitTier"] == "default"
+
+
+def test_each_tier_has_its_share_of_a_busy_engine(tmp_path: Path) -> None:
+    """`shares` in the tier file: a tier's weight in an engine's fair share; 1 unless listed,
+    and an unknown tier has the default's."""
+    from serve_app.limits.policy import RateLimitTiers
+
+    shipped = load_tiers(Path(__file__).parents[3] / "configs" / "rate_limit_tiers.yaml")
+    assert (shipped.share("default"), shipped.share("scale")) == (1.0, 4.0)
+    assert shipped.share("gone-from-the-file") == 1.0
+    assert RateLimitTiers.builtin().share("default") == 1.0
+
+    tiers = yaml.safe_load(
+        (Path(__file__).parents[3] / "configs" / "rate_limit_tiers.yaml").read_text())
+    tiers["shares"] = {"scale": 2.5}
+    good = tmp_path / "tiers.yaml"
+    good.write_text(yaml.safe_dump(tiers))
+    loaded = load_tiers(good)
+    assert (loaded.share("scale"), loaded.share("benchmark"), loaded.share("default")) == \
+        (2.5, 1.0, 1.0)
+    for shares, words in (({"nobody": 2}, "not listed"), ({"scale": 0}, "greater than 0")):
+        tiers["shares"] = shares
+        good.write_text(yaml.safe_dump(tiers))
+        with pytest.raises(ValueError, match=words):
+            load_tiers(good)

@@ -1,0 +1,208 @@
+"""The fair-share gate in front of an engine: who runs next, the room kept for a newcomer,
+and the 503 a request gets instead of a long wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from deployments.fair_share import AtCapacity, FairShare
+from deployments.protocol import Tenant
+
+HEAVY, LIGHT = Tenant("heavy"), Tenant("light")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Requests:
+    """Requests through a gate, each held open until `finish(name)`; `started` lists the
+    names in the order the gate let them run."""
+
+    def __init__(self, gate: FairShare, served_each: float = 100.0) -> None:
+        self.gate = gate
+        self.served_each = served_each
+        self.started: list[str] = []
+        self._done: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    def send(self, name: str, tenant: Tenant, seqs: int = 1) -> asyncio.Task:
+        done = self._done[name] = asyncio.Event()
+
+        async def run() -> None:
+            async with self.gate.turn(tenant, seqs) as turn:
+                self.started.append(name)
+                turn.served(self.served_each)
+                await done.wait()
+
+        task = self.tasks[name] = asyncio.create_task(run())
+        return task
+
+    async def finish(self, name: str) -> None:
+        self._done[name].set()
+        await self.tasks[name]
+        await settle()
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_newcomer_finds_a_slot_while_one_tenant_queues_many() -> None:
+    async def scenario() -> None:
+        gate = FairShare(4, reserved=1)
+        r = Requests(gate)
+        for i in range(10):
+            r.send(f"a{i}", HEAVY)
+        await settle()
+        assert r.started == ["a0", "a1", "a2"]  # one slot kept for someone else
+        r.send("b0", LIGHT)
+        await settle()
+        assert r.started[-1] == "b0"  # at once, not after the heavy tenant's seven
+        assert gate.stats()["waiting"] == 7
+        for name in list(r.tasks):
+            r._done[name].set()
+        await asyncio.gather(*r.tasks.values())
+
+    asyncio.run(scenario())
+
+
+def test_a_free_slot_goes_to_the_tenant_served_least() -> None:
+    async def scenario() -> None:
+        gate = FairShare(2, reserved=0)
+        r = Requests(gate)
+        r.send("a0", HEAVY)
+        r.send("a1", HEAVY)
+        await settle()
+        for i in range(2, 6):
+            r.send(f"a{i}", HEAVY)
+        await settle()
+        r.send("b0", LIGHT)  # behind four of the heavy tenant's
+        await settle()
+        assert r.started == ["a0", "a1"]
+        await r.finish("a0")
+        assert r.started == ["a0", "a1", "b0"]  # the light tenant's first: served least
+        await r.finish("a1")
+        assert r.started[-1] == "a2"  # then the heavy tenant's, in the order it sent them
+        for name in ("b0", "a2", "a3", "a4", "a5"):
+            await r.finish(name)
+        assert r.started == ["a0", "a1", "b0", "a2", "a3", "a4", "a5"]
+
+    asyncio.run(scenario())
+
+
+def test_a_heavier_weight_gets_more_turns() -> None:
+    async def scenario() -> None:
+        gate = FairShare(1, reserved=0)
+        r = Requests(gate)
+        gold, plain = Tenant("gold", weight=2.0), Tenant("plain", weight=1.0)
+        r.send("first", Tenant("someone"))
+        await settle()
+        for i in range(6):
+            r.send(f"g{i}", gold)
+            r.send(f"p{i}", plain)
+        await settle()
+        await r.finish("first")
+        for _ in range(9):
+            await r.finish(r.started[-1])
+        turns = r.started[1:10]
+        # Each turn adds 100 tokens: 50 to the gold tenant's counter, 100 to the plain one's.
+        assert sum(t.startswith("g") for t in turns) == 6
+        assert sum(t.startswith("p") for t in turns) == 3
+        for name in r.tasks:
+            r._done[name].set()
+        await asyncio.gather(*r.tasks.values())
+
+    asyncio.run(scenario())
+
+
+def test_a_wait_longer_than_the_bound_is_refused_with_the_wait_it_would_have_had() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        gate = FairShare(2, reserved=0, max_wait_s=30.0, clock=clock)
+        r = Requests(gate)
+        # Two requests that held their slot 20 s each: slots free up every 10 s.
+        r.send("x0", HEAVY)
+        r.send("x1", HEAVY)
+        await settle()
+        clock.now = 20.0
+        await r.finish("x0")
+        await r.finish("x1")
+        for i in range(2):
+            r.send(f"a{i}", HEAVY)
+        await settle()
+        r.send("w0", HEAVY)  # one ahead of none: (0 + 1) * 20 / 2 = 10 s
+        r.send("w1", HEAVY)
+        r.send("w2", HEAVY)  # two ahead: 30 s, not more than the bound
+        await settle()
+        with pytest.raises(AtCapacity) as refused:
+            async with gate.turn(HEAVY):
+                pass
+        assert refused.value.retry_after == 40.0  # three ahead, a slot each 10 s
+        assert refused.value.ahead == 3
+        assert gate.stats()["waiting"] == 3  # the refused one left no place behind
+        # Another tenant is not behind the heavy tenant's queue: its wait is its own.
+        r.send("b0", LIGHT)
+        await settle()
+        await r.finish("a0")
+        assert r.started[-1] == "b0"
+        for name in r.tasks:
+            r._done[name].set()
+        await asyncio.gather(*r.tasks.values(), return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_leaves_while_waiting_gives_its_place_back() -> None:
+    async def scenario() -> None:
+        gate = FairShare(1, reserved=0)
+        r = Requests(gate)
+        r.send("a0", HEAVY)
+        leaving = r.send("b0", LIGHT)
+        r.send("c0", Tenant("third"))
+        await settle()
+        leaving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leaving
+        assert gate.stats()["waiting"] == 1
+        await r.finish("a0")
+        assert r.started == ["a0", "c0"]
+        await r.finish("c0")
+        assert gate.stats() | {"slot_seconds": 0} == {
+            "slots": 1, "running": 0, "waiting": 0, "tenants": 0, "slot_seconds": 0}
+
+    asyncio.run(scenario())
+
+
+def test_a_newcomer_is_lifted_to_the_others_level_and_takes_turns_with_them() -> None:
+    """A tenant that arrives after another was served a long time starts at that tenant's
+    counter: the two alternate, instead of the newcomer taking every turn until it caught up
+    (and time away banks no credit the same way)."""
+
+    async def scenario() -> None:
+        gate = FairShare(1, reserved=0)
+        r = Requests(gate)
+        for i in range(10):
+            r.send(f"h{i}", HEAVY)
+        await settle()
+        for i in range(4):
+            await r.finish(f"h{i}")
+        for i in range(3):
+            r.send(f"l{i}", LIGHT)
+        await settle()
+        for name in ("h4", "h5", "l0", "h6", "l1", "h7"):
+            await r.finish(name)
+        assert r.started == [f"h{i}" for i in range(6)] + ["l0", "h6", "l1", "h7", "l2"]
+        for name in r.tasks:
+            r._done[name].set()
+        await asyncio.gather(*r.tasks.values())
+
+    asyncio.run(scenario())
