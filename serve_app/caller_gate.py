@@ -219,6 +219,9 @@ class CallerGate:
                 else:
                     del self._uploads[client]
         if refusal is not None and not answered:
+            ctx = _context_of(scope)
+            # A known caller's failed upload counts toward its error budget like any failure.
+            ctx.caller = ctx.caller or ctx.authenticated_key
             await error_response(refusal)(scope, _no_body, send)
 
 
