@@ -62,6 +62,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     body: dict[str, Any] = {
         "model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
         "temperature": req.temperature, "top_p": req.top_p, "user": req.user,
+        "anon_user_id": req.anon_user_id,
         "fallbacks": [f.model_dump() for f in req.fallbacks or []] or None,
         "reasoning": req.reasoning.model_dump() if req.reasoning else None,
     }

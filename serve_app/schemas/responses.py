@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serve_app.schemas.chat import MAX_FALLBACKS, Fallback, Reasoning, ServiceParameters
+from serve_app.schemas.common import AnonUserId
 
 
 class _Open(BaseModel):
@@ -80,6 +81,7 @@ class ResponsesRequest(_Open):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     user: str | None = None
+    anon_user_id: AnonUserId | None = None  # as on chat: the reference accepts it here too
     service_parameters: ServiceParameters | None = None
     venice_parameters: ServiceParameters | None = None  # the reference's name for the same
 

@@ -7,6 +7,7 @@ them through the private-address guard. Which fields a model uses depends on wha
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -49,11 +50,19 @@ class QuoteVideoRequest(_Pricing):
     reference_video_total_duration: float | None = Field(default=None, ge=0, le=150)
 
 
-class CameraPoint(BaseModel):
-    time: float
-    azimuth: float
-    elevation: float
-    distance: float
+# `camera_trajectory`, as the reference checks it: 2 to 12 keyframes at strictly increasing
+# times in [0, 1] (fractions of the clip), each elevation -90 to 90 degrees, each distance
+# positive (1: unchanged), the azimuth (signed degrees) travelling at most 32 turns in all;
+# it needs the `image_url` it moves the camera around (serve_app/video/serving.py).
+CAMERA_KEYFRAMES = (2, 12)
+MAX_AZIMUTH_TRAVEL_DEGREES = 32 * 360
+
+
+class CameraKeyframe(BaseModel):
+    time: float = Field(ge=0, le=1, allow_inf_nan=False)
+    azimuth: float = Field(allow_inf_nan=False)
+    elevation: float = Field(ge=-90, le=90, allow_inf_nan=False)
+    distance: float = Field(gt=0, allow_inf_nan=False)
 
 
 class Element(BaseModel):
@@ -90,7 +99,8 @@ class QueueVideoRequest(_Pricing):
     recover_detail: float | None = None
     h264_output: bool | None = None
     output_format: Literal["mp4"] | None = None
-    camera_trajectory: list[CameraPoint] | None = None
+    camera_trajectory: list[CameraKeyframe] | None = Field(
+        default=None, min_length=CAMERA_KEYFRAMES[0], max_length=CAMERA_KEYFRAMES[1])
     image_url: str | None = None
     end_image_url: str | None = None
     audio_url: str | None = None
@@ -101,6 +111,20 @@ class QueueVideoRequest(_Pricing):
     scene_image_urls: list[str] | None = Field(default=None, max_length=4)
     elements: list[Element] | None = Field(default=None, max_length=4)
     keyframes: list[Keyframe] | None = Field(default=None, max_length=10)
+
+    @field_validator("camera_trajectory")
+    @classmethod
+    def _camera_path(cls, path: list[CameraKeyframe] | None) -> list[CameraKeyframe] | None:
+        if path is None:
+            return None
+        if any(later.time <= earlier.time for earlier, later in pairwise(path)):
+            raise ValueError("keyframe times must be strictly increasing")
+        travel = sum(abs(later.azimuth - earlier.azimuth)
+                     for earlier, later in pairwise(path))
+        if travel > MAX_AZIMUTH_TRAVEL_DEGREES:
+            raise ValueError(f"the azimuth travels {travel:g} degrees in all; at most "
+                             f"{MAX_AZIMUTH_TRAVEL_DEGREES} (32 turns)")
+        return path
 
 
 class JobRequest(BaseModel):

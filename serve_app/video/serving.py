@@ -213,6 +213,9 @@ def _check_prompt(model: CatalogModel, body: QueueVideoRequest) -> None:
 
 
 def _check_media_fields(model: CatalogModel, body: QueueVideoRequest) -> None:
+    if body.camera_trajectory is not None and not body.image_url:
+        raise invalid_request("image_url is required with camera_trajectory: the camera moves "
+                              "around that image", "image_url")
     taken = MEDIA_FIELDS[model.operation]
     for field in ALL_MEDIA_FIELDS:
         if getattr(body, field) not in (None, []) and field not in taken:
