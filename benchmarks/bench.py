@@ -15,6 +15,8 @@ runs it) and against a reference measured in the same run on the same machine:
   chat_stream_tiny_s4     the tiny test model, 4 streams
   cheap_route_vs_noop     GET /api_keys/rate_limits / a bare Serve no-op route, concurrency 8
   chat_1token_c8          1-token chats/s at concurrency 8 through the API / in this process
+  noisy_neighbour_ttft    one account's short chats' first token while another keeps 24 long
+  flood_throughput        streams open, and the engine's throughput then (fairness.py)
   start_to_first_chat_s   `make run` (weights prepared) until its first chat answers, on a
                           DATA_DIR that a first start already left its compiled graphs in
                           (that first start: start_to_first_chat_cold_s)
@@ -53,6 +55,7 @@ from pathlib import Path
 
 import httpx
 from clients import PROMPT, RUNS, best, format_steps, step_profile, stream_chats, wrk
+from fairness import measure_fairness, two_accounts
 from figures import Figure, Progress, ceiling_figure, rate_figure, report
 from floor import durable_charge_ms, serve_hop_ms
 from peers import chat_figures, embedding_figure, measure_peers, peer_figures
@@ -81,7 +84,7 @@ SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
 # What embeddings at concurrency 1 may add above the floor (a Serve hop and a durable charge,
 # measured in the same run: floor.py).
 FLOOR_MARGIN_MS = 5
-PARTS = ("embeddings", "chat", "cheap_route", "startup", "peers")
+PARTS = ("embeddings", "chat", "cheap_route", "startup", "peers", "fairness")
 
 
 # ---------------------------------------------------------------- references in process
@@ -207,14 +210,19 @@ def prepare_data_dir() -> Path:
     return data_dir
 
 
+def bench_settings(data_dir: Path):
+    from serve_app.settings import Settings
+
+    return Settings(data_dir=data_dir, model_catalog=CATALOG, admin_api_key=ADMIN_KEY,
+                    initial_credit_usd=100000)
+
+
 def benchmark_key(data_dir: Path) -> str:
     """An INFERENCE key of the first account, moved to the `benchmark` rate-limit tier with
     the operator's own command (`inference-admin set-tier benchmark`)."""
     from serve_app import cli
-    from serve_app.settings import Settings
 
-    settings = Settings(data_dir=data_dir, model_catalog=CATALOG, admin_api_key=ADMIN_KEY,
-                        initial_credit_usd=100000)
+    settings = bench_settings(data_dir)
     cli.run(["set-tier", "benchmark"], settings)
     return cli.run(["create-key", "--type", "INFERENCE", "--description", "benchmark"],
                    settings)["apiKey"]
@@ -224,7 +232,7 @@ class Platform:
     """Ray + the Serve application of `make run` (throughput-optimised, one Gateway replica on
     its own port), with the benchmark catalog, and a bare no-op app beside it."""
 
-    def __init__(self, data_dir: Path, deployments: list[str]) -> None:
+    def __init__(self, data_dir: Path, deployments: list[str], catalog: Path = CATALOG) -> None:
         self.port = free_port()
         os.environ.update({
             "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -242,7 +250,7 @@ class Platform:
         serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
         quiet = {"enable_access_log": False}
         serve.run(build_app({"settings": {"data_dir": str(data_dir), "admin_api_key": ADMIN_KEY,
-                                          "model_catalog": str(CATALOG),
+                                          "model_catalog": str(catalog),
                                           "initial_credit_usd": 100000},
                              "model_deployments": deployments}),
                   name="inference", route_prefix="/", logging_config=quiet)
@@ -353,7 +361,8 @@ def main() -> None:
         raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
     chat, peers = "chat" in parts, "peers" in parts
     steps = 1 + 2 * ("embeddings" in parts) + 3 * chat + ("cheap_route" in parts) \
-        + bool(parts - {"startup"}) + ("startup" in parts) + 4 * peers
+        + bool(parts - {"startup", "fairness"}) + ("startup" in parts) + 4 * peers \
+        + 2 * ("fairness" in parts)
     step = Progress(steps)
     data_dir = prepare_data_dir()
     step("weights ready (SmolLM2 converted, tiny model built)")
@@ -376,7 +385,7 @@ def main() -> None:
              f"{ref['emb1_ms']:.1f} ms per single text")
 
     figures: list[Figure] = []
-    if parts - {"startup"}:
+    if parts - {"startup", "fairness"}:
         key = benchmark_key(data_dir)
         platform = Platform(data_dir, ["embedding", *(["text-xs"] if chat or peers else [])])
         step(f"platform up at {platform.base}")
@@ -394,6 +403,12 @@ def main() -> None:
         found = measure_peers((SMOLLM2, MODELS_DIR / SMOLLM2), (EMBEDDER, embedder_folder()),
                               ENGINE_ENV, args.tokens, args.seconds, step, free_port)
         figures += peer_figures(ours, found)
+    if "fairness" in parts:
+        # Two accounts of one share each: one floods, the other chats (fairness.py).
+        keys = two_accounts(lambda: bench_settings(data_dir))
+        figures += measure_fairness(
+            lambda catalog: Platform(data_dir, ["text-xs"], catalog), CATALOG, SMOLLM2, keys,
+            4 * args.seconds, step, Path(tempfile.mkdtemp(prefix="bench-fair-")))
     if "startup" in parts:
         # The first start compiles the chat model into DATA_DIR's compile cache; the second,
         # on the same DATA_DIR, loads it: the start every later `make run` has.

@@ -25,10 +25,12 @@ class Figure:
     litellm_ratio: float | None = None
     # What no build of the platform can go below, measured in the same run (in `goal`).
     floor: float | None = None
+    # A ratio whose goal is a ceiling (a slowdown: ours / reference at most `goal`).
+    at_most: bool = False
 
     @property
     def ceiling(self) -> bool:
-        return self.name.endswith(("_ms", "_s"))
+        return self.at_most or self.name.endswith(("_ms", "_s"))
 
     @property
     def met(self) -> bool:
@@ -42,6 +44,13 @@ class Figure:
 def rate_figure(name: str, unit: str, ours: float, reference: float, goal: float) -> Figure:
     return Figure(name, unit, round(ours, 2), round(reference, 2),
                   round(ours / reference, 3), goal)
+
+
+def slowdown_figure(name: str, unit: str, ours: float, reference: float,
+                    goal: float) -> Figure:
+    """ours / reference, at most `goal` (how many times longer ours took)."""
+    return Figure(name, unit, round(ours, 2), round(reference, 2),
+                  round(ours / reference, 3), goal, at_most=True)
 
 
 def ceiling_figure(name: str, unit: str, ours: float, reference: float, goal: float,

@@ -1,7 +1,10 @@
-"""The embedding deployment: sentence-transformers models with Serve's dynamic batching.
+"""The embedding deployment: sentence-transformers models, batched fairly.
 
-Each call carries the texts of one or more requests (the gateway merges concurrent ones);
-calls that arrive while the model runs are encoded together in the next forward pass.
+Each call carries the texts of one or more requests (the gateway merges concurrent ones), with
+whose texts they are; texts that arrive while the model runs are encoded together in the next
+forward pass, filled least-served tenant first (deployments/fair_batches.py): one tenant's
+batches of hundreds are spread over several passes, and another's single text rides in the
+next one. Nothing waits for company: what queued while the previous pass ran forms the next.
 """
 
 from __future__ import annotations
@@ -9,13 +12,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
+import numpy as np
 from ray import serve
 
 from deployments.base import ModelDeployment
 from deployments.engines.embedding import ENGINES, EmbeddingEngine, Encoded
-from deployments.protocol import Embeddings, EngineError, not_served
-from deployments.spec import ModelSpec
+from deployments.fair_batches import FairBatches
+from deployments.fair_share import AtCapacity
+from deployments.protocol import Embeddings, EngineError, Tenant, at_capacity, not_served
+from deployments.spec import DEFAULT_MAX_QUEUE_WAIT_S, ModelSpec
+
+# A text's vector, its token count, and the ms of the forward pass that encoded it.
+_Row = tuple[np.ndarray, int, float]
+# Texts in one forward pass unless the catalog says otherwise (`max_batch_texts`).
+DEFAULT_PASS_TEXTS = 64
 
 logger = logging.getLogger("deployments.embedding")
 
@@ -29,41 +41,60 @@ class EmbeddingDeployment(ModelDeployment):
         super().__init__(models)
         for model_id, engine in self.engines.items():
             logger.info("embedding model %s: %d dimensions", model_id, engine.dimensions)
+        self.passes = _ModelPasses(models)
 
-    async def embed(self, model_id: str, texts: list[str]) -> Embeddings | EngineError:
+    async def embed(self, model_id: str, texts: list[str],
+                    owners: Sequence[tuple[Tenant, int]] = ()) -> Embeddings | EngineError:
         """Unit vectors of `texts` with each input's token count (the model reads the first
         `max_seq_length`). The texts may come from several requests, which the gateway
-        merges: it refuses the request of an input over its per-input limit."""
-        if model_id not in self.engines:
+        merges: it refuses the request of an input over its per-input limit. `owners`: whose
+        texts they are, in runs (tenant, count), for the engine's fair share."""
+        engine = self.engines.get(model_id)
+        if engine is None:
             return not_served(model_id)
         started = time.perf_counter()
-        (vectors, tokens), engine_ms = await self._encode((model_id, texts))
-        return Embeddings(vectors, tokens, self.engines[model_id].max_seq_length,
+        try:
+            rows = await self.passes.of(model_id, engine).encode(texts, owners)
+        except AtCapacity as full:
+            return at_capacity(model_id, full.retry_after)
+        vectors = np.stack([vector for vector, _, _ in rows])
+        # The forward passes that carried the call (a large one is spread over several).
+        engine_ms = sum({pass_ms for _, _, pass_ms in rows})
+        return Embeddings(vectors, [tokens for _, tokens, _ in rows], engine.max_seq_length,
                           (time.perf_counter() - started) * 1000, engine_ms)
-
-    # Whole calls are batched (the gateway already puts concurrent requests in one call; calls
-    # from several gateway replicas meet here), and nothing waits for company: what queued
-    # while the previous forward pass ran forms the next one.
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0)
-    async def _encode(self, calls: list[tuple[str, list[str]]]) -> list[tuple[Encoded, float]]:
-        """Each call's part of the forward pass of its model's texts, and that pass's ms."""
-        out: list[tuple[Encoded, float] | None] = [None] * len(calls)
-        by_model: dict[str, list[int]] = {}
-        for position, (model_id, _) in enumerate(calls):
-            by_model.setdefault(model_id, []).append(position)
-        for model_id, positions in by_model.items():
-            texts = [text for p in positions for text in calls[p][1]]
-            # On a thread: the replica keeps taking calls while the model runs.
-            done, engine_ms = await asyncio.to_thread(_timed, self.engines[model_id], texts)
-            start = 0
-            for p in positions:
-                end = start + len(calls[p][1])
-                out[p] = Encoded(done.vectors[start:end], done.tokens[start:end]), engine_ms
-                start = end
-        return out  # type: ignore[return-value]
 
     def dimensions(self, model_id: str) -> int:
         return self.engines[model_id].dimensions
+
+
+class _ModelPasses:
+    """One `FairBatches` per model of the replica, made on its first call: each pass encodes
+    up to `engine_options.max_batch_texts` texts (default 64) on a thread, so the replica
+    keeps taking calls while the model runs."""
+
+    def __init__(self, models: list[ModelSpec]) -> None:
+        self._specs = {spec["id"]: spec for spec in models}
+        self._passes: dict[str, FairBatches[_Row]] = {}
+
+    def of(self, model_id: str, engine: EmbeddingEngine) -> FairBatches[_Row]:
+        passes = self._passes.get(model_id)
+        if passes is None:
+            spec = self._specs.get(model_id)
+            options = spec["engine_options"] if spec else {}
+
+            async def run(texts: list[str]) -> list[_Row]:
+                done, engine_ms = await asyncio.to_thread(_timed, engine, texts)
+                return [(vector, tokens, engine_ms)
+                        for vector, tokens in zip(done.vectors, done.tokens, strict=True)]
+
+            passes = self._passes[model_id] = FairBatches(
+                run, max_texts=int(options.get("max_batch_texts", DEFAULT_PASS_TEXTS)),
+                max_wait_s=spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec
+                else DEFAULT_MAX_QUEUE_WAIT_S)
+        return passes
+
+    def stats(self) -> dict[str, dict[str, float | int]]:
+        return {model_id: passes.stats() for model_id, passes in self._passes.items()}
 
 
 def _timed(engine: EmbeddingEngine, texts: list[str]) -> tuple[Encoded, float]:

@@ -32,11 +32,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from deployments.protocol import Tenant
+from deployments.protocol import PLATFORM_TENANT, Tenant
 from deployments.spec import DEFAULT_MAX_QUEUE_WAIT_S, ModelSpec
 
 # A request without a tenant (a call made by the platform itself) shares one.
-PLATFORM = Tenant("platform")
+PLATFORM = PLATFORM_TENANT
+# The slots of an engine whose catalog entry turns its gate off: more than ever wait.
+UNGATED_SLOTS = 1_000_000
 # How many recent slot holding times the wait estimate averages.
 _HELD_SAMPLES = 64
 
@@ -82,6 +84,7 @@ class Turn:
     def served(self, units: float) -> None:
         if units > 0:
             self._tenant.served += units / self._tenant.weight
+            self._gate.units_served += units
 
 
 class FairShare:
@@ -104,6 +107,7 @@ class FairShare:
         self._running = 0
         self._waiting = 0
         self._arrivals = itertools.count()
+        self.units_served = 0.0  # since start, every tenant's: the engine's output
         # Seconds each recent request held its slots, for the wait estimate.
         self._held: collections.deque[float] = collections.deque(maxlen=_HELD_SAMPLES)
 
@@ -141,7 +145,8 @@ class FairShare:
     def stats(self) -> dict[str, float | int]:
         return {"slots": self.slots, "running": self._running, "waiting": self._waiting,
                 "tenants": sum(1 for t in self._tenants.values() if t.active),
-                "slot_seconds": round(self._slot_seconds(), 3)}
+                "slot_seconds": round(self._slot_seconds(), 3),
+                "units_served": round(self.units_served)}
 
     # ---- the order -----------------------------------------------------------------------
 
@@ -236,7 +241,8 @@ class FairShareGates:
     """The gates of one replica, one per model, each made on its model's first request: as
     many slots as its engine runs sequences at once (`max_num_seqs`), the catalog's
     `engine_options.reserved_slots` kept for tenants other than the one using the most (default
-    a fifth, at least one), and the spec's `max_queue_wait_s` bounding a wait."""
+    a fifth, at least one), and the spec's `max_queue_wait_s` bounding a wait;
+    `engine_options.fair_share: false` opens the gate wide."""
 
     def __init__(self, models: list[ModelSpec]) -> None:
         self._specs = {spec["id"]: spec for spec in models}
@@ -247,9 +253,12 @@ class FairShareGates:
         if gate is None:
             spec = self._specs.get(model_id)
             options = spec["engine_options"] if spec else {}
+            # `fair_share: false`: every request goes straight to the engine, first come first
+            # served in its own queue (to measure what the gate costs and buys).
+            fair = options.get("fair_share", True)
             gate = self._gates[model_id] = FairShare(
-                int(getattr(engine, "max_num_seqs", 1)),
-                reserved=options.get("reserved_slots"),
+                int(getattr(engine, "max_num_seqs", 1)) if fair else UNGATED_SLOTS,
+                reserved=options.get("reserved_slots") if fair else 0,
                 max_wait_s=spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec
                 else DEFAULT_MAX_QUEUE_WAIT_S)
         return gate

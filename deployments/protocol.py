@@ -73,6 +73,10 @@ class Tenant:
     weight: float = 1.0
 
 
+# Whose request it is when the platform itself asks (or a caller sent no tenant).
+PLATFORM_TENANT = Tenant("platform")
+
+
 # ---- text --------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)

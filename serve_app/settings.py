@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     # Requests of one account that may read media inputs (fetch, decode, probe) at once on
     # each Gateway replica; more are refused with a 429 (video jobs have no rate limit).
     media_fetches_per_account: int = Field(default=2, ge=1)
+    # The longest a request may wait for its turn at a busy engine: one whose expected wait
+    # is longer gets 503 MODEL_AT_CAPACITY with Retry-After (deployments/fair_share.py).
+    max_queue_wait_s: float = Field(default=30.0, gt=0)
     # Per-account caps on queued video and audio jobs: jobs queued or running at once, and
     # the megabytes their inputs and finished media keep in the result store (429 past them).
     job_open_per_account: int = Field(default=20, ge=1)

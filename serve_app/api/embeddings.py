@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.billing.pricing import price
 from serve_app.embeddings.serving import encode, max_tokens, shape
-from serve_app.errors import invalid_request
+from serve_app.errors import ApiError, invalid_request
 from serve_app.pipeline import respond
 from serve_app.schemas.embeddings import EmbeddingRequest
 
@@ -32,12 +32,14 @@ async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: Inference
         state.router.handle(model)  # 503 before anything else when the model is offline
         respond.model_headers(ctx, model, routed.router)
         with ctx.step("model"):
-            embedded = await state.embedder.embed(model, texts)
+            embedded = await state.embedder.embed(model, texts, state.admission.tenant(key))
         ctx.record("replica", embedded.replica_ms)
         if embedded.engine_ms:
             ctx.record("engine", embedded.engine_ms)
-    except BaseException:
-        await charge.release()
+    except BaseException as failure:
+        # A refusal for capacity never reached the engine: none of its tokens count.
+        refused = isinstance(failure, ApiError) and not failure.blames_caller
+        await charge.release(tokens=0 if refused else None)
         raise
     await charge.settle(price(model, {"input": embedded.tokens}), tokens=embedded.tokens)
     with ctx.step("respond"):

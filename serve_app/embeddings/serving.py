@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from deployments.protocol import Embeddings
+from deployments.protocol import PLATFORM_TENANT, Embeddings, Tenant
 from serve_app.embeddings.batcher import CallBatcher
 from serve_app.errors import invalid_request
 from serve_app.models.calls import call_model
@@ -59,6 +59,19 @@ def encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
     return vector
 
 
+def owner_runs(items: list[tuple[Tenant | None, str]]) -> list[tuple[Tenant, int]]:
+    """Whose texts a call carries, in runs of one tenant (a call merges several requests);
+    texts of no tenant are the platform's."""
+    runs: list[tuple[Tenant, int]] = []
+    for tenant, _ in items:
+        tenant = tenant or PLATFORM_TENANT
+        if runs and runs[-1][0] == tenant:
+            runs[-1] = (tenant, runs[-1][1] + 1)
+        else:
+            runs.append((tenant, 1))
+    return runs
+
+
 class Embedder:
     """One call batcher per embedding model of this replica."""
 
@@ -67,15 +80,17 @@ class Embedder:
         self._router = router
         self._calls_in_flight = calls_in_flight
         self._min_texts_beside = min_texts_beside
-        self._batchers: dict[str, CallBatcher[str, _Row]] = {}
+        self._batchers: dict[str, CallBatcher[tuple[Tenant | None, str], _Row]] = {}
 
     def _batcher(self, model: CatalogModel) -> CallBatcher:
         batcher = self._batchers.get(model.id)
         if batcher is None:
             handle = self._router.handle(model)
 
-            async def send(texts: list[str]) -> list[_Row]:
-                out: Embeddings = await call_model(handle.embed, model.id, model.id, texts)
+            async def send(items: list[tuple[Tenant | None, str]]) -> list[_Row]:
+                texts = [text for _, text in items]
+                out: Embeddings = await call_model(handle.embed, model.id, model.id, texts,
+                                                   owner_runs(items))
                 cap = out.max_seq_length
                 engine_ms = getattr(out, "engine_ms", 0.0)  # a replica of an older build: none
                 return [_Row(vector, count, min(count, cap), out.replica_ms, engine_ms)
@@ -86,9 +101,12 @@ class Embedder:
             self._batchers[model.id] = batcher
         return batcher
 
-    async def embed(self, model: CatalogModel, texts: list[str]) -> Embedded:
-        """Vectors of `texts`; 400 when an input is over the per-input token limit."""
-        rows = await self._batcher(model).submit(texts)
+    async def embed(self, model: CatalogModel, texts: list[str],
+                    tenant: Tenant | None = None) -> Embedded:
+        """Vectors of `texts` (`tenant`'s, for the engine's fair share); 400 when an input is
+        over the per-input token limit."""
+        rows = await self._batcher(model).submit([(tenant, text) for text in texts],
+                                                 tenant.id if tenant else None)
         for index, row in enumerate(rows):
             if row.tokens > MAX_INPUT_TOKENS:
                 raise invalid_request(f"input[{index}] has {row.tokens} tokens; the limit is "

@@ -51,6 +51,7 @@ from deployments.protocol import (
     SpeechPiece,
     SpeechRequest,
     SpeechStart,
+    Tenant,
     TextEvent,
     TextRequest,
     Usage,
@@ -402,7 +403,8 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
 # ---- embeddings --------------------------------------------------------------------------
 
 class FakeEmbeddingDeployment(FakeDeployment):
-    """The embedding deployment (deployments/embedding.py): `embed(model_id, texts)` answers
+    """The embedding deployment (deployments/embedding.py): `embed(model_id, texts, owners)`
+    answers
     unit vectors of the model's dimensions, the same for the same text, and each input's
     tokens (one per word, plus the two special tokens)."""
 
@@ -428,7 +430,8 @@ class FakeEmbeddingDeployment(FakeDeployment):
         v = np.random.default_rng(seed).standard_normal(self.dimensions_of(model_id))
         return (v / np.linalg.norm(v)).astype(np.float32)
 
-    async def _embed(self, model_id: str, texts: list[str]) -> Embeddings:
+    async def _embed(self, model_id: str, texts: list[str],
+                     owners: list[tuple[Tenant, int]] | None = None) -> Embeddings:
         return Embeddings(vectors=np.stack([self.vector(model_id, t) for t in texts]),
                           tokens=[self.tokens_of(t) for t in texts],
                           max_seq_length=self.max_seq_length, replica_ms=1.0)

@@ -302,3 +302,29 @@ async def test_under_load_calls_alternate_in_halves():
         await settle()
     assert [len(call) for call in send.calls] == [1] + [16] * 7
     await release_all(send, tasks)
+
+
+async def test_an_owner_with_nothing_in_flight_goes_out_at_once_beside_full_calls():
+    """Room kept for others: while one account's large requests take every call, another
+    account's first request leaves at once in a call of its own (one such call at a time),
+    instead of waiting for the calls and the queue ahead of it."""
+    send = FakeSend()
+    batcher = CallBatcher(send, max_in_flight=2, max_items=4)
+    heavy = [asyncio.get_running_loop().create_task(batcher.submit([i] * 4, "heavy"))
+             for i in range(1, 5)]
+    await settle()
+    assert send.calls == [[1] * 4, [2] * 4]  # every call taken; two requests wait
+    light = asyncio.get_running_loop().create_task(batcher.submit([7], "light"))
+    third = asyncio.get_running_loop().create_task(batcher.submit([8], "third"))
+    await settle()
+    assert send.calls[2] == [7]  # at once, beside the full calls
+    assert len(send.calls) == 3  # one call beside them at a time: the third account waits
+    send.release(2)
+    assert await light == [70]
+    # The heavy account's waiting requests are not sent ahead: it has calls in flight.
+    again = asyncio.get_running_loop().create_task(batcher.submit([5], "heavy"))
+    await settle()
+    assert len(send.calls) == 3
+    await release_all(send, [*heavy, third, again])
+    assert [t.result() for t in heavy] == [[i * 10] * 4 for i in range(1, 5)]
+    assert third.result() == [80] and again.result() == [50]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,7 +37,13 @@ def test_embeddings_answer_one_unit_vector_of_the_models_dimensions_per_input(
     fake = fakes["embedding"]
     assert np.allclose(vectors[1], fake.vector("embed-small", TEXTS[1]), atol=1e-6)
     (call,) = fake.calls
-    assert call.args == ("embed-small", TEXTS)
+    model_id, texts, owners = call.args
+    assert (model_id, texts) == ("embed-small", TEXTS)
+    # whose texts they are, for the engine's fair share: one account's, hashed, in one run
+    ((tenant, count),) = owners
+    assert count == len(TEXTS)
+    assert tenant.id == hashlib.sha256(
+        f"tenant:{fake_gateway.account_id}".encode()).hexdigest()[:24]
     assert resp.headers["x-service-model-id"] == "embed-small"
     assert resp.headers["x-service-balance-usd"] == "10"
 

@@ -1,4 +1,4 @@
-"""A chat whose engine is too busy to start it soon (its fair-share gate refuses it,
+"""A chat (or embeddings) whose engine is too busy to start it soon (its fair-share gate refuses it,
 deployments/fair_share.py): 503 MODEL_AT_CAPACITY with the wait as `Retry-After`, nothing
 charged, none of its tokens counted, and not the caller's failure for the error budget. And
 who asks reaches the engine: the account (hashed) and its tier's share."""
@@ -63,3 +63,23 @@ def test_the_engine_is_told_whose_request_it_is(fake_gateway, fakes, key):
     assert fake_gateway.account_id not in first.id
     assert first.id == hashlib.sha256(
         f"tenant:{fake_gateway.account_id}".encode()).hexdigest()[:24]
+
+
+def test_embeddings_the_engine_cannot_encode_soon_get_503_with_the_wait(
+        fake_gateway, fakes, key, books):
+    fakes["embedding"].fail_with(at_capacity("embed-small", 3.2))
+    before = books.balance_nanos()
+    body = {"model": "embed-small", "input": ["a lighthouse", "a storm"]}
+    resp = fake_gateway.client.post("/api/v1/embeddings", headers=fake_gateway.auth(key),
+                                    json=body)
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["code"] == "MODEL_AT_CAPACITY"
+    assert resp.headers["Retry-After"] == "4"
+    assert books.balance_nanos() == before
+    assert books.open_holds() == 0
+    fakes["embedding"].recover()
+    fresh = fake_gateway.create_key()["apiKey"]
+    remaining = [int(fake_gateway.client.post(
+        "/api/v1/embeddings", headers=fake_gateway.auth(sender), json=body
+    ).headers["x-ratelimit-remaining-tokens"]) for sender in (key, fresh)]
+    assert remaining[0] == remaining[1]  # nothing of the refused request counted
