@@ -4,17 +4,19 @@ FastAPI reads and parses a JSON body before a route's dependencies run, so witho
 an anonymous client could make the Gateway buffer and parse up to 32 MB (69 MB on
 `/video/queue`) only to be told 401. Here, in the ASGI layer, before the route:
 
-* a Bearer key is looked up (one cached hash lookup, `KeyStore.authenticate`) and kept on the
-  request's context for the route's own dependency (`api/deps.py current_key`), so a request
-  authenticates once; a SIGN-IN-WITH-X header must at least decode (its signature and nonce
-  are checked by the route, `WalletAuth.authenticate`);
+* for a request with a body, a Bearer key is looked up (one cached hash lookup,
+  `KeyStore.authenticate`) and kept on the request's context for the route's own dependency
+  (`api/deps.py current_key`), so a request authenticates once; a SIGN-IN-WITH-X header must
+  at least decode (its signature and nonce are checked by the route,
+  `WalletAuth.authenticate`). A request without a body passes straight to its route;
 * a route that needs a caller and has none is answered without its body: a bad credential
   here (401), a missing one by the route itself from the headers alone (401, or the x402
   402) while it sees an empty body;
 * a caller not known yet (public routes) may send at most `ANONYMOUS_BODY_BYTES`; known
   callers the route's cap (middleware.body_cap); 413 past either;
-* a body must arrive within `body_timeout_s` (408), and one client address may have at most
-  `large_bodies_per_client` bodies over `LARGE_BODY_BYTES` on their way at once (429).
+* a body must arrive within `body_timeout_s` of the request (408), and one client address
+  may have at most `large_bodies_per_client` bodies over `LARGE_BODY_BYTES` on their way at
+  once (429).
 
 A refusal raised while the route reads its body wins over whatever answer the route then
 makes of the error (FastAPI turns any exception of a body read into a 400).
@@ -118,10 +120,10 @@ class CallerGate:
                 declared = int(value) if value.isdigit() else 0
             elif name == b"transfer-encoding":
                 chunked = True
-        known, refusal = await self._caller(scope, authorization, siwx)
-        if declared <= 0 and not chunked:  # no body to guard
+        if declared <= 0 and not chunked:  # no body: the route checks its caller as ever
             await self.app(scope, receive, send)
             return
+        known, refusal = await self._caller(scope, authorization, siwx)
         if not known and self.needs_caller(scope):
             if refusal is not None:
                 await error_response(refusal)(scope, _no_body, send)
@@ -147,10 +149,8 @@ class CallerGate:
                 return True, None
             if authorization is None:
                 return False, None
-            ctx = _context_of(scope)
-            with ctx.step("key"):  # Server-Timing `key`; the route's own step is `auth`
-                ctx.authenticated_key = await self.keys.authenticate(
-                    bearer_secret_of(authorization.decode("latin-1")))
+            _context_of(scope).authenticated_key = await self.keys.authenticate(
+                bearer_secret_of(authorization.decode("latin-1")))
             return True, None
         except ApiError as exc:
             return False, exc
@@ -161,11 +161,19 @@ class CallerGate:
                        declared: int) -> None:
         """The route, reading its body under the cap, the deadline and the uploads bound."""
         client = (scope.get("client") or ("-",))[0]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.body_timeout_s
         received = 0
-        finished = large = answered = False
+        finished = large = answered = timed_out = False
         refusal: ApiError | None = None
+        reader: asyncio.Task | None = None  # the task waiting for the body, if one is
+
+        def expire() -> None:
+            # One timer for the whole body (a timeout around each read cost 4 us a read).
+            nonlocal timed_out
+            timed_out = True
+            if reader is not None:
+                reader.cancel()
+
+        deadline = asyncio.get_running_loop().call_later(self.body_timeout_s, expire)
 
         def refuse(error: ApiError) -> _BodyRefused:
             nonlocal refusal
@@ -180,14 +188,20 @@ class CallerGate:
             large = True
 
         async def guarded_receive() -> Message:
-            nonlocal received, finished
+            nonlocal received, finished, reader
             if finished or refusal is not None:
                 return await receive()
+            if timed_out:
+                raise refuse(body_timed_out(self.body_timeout_s))
+            reader = asyncio.current_task()
             try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
+                message = await receive()
+            except asyncio.CancelledError:
+                if not timed_out or reader is None or reader.uncancel():
+                    raise  # cancelled by someone else (the client left, the server stops)
                 raise refuse(body_timed_out(self.body_timeout_s)) from None
+            finally:
+                reader = None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > cap:
@@ -197,6 +211,8 @@ class CallerGate:
                 finished = not message.get("more_body", False)
             else:
                 finished = True  # the client left
+            if finished:
+                deadline.cancel()
             return message
 
         async def send_unless_refused(message: Message) -> None:
@@ -212,6 +228,7 @@ class CallerGate:
         except _BodyRefused:
             pass
         finally:
+            deadline.cancel()
             if large:
                 left = self._uploads[client] - 1
                 if left:

@@ -31,9 +31,9 @@ from serve_app.api import (
 )
 from serve_app.api.deps import current_key, inference_caller, key_or_wallet
 from serve_app.billing.ledger import InsufficientBalance
-from serve_app.caller_gate import CallerGate, route_needs_caller
+from serve_app.caller_gate import CallerGate, bearer_secret_of, route_needs_caller
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
-from serve_app.errors import error_response, install_error_handlers
+from serve_app.errors import ApiError, error_response, install_error_handlers
 from serve_app.json_bodies import parse_large_bodies_off_loop
 from serve_app.metrics import record_request
 from serve_app.middleware import (
@@ -168,6 +168,16 @@ class Site:
             await JSONResponse({"error": "Not found"}, status_code=404)(scope, receive, send)
 
 
+def _bearer_secret(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            try:
+                return bearer_secret_of(value.decode("latin-1"))
+            except ApiError:
+                return None
+    return None
+
+
 def create_prefixed_app(state: GatewayServices) -> ASGIApp:
     """The Gateway's site: the API under `/api/v1` and the console under `/console`. Serve
     runs it with route prefix `/`; tests and plain uvicorn run it as it is."""
@@ -178,11 +188,15 @@ def create_prefixed_app(state: GatewayServices) -> ASGIApp:
         the key, or a public one (/models) the client sent a valid key to."""
         if respond.tells_its_limits(ctx, answer):
             return
-        # A bad key was not kept by the caller gate: a public route answers it as if none
-        # was sent.
         key = ctx.caller or ctx.authenticated_key
         if key is None:
-            return
+            secret = _bearer_secret(scope)
+            if secret is None:
+                return
+            try:
+                key = await state.keys.authenticate(secret)
+            except ApiError:
+                return  # a public route answers a bad key as if none was sent
         await respond.key_rate_limit_headers(ctx, key, state.limits, state.catalog.models)
 
     return ServiceHeadersMiddleware(Site(create_app(state), console), on_start=key_windows)
