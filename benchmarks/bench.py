@@ -16,7 +16,9 @@ runs it) and against a reference measured in the same run on the same machine:
   cheap_route_vs_noop     GET /api_keys/rate_limits / a bare Serve no-op route, concurrency 8
   chat_1token_c8          1-token chats/s at concurrency 8 through the API / in this process
   noisy_neighbour_ttft    one account's short chats' first token while another keeps 24 long
-  flood_throughput        streams open, and the engine's throughput then (fairness.py)
+  flood_throughput        streams open, and the engine's throughput then (fairness.py); the
+                          same for embeddings (noisy_neighbour_embeddings,
+                          flood_throughput_embeddings)
   start_to_first_chat_s   `make run` (weights prepared) until its first chat answers, on a
                           DATA_DIR that a first start already left its compiled graphs in
                           (that first start: start_to_first_chat_cold_s)
@@ -362,7 +364,7 @@ def main() -> None:
     chat, peers = "chat" in parts, "peers" in parts
     steps = 1 + 2 * ("embeddings" in parts) + 3 * chat + ("cheap_route" in parts) \
         + bool(parts - {"startup", "fairness"}) + ("startup" in parts) + 4 * peers \
-        + 2 * ("fairness" in parts)
+        + 4 * ("fairness" in parts)
     step = Progress(steps)
     data_dir = prepare_data_dir()
     step("weights ready (SmolLM2 converted, tiny model built)")
@@ -407,7 +409,8 @@ def main() -> None:
         # Two accounts of one share each: one floods, the other chats (fairness.py).
         keys = two_accounts(lambda: bench_settings(data_dir))
         figures += measure_fairness(
-            lambda catalog: Platform(data_dir, ["text-xs"], catalog), CATALOG, SMOLLM2, keys,
+            lambda catalog: Platform(data_dir, ["text-xs", "embedding"], catalog), CATALOG,
+            (SMOLLM2, EMBEDDER), keys,
             4 * args.seconds, step, Path(tempfile.mkdtemp(prefix="bench-fair-")))
     if "startup" in parts:
         # The first start compiles the chat model into DATA_DIR's compile cache; the second,

@@ -7,6 +7,10 @@ chats, with the engine's fair-share gate on and then off (deployments/fair_share
   flood_throughput       tokens/s the engine served over that flood with the gate on, divided
                          by the same flood with the gate off (catalog `fair_share: false`: the
                          engine's own first-come-first-served queue); goal >= 0.95x
+  noisy_neighbour_embeddings   the same for embeddings: B's median latency of single inputs
+  flood_throughput_embeddings  while A sends batches of 256 inputs at concurrency 8, and the
+                               texts/s then, fair order on against off (deployments/
+                               fair_batches.py)
 
 Each platform start (gate on, gate off) is its own Serve application on the same DATA_DIR;
 the tokens come from the text deployment's own count (`stats()`), not from the clients.
@@ -25,6 +29,8 @@ import httpx
 import yaml
 from figures import Figure, rate_figure, slowdown_figure
 
+EMBED_BATCH, EMBED_CONCURRENCY = 256, 8
+EMBED_SENTENCE = "Sentence number {} about lighthouses, storms and the sea."
 FLOOD_STREAMS = 24
 FLOOD_TOKENS = 128
 SHORT_TOKENS = 8
@@ -47,11 +53,11 @@ def two_accounts(settings_of: Callable[[], object]) -> tuple[str, str]:
     return keys[0], keys[1]
 
 
-def catalog_without_gate(catalog: Path, model: str, into: Path) -> Path:
-    """The benchmark catalog with `model`'s fair-share gate off."""
+def catalog_without_gate(catalog: Path, models: tuple[str, ...], into: Path) -> Path:
+    """The benchmark catalog with the fair-share order of `models` off."""
     data = yaml.safe_load(catalog.read_text())
     for entry in data["models"]:
-        if entry["id"] == model:
+        if entry["id"] in models:
             entry.setdefault("engine_options", {})["fair_share"] = False
     into.write_text(yaml.safe_dump(data))
     return into
@@ -125,6 +131,67 @@ async def noisy_neighbour(base: str, keys: tuple[str, str], model: str, seconds:
             "refused": len(refused)}
 
 
+async def _embed_ms(client: httpx.AsyncClient, base: str, key: str, model: str,
+                    inputs: list[str]) -> float:
+    started = time.perf_counter()
+    resp = await client.post(f"{base}/embeddings", json={"model": model, "input": inputs},
+                             headers={"Authorization": f"Bearer {key}"})
+    if resp.status_code != 200:
+        raise RuntimeError(f"embeddings: {resp.status_code} {resp.text[:200]}")
+    return (time.perf_counter() - started) * 1000
+
+
+async def embedding_neighbour(base: str, keys: tuple[str, str], model: str, seconds: float,
+                              served: Callable[[], Awaitable[float]], b_calls: int = 40
+                              ) -> dict[str, float]:
+    """B's median latency of one input alone, then while A keeps `EMBED_CONCURRENCY`
+    requests of `EMBED_BATCH` inputs in flight; texts/s the engine encoded meanwhile."""
+    key_a, key_b = keys
+    batch = [EMBED_SENTENCE.format(i) for i in range(EMBED_BATCH)]
+    refused: list[int] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(seconds + 120)) as client:
+        for _ in range(5):
+            await _embed_ms(client, base, key_b, model, ["warm up"])
+        alone = [await _embed_ms(client, base, key_b, model, [f"B alone {i}"])
+                 for i in range(b_calls)]
+        until = time.perf_counter() + seconds
+
+        async def flood() -> None:
+            while time.perf_counter() < until:
+                resp = await client.post(f"{base}/embeddings",
+                                         json={"model": model, "input": batch},
+                                         headers={"Authorization": f"Bearer {key_a}"})
+                if resp.status_code == 503:
+                    refused.append(1)
+                    await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
+
+        started = time.perf_counter()
+        before = await served()
+        floods = [asyncio.create_task(flood()) for _ in range(EMBED_CONCURRENCY)]
+        await asyncio.sleep(min(2.0, seconds / 4))
+        crowded = []
+        while len(crowded) < b_calls and time.perf_counter() < until:
+            crowded.append(await _embed_ms(client, base, key_b, model, [f"B {len(crowded)}"]))
+        await asyncio.gather(*floods)
+        texts_per_s = (await served() - before) / (time.perf_counter() - started)
+    return {"alone_ms": statistics.median(alone),
+            "crowded_ms": statistics.median(crowded) if crowded else float("inf"),
+            "crowded_n": len(crowded), "tokens_per_s": texts_per_s, "refused": len(refused)}
+
+
+def embeddings_served(model: str) -> Callable[[], Awaitable[float]]:
+    """The embedding deployment's count of the texts its engine encoded for `model`."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("embedding", app_name="inference")
+
+    async def read() -> float:
+        stats = await handle.stats.remote()
+        return float(stats.get(model, {}).get("texts_served", 0))
+
+    return read
+
+
 def engine_served(model: str) -> Callable[[], Awaitable[float]]:
     """The text deployment's count of what its engine served for `model`, read by a Serve
     handle (`TextDeployment.stats`)."""
@@ -139,28 +206,40 @@ def engine_served(model: str) -> Callable[[], Awaitable[float]]:
     return read
 
 
-def measure_fairness(start_platform: Callable[[Path], object], catalog: Path, model: str,
-                     keys: tuple[str, str], seconds: float, step: Callable[[str], None],
-                     scratch: Path) -> list[Figure]:
-    """Both figures: the flood with the gate on, then on a platform started again with the
-    gate off. `start_platform(catalog)` starts one (its `.base` and `.stop()`)."""
-    runs = {}
-    for gate, path in (("on", catalog),
-                       ("off", catalog_without_gate(catalog, model, scratch / "no-gate.yaml"))):
+def measure_fairness(start_platform: Callable[[Path], object], catalog: Path,
+                     models: tuple[str, str], keys: tuple[str, str], seconds: float,
+                     step: Callable[[str], None], scratch: Path) -> list[Figure]:
+    """The four figures: each flood with the fair order on, then on a platform started again
+    with it off. `models`: (chat model, embedding model); `start_platform(catalog)` starts
+    one (its `.base` and `.stop()`)."""
+    chat, embedder = models
+    runs: dict[str, dict[str, dict[str, float]]] = {}
+    for gate, path in (("on", catalog), ("off", catalog_without_gate(
+            catalog, models, scratch / "no-gate.yaml"))):
         platform = start_platform(path)
         try:
-            runs[gate] = asyncio.run(noisy_neighbour(
-                platform.base, keys, model, seconds, engine_served(model),
-                b_chats=8 if gate == "on" else 3))
+            runs[gate] = {
+                "chat": asyncio.run(noisy_neighbour(
+                    platform.base, keys, chat, seconds, engine_served(chat),
+                    b_chats=8 if gate == "on" else 3)),
+                "embeddings": asyncio.run(embedding_neighbour(
+                    platform.base, keys, embedder, seconds, embeddings_served(embedder)))}
         finally:
             platform.stop()
-        run = runs[gate]
-        step(f"gate {gate}: B's first token {run['alone_ms']:.0f} ms alone, "
-             f"{run['crowded_ms']:.0f} ms under A's {FLOOD_STREAMS} streams "
-             f"({run['crowded_n']} chats); engine {run['tokens_per_s']:.0f} tokens/s; "
-             f"{run['refused']} of A's refused (503)")
+        for kind, unit in (("chat", "tokens"), ("embeddings", "texts")):
+            run = runs[gate][kind]
+            step(f"{kind}, fair order {gate}: B's {'first token' if kind == 'chat' else 'answer'}"
+                 f" {run['alone_ms']:.0f} ms alone, {run['crowded_ms']:.0f} ms under A's flood"
+                 f" ({run['crowded_n']} requests); engine {run['tokens_per_s']:.0f} {unit}/s; "
+                 f"{run['refused']} of A's refused (503)")
     on, off = runs["on"], runs["off"]
-    print("    " + json.dumps({"gate_on": on, "gate_off": off}), flush=True)
-    return [slowdown_figure("noisy_neighbour_ttft", "ms", on["crowded_ms"], on["alone_ms"], 1.5),
-            rate_figure("flood_throughput", "tok/s", on["tokens_per_s"], off["tokens_per_s"],
-                        0.95)]
+    print("    " + json.dumps(runs), flush=True)
+    return [
+        slowdown_figure("noisy_neighbour_ttft", "ms", on["chat"]["crowded_ms"],
+                        on["chat"]["alone_ms"], 1.5),
+        rate_figure("flood_throughput", "tok/s", on["chat"]["tokens_per_s"],
+                    off["chat"]["tokens_per_s"], 0.95),
+        slowdown_figure("noisy_neighbour_embeddings", "ms", on["embeddings"]["crowded_ms"],
+                        on["embeddings"]["alone_ms"], 1.5),
+        rate_figure("flood_throughput_embeddings", "texts/s",
+                    on["embeddings"]["tokens_per_s"], off["embeddings"]["tokens_per_s"], 0.95)]

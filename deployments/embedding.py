@@ -54,7 +54,8 @@ class EmbeddingDeployment(ModelDeployment):
             return not_served(model_id)
         started = time.perf_counter()
         try:
-            rows = await self.passes.of(model_id, engine).encode(texts, owners)
+            rows = await self.passes.of(model_id, engine).encode(
+                texts, owners if self.passes.fair(model_id) else ())
         except AtCapacity as full:
             return at_capacity(model_id, full.retry_after)
         vectors = np.stack([vector for vector, _, _ in rows])
@@ -65,6 +66,10 @@ class EmbeddingDeployment(ModelDeployment):
 
     def dimensions(self, model_id: str) -> int:
         return self.engines[model_id].dimensions
+
+    async def stats(self) -> dict[str, dict[str, float | int]]:
+        """Per model: texts waiting, active tenants, texts a second, texts served."""
+        return self.passes.stats()
 
 
 class _ModelPasses:
@@ -92,6 +97,13 @@ class _ModelPasses:
                 max_wait_s=spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec
                 else DEFAULT_MAX_QUEUE_WAIT_S)
         return passes
+
+    def fair(self, model_id: str) -> bool:
+        """False where the catalog's `engine_options.fair_share: false` turns the order off:
+        every text is then one tenant's, first come first served (to measure what the order
+        costs and buys)."""
+        spec = self._specs.get(model_id)
+        return bool(spec["engine_options"].get("fair_share", True)) if spec else True
 
     def stats(self) -> dict[str, dict[str, float | int]]:
         return {model_id: passes.stats() for model_id, passes in self._passes.items()}

@@ -97,7 +97,7 @@ class FairShare:
         if slots < 1:
             raise ValueError("an engine needs at least one slot")
         self.slots = slots
-        reserved = max(1, slots // 5) if reserved is None else reserved
+        reserved = max(1, slots // 8) if reserved is None else reserved
         # One tenant alone may still use every slot of a one-slot engine.
         self.per_tenant = max(1, slots - reserved)
         self.max_wait_s = max_wait_s
@@ -241,7 +241,7 @@ class FairShareGates:
     """The gates of one replica, one per model, each made on its model's first request: as
     many slots as its engine runs sequences at once (`max_num_seqs`), the catalog's
     `engine_options.reserved_slots` kept for tenants other than the one using the most (default
-    a fifth, at least one), and the spec's `max_queue_wait_s` bounding a wait;
+    an eighth, at least one), and the spec's `max_queue_wait_s` bounding a wait;
     `engine_options.fair_share: false` opens the gate wide."""
 
     def __init__(self, models: list[ModelSpec]) -> None:

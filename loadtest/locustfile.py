@@ -55,15 +55,18 @@ def _png(size: int = 256) -> str:
 PNG = _png()
 
 
-def record(resp: Any, route: str, usage: dict | None = None, wallet: str | None = None
-           ) -> None:
-    """One line per answer, for the reconciliation (`wallet`: the payer, when not a key)."""
+def record(resp: Any, route: str, usage: dict | None = None, wallet: str | None = None,
+           payer: str | None = None) -> None:
+    """One line per answer, for the reconciliation (`wallet`: the payer, when not a key;
+    `payer`: the label of an account other than the prepared one)."""
     if _record is None:
         return
     answer = {"cf_ray": resp.headers.get("CF-RAY"), "route": route,
               "status": resp.status_code, "usage": usage or {}, "t": time.time()}
     if wallet:
         answer["wallet"] = wallet
+    if payer:
+        answer["payer"] = payer
     with _record_lock:
         _record.write(json.dumps(answer) + "\n")
         _record.flush()

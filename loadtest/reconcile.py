@@ -38,12 +38,13 @@ TOKEN_ROUTES = {"chat", "embeddings"}
 
 
 def reconcile(account_id: str, record_path: str, start_nanos: int,
-              wallet: str | None = None) -> dict[str, Any]:
+              wallet: str | None = None, payer: str | None = None) -> dict[str, Any]:
     """The answers of one payer: the account's keys (`wallet` None), or one wallet, whose
-    credit lives in an account of its own (`account_id`)."""
+    credit lives in an account of its own (`account_id`); `payer`: the label of another
+    account's answers (the heavy tenant of the two-tenant mix)."""
     with open(record_path, encoding="utf-8") as lines:
         seen = [answer for answer in map(json.loads, filter(str.strip, lines))
-                if answer.get("wallet") == wallet]
+                if answer.get("wallet") == wallet and answer.get("payer") == payer]
     # a stream is recorded when it starts and again, with its usage, when it ends: the last
     # line of a request is what its client saw
     seen = list({r["cf_ray"] or f"no-id-{i}": r for i, r in enumerate(seen)}.values())

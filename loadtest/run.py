@@ -2,6 +2,7 @@
 
     make loadtest                                  # 200 users for 10 minutes
     .venv/bin/python loadtest/run.py --steps 25,50,100,200 --step-seconds 120
+    .venv/bin/python loadtest/run.py --mix tenants --steps 100   # one heavy account, many light
 
 Prepares an account on the `benchmark` rate-limit tier (so the run measures the platform, not
 the default 500 requests a minute) with ten inference keys, one of them with a small USD
@@ -41,7 +42,19 @@ WALLETS = 4
 WALLET_USD = 5
 
 
-def prepare(host: str, out: Path) -> dict:
+def prepare_heavy(host: str) -> dict:
+    """The heavy tenant of the two-tenant mix: an account of its own with one key."""
+    made = cli(["create-account", "--usd", "10000"])
+    cli(["set-tier", "benchmark", "--account", made["accountId"]])
+    resp = httpx.post(f"{host}/api/v1/api_keys", timeout=30,
+                      headers={"Authorization": f"Bearer {made['apiKey']}"},
+                      json={"apiKeyType": "INFERENCE", "description": "heavy tenant"})
+    resp.raise_for_status()
+    return {"account": made["accountId"], "key": resp.json()["data"]["apiKey"],
+            "start_nanos": 10000 * 10**9}
+
+
+def prepare(host: str, out: Path, mix: str = "all") -> dict:
     made = cli(["create-account", "--usd", "10000"])
     cli(["set-tier", "benchmark", "--account", made["accountId"]])
     admin = {"Authorization": f"Bearer {made['apiKey']}"}
@@ -67,13 +80,20 @@ def prepare(host: str, out: Path) -> dict:
     prepared = {"account": made["accountId"], "admin": made["apiKey"], "inference": keys,
                 "start_nanos": start, "wallets": [w["key"] for w in wallets],
                 "wallet_accounts": wallets}
+    if mix == "tenants":
+        heavy = prepare_heavy(host)
+        prepared.update(heavy=heavy["key"], heavy_account=heavy)
     (out / "keys.json").write_text(json.dumps(prepared))
     return prepared
 
 
-def run_step(host: str, users: int, seconds: int, out: Path, env: dict) -> Path:
+LOCUSTFILES = {"all": "locustfile.py", "tenants": "tenants.py"}
+
+
+def run_step(host: str, users: int, seconds: int, out: Path, env: dict,
+             mix: str = "all") -> Path:
     prefix = out / f"u{users}"
-    subprocess.run([sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"),
+    subprocess.run([sys.executable, "-m", "locust", "-f", str(HERE / LOCUSTFILES[mix]),
                     "--headless", "--host", host, "-u", str(users),
                     "-r", str(max(1, users // 10)), "-t", f"{seconds}s", "--stop-timeout", "30",
                     "--csv", str(prefix), "--html", f"{prefix}.html", "--only-summary",
@@ -123,7 +143,8 @@ def markdown(summary: dict) -> str:
     out.append("Reconciliation: " + json.dumps(summary["reconciliation"]))
     for address, result in summary.get("wallet_reconciliation", {}).items():
         out.append("")
-        out.append(f"Wallet {address}: " + json.dumps(result))
+        label = f"Wallet {address}" if address.startswith("0x") else address.capitalize()
+        out.append(f"{label}: " + json.dumps(result))
     return "\n".join(out)
 
 
@@ -133,10 +154,13 @@ def main() -> int:
                                                          "http://127.0.0.1:8000"))
     parser.add_argument("--steps", default="200", help="users per step, comma-separated")
     parser.add_argument("--step-seconds", type=int, default=600)
+    parser.add_argument("--mix", choices=sorted(LOCUSTFILES), default="all",
+                        help="all: every endpoint family; tenants: one heavy account's long "
+                             "streams beside many light users' short chats (loadtest/tenants.py)")
     args = parser.parse_args()
     out = HERE / "results" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
-    prepared = prepare(args.host, out)
+    prepared = prepare(args.host, out, args.mix)
     record = out / "record.jsonl"
     env = {**os.environ, "LOADTEST_KEYS": str(out / "keys.json"),
            "LOADTEST_RECORD": str(record)}
@@ -144,7 +168,7 @@ def main() -> int:
     for users in (int(u) for u in args.steps.split(",")):
         print(f"[loadtest] {users} users for {args.step_seconds} s ...", flush=True)
         started = time.time()
-        prefix = run_step(args.host, users, args.step_seconds, out, env)
+        prefix = run_step(args.host, users, args.step_seconds, out, env, args.mix)
         step = step_summary(prefix, record, started)
         step.update(users=users, seconds=args.step_seconds)
         summary["steps"].append(step)
@@ -157,6 +181,10 @@ def main() -> int:
     summary["wallet_reconciliation"] = {
         w["address"]: reconcile(w["account"], str(record), w["start_nanos"], w["address"])
         for w in prepared["wallet_accounts"]}
+    if "heavy_account" in prepared:
+        heavy = prepared["heavy_account"]
+        summary["wallet_reconciliation"]["heavy tenant"] = reconcile(
+            heavy["account"], str(record), heavy["start_nanos"], payer="heavy")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(markdown(summary))
     print(markdown(summary))

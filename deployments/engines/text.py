@@ -125,8 +125,7 @@ class VLLMEngine:
             # Without native bf16 a CPU runs float32 3-4x faster than emulated bf16.
             dtype = "bfloat16" if cpu_has_bf16() else "float32"
         self.max_model_len = int(options.get("max_model_len", 2048))
-        # Eight for the busiest tenant, as before the fair-share gate, and two kept for the
-        # others (deployments/fair_share.py).
+        # One of them is kept for tenants other than the busiest (deployments/fair_share.py).
         self.max_num_seqs = int(options.get("max_num_seqs", 10))
         vision = dict(options.get("vision") or {})
         self.frame_side = int(vision.get("frame_side", DEFAULT_FRAME_SIDE))

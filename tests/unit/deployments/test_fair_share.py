@@ -207,3 +207,57 @@ def test_a_newcomer_is_lifted_to_the_others_level_and_takes_turns_with_them() ->
         await asyncio.gather(*r.tasks.values())
 
     asyncio.run(scenario())
+
+
+def test_a_text_deployment_answers_a_request_it_cannot_start_soon_with_at_capacity() -> None:
+    """The text deployment's gate: with every slot taken and a wait longer than the bound
+    (here 0 s), a stream and a unary request get the 503 value with its Retry-After."""
+    from deployments.fair_share import FairShareGates
+    from deployments.protocol import (
+        Chunk,
+        EngineError,
+        Sampling,
+        TextRequest,
+        Usage,
+        at_capacity,
+    )
+    from deployments.text import TextDeployment
+
+    class OneSlotEngine:
+        max_num_seqs = 1
+
+        def __init__(self) -> None:
+            self.hold = asyncio.Event()
+            self.hold.set()
+
+        async def generate(self, request: TextRequest):
+            await self.hold.wait()
+            yield Chunk(index=0, text="hi", tokens=1, prompt_tokens=3, finish_reason="stop")
+            yield Usage(prompt_tokens=3, completion_tokens=1)
+
+        def stats(self) -> dict:
+            return {}
+
+    async def scenario() -> None:
+        deployment = TextDeployment.func_or_class([])
+        engine = deployment.engines["m1"] = OneSlotEngine()
+        deployment.gates = FairShareGates([{"id": "m1", "engine": "stub", "weights": None,
+                                            "engine_options": {}, "max_queue_wait_s": 0.0}])
+        request = TextRequest("r1", [{"role": "user", "content": "hi"}], Sampling(),
+                              tenant=HEAVY)
+        served = await deployment.complete("m1", request)  # a turn measured
+        assert isinstance(served[-1], Usage)
+        engine.hold.clear()
+        running = asyncio.create_task(deployment.complete("m1", request))
+        await settle()
+        [refused] = await deployment.complete("m1", request)
+        assert isinstance(refused, EngineError)
+        assert refused == at_capacity("m1", 1.0)
+        assert [piece async for piece in deployment.generate("m1", request)] == [
+            at_capacity("m1", 1.0)]
+        stats = (await deployment.stats())["m1"]["fair_share"]
+        assert (stats["running"], stats["waiting"]) == (1, 0)
+        engine.hold.set()
+        assert isinstance((await running)[-1], Usage)
+
+    asyncio.run(scenario())
