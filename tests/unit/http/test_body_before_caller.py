@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.routing import APIRoute
 
+from serve_app.api.deps import current_key, inference_caller, key_or_wallet
+from serve_app.caller_gate import route_needs_caller
+from serve_app.gateway import create_app
 from serve_app.json_bodies import LARGE_JSON_BYTES, MAX_CONTAINERS
 from serve_app.middleware import MAX_BODY_BYTES
 from serve_app.settings import Settings
@@ -247,3 +251,21 @@ def test_large_legitimate_bodies_are_still_read(gateway: Gateway):
     resp = gateway.client.post("/api/v1/image/upscale", headers=key, json={"image": image})
     assert resp.status_code in (400, 503), resp.text[:300]
     assert resp.json()["code"] in ("CORRUPTED_IMAGE", "MODEL_OFFLINE")
+
+
+def test_the_only_route_taking_a_body_from_anyone_is_the_top_up(gateway: Gateway):
+    """Every other route with a body needs a caller, so an unknown one's body is never read;
+    the top-up reads none (its payment comes in a header): 1 MB is plenty."""
+    app = create_app(gateway.state)
+    needs_caller = route_needs_caller(app.router.routes,
+                                      {current_key, inference_caller, key_or_wallet})
+    public = []
+    for route in app.router.routes:
+        if not isinstance(route, APIRoute):
+            continue
+        path = route.path.replace("{", "").replace("}", "")
+        for method in route.methods & {"POST", "PUT", "PATCH", "DELETE"}:
+            scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+            if not needs_caller(scope):
+                public.append((method, route.path))
+    assert public == [("POST", "/x402/top-up")]
