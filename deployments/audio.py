@@ -3,7 +3,10 @@
 (configs/deployments.yaml).
 
 Engines are synchronous and CPU-bound: they run in a worker thread of the replica, so its
-event loop keeps answering (health checks, other calls) while audio is computed.
+event loop keeps answering (health checks, other calls) while audio is computed. One request
+runs at a time per replica; the waiting ones are served least-served account first (engine
+seconds), and one that would wait past MAX_QUEUE_WAIT_S is answered 503 at once
+(deployments/fair_share.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ray import serve
 from deployments.base import ModelDeployment
 from deployments.engines.audio import CONTENT_TYPES, encode_audio, encode_sentences
 from deployments.engines.audio_engines import ENGINES
+from deployments.fair_share import AtCapacity, one_at_a_time, timed_turn
 from deployments.protocol import (
     EngineError,
     MediaJob,
@@ -28,6 +32,7 @@ from deployments.protocol import (
     SpeechStart,
     Transcription,
     TranscriptionRequest,
+    at_capacity,
     not_served,
 )
 from deployments.spec import ModelSpec
@@ -76,7 +81,10 @@ class SpeechDeployment(ModelDeployment):
 
     def __init__(self, models: list[ModelSpec]) -> None:
         super().__init__(models)
-        self._busy = threading.Lock()  # one synthesis at a time: the engine uses its threads
+        # One synthesis at a time: the engine uses its threads. The gate orders the waiting
+        # requests; the lock also holds off a thread still finishing for a client that left.
+        self.gate = one_at_a_time(models)
+        self._busy = threading.Lock()
 
     def voices(self, model_id: str) -> list[str]:
         return list(self.engines[model_id].voices())
@@ -104,8 +112,11 @@ class SpeechDeployment(ModelDeployment):
                     engine.sample_rate, request.format)
 
         try:
-            async for audio, characters in in_thread(produce):
-                yield SpeechPiece(audio, characters)
+            async with timed_turn(self.gate, request.tenant):
+                async for audio, characters in in_thread(produce):
+                    yield SpeechPiece(audio, characters)
+        except AtCapacity as full:
+            yield at_capacity(model_id, full.retry_after)
         except ValueError as exc:  # text the voice cannot read
             yield EngineError(400, str(exc), field="input")
 
@@ -127,7 +138,10 @@ class SpeechDeployment(ModelDeployment):
                     engine.sample_rate, fmt))
 
         try:
-            media = await asyncio.to_thread(work)
+            async with timed_turn(self.gate, None):  # a queued job: the platform's turn
+                media = await asyncio.to_thread(work)
+        except AtCapacity as full:
+            return at_capacity(model_id, full.retry_after)
         except ValueError as exc:
             return EngineError(400, str(exc), field="prompt")
         return MediaResult(media, CONTENT_TYPES[fmt], (time.perf_counter() - started) * 1000)
@@ -139,6 +153,7 @@ class TranscriptionDeployment(ModelDeployment):
 
     def __init__(self, models: list[ModelSpec]) -> None:
         super().__init__(models)
+        self.gate = one_at_a_time(models)  # the order of the waiting requests (see speech)
         self._busy = threading.Lock()
 
     async def transcribe(self, model_id: str, request: TranscriptionRequest
@@ -153,7 +168,10 @@ class TranscriptionDeployment(ModelDeployment):
                 return engine.transcribe(request.audio, request.language, request.timestamps)
 
         try:
-            out = await asyncio.to_thread(work)
+            async with timed_turn(self.gate, request.tenant):
+                out = await asyncio.to_thread(work)
+        except AtCapacity as full:
+            return at_capacity(model_id, full.retry_after)
         except ValueError as exc:  # audio that cannot be decoded or is too long; a language
             message = str(exc)       # the model does not know
             if message.startswith("language"):

@@ -262,3 +262,23 @@ class FairShareGates:
                 max_wait_s=spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec
                 else DEFAULT_MAX_QUEUE_WAIT_S)
         return gate
+
+
+def one_at_a_time(models: list[ModelSpec]) -> FairShare:
+    """The gate of a replica whose engines run one request at a time (images, speech,
+    transcription): one slot, none kept (there is nothing to keep beside one), the tenant
+    served least (in seconds of engine time) first, and the shortest `max_queue_wait_s` of
+    its models bounding a wait."""
+    waits = [spec["max_queue_wait_s"] for spec in models if "max_queue_wait_s" in spec]
+    return FairShare(1, reserved=0, max_wait_s=min(waits, default=DEFAULT_MAX_QUEUE_WAIT_S))
+
+
+@contextlib.asynccontextmanager
+async def timed_turn(gate: FairShare, tenant: Tenant | None) -> AsyncIterator[Turn]:
+    """A turn at `gate` whose tenant is charged the seconds it held the slot."""
+    async with gate.turn(tenant) as turn:
+        started = time.monotonic()
+        try:
+            yield turn
+        finally:
+            turn.served(time.monotonic() - started)

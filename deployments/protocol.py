@@ -227,6 +227,7 @@ class SpeechRequest:
     voice: str
     speed: float
     format: str  # mp3, opus, aac, flac, wav, pcm
+    tenant: Tenant | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +251,7 @@ class TranscriptionRequest:
     audio: bytes
     language: str | None
     timestamps: bool
+    tenant: Tenant | None = None
 
 
 @dataclass(frozen=True, slots=True)

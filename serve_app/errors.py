@@ -63,6 +63,12 @@ class ApiError(Exception):
         return not (self.status == 503 and self.code == "MODEL_AT_CAPACITY")
 
 
+def refused_for_capacity(failure: BaseException) -> bool:
+    """Whether a request failed because its model was at capacity: it never reached the
+    engine, so none of its tokens count toward the per-minute limit."""
+    return isinstance(failure, ApiError) and not failure.blames_caller
+
+
 class UnsupportedFeature(ApiError):
     """A request for something the model cannot do (counted by its own error budget)."""
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.billing.pricing import price
 from serve_app.embeddings.serving import encode, max_tokens, shape
-from serve_app.errors import ApiError, invalid_request
+from serve_app.errors import invalid_request, refused_for_capacity
 from serve_app.pipeline import respond
 from serve_app.schemas.embeddings import EmbeddingRequest
 
@@ -37,9 +37,7 @@ async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: Inference
         if embedded.engine_ms:
             ctx.record("engine", embedded.engine_ms)
     except BaseException as failure:
-        # A refusal for capacity never reached the engine: none of its tokens count.
-        refused = isinstance(failure, ApiError) and not failure.blames_caller
-        await charge.release(tokens=0 if refused else None)
+        await charge.release(tokens=0 if refused_for_capacity(failure) else None)
         raise
     await charge.settle(price(model, {"input": embedded.tokens}), tokens=embedded.tokens)
     with ctx.step("respond"):

@@ -144,7 +144,7 @@ class AudioService:
             with ctx.step("model"):
                 stream = stream_model(handle.speak, model.id, model.id,
                                       protocol.SpeechRequest(body.input, voice, body.speed,
-                                                             fmt))
+                                                             fmt, self.admission.tenant(key)))
                 await anext(stream)  # SpeechStart: the voice is loaded and known
                 first = await anext(stream, None)
         except BaseException:
@@ -165,7 +165,8 @@ class AudioService:
             with ctx.step("model"):
                 out: protocol.Transcription = await call_model(
                     handle.transcribe, model.id, model.id,
-                    protocol.TranscriptionRequest(audio, body.language, body.timestamps))
+                    protocol.TranscriptionRequest(audio, body.language, body.timestamps,
+                                                  self.admission.tenant(key)))
             ctx.record("replica", out.replica_ms)
         except BaseException:
             await charge.release()

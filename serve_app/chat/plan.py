@@ -16,7 +16,7 @@ from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, Thin
 from serve_app.chat.media import ChatMedia
 from serve_app.chat.vision import VisionSpec
 from serve_app.chat.web import WebDocument, find_urls
-from serve_app.errors import ApiError
+from serve_app.errors import refused_for_capacity
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.settlement import Charge
@@ -175,7 +175,7 @@ class ChatPlan:
         completion counted at admission was never generated (or not delivered); a request
         every model refused for capacity (`failure`) had none of its tokens read either."""
         if self.charge is not None:
-            refused = isinstance(failure, ApiError) and not failure.blames_caller
+            refused = failure is not None and refused_for_capacity(failure)
             await self.charge.settle(self._heard_only(),
                                      tokens=0 if refused else prompt_estimate(self.req))
 

@@ -261,3 +261,56 @@ def test_a_text_deployment_answers_a_request_it_cannot_start_soon_with_at_capaci
         assert isinstance((await running)[-1], Usage)
 
     asyncio.run(scenario())
+
+
+def test_a_transcription_replica_serves_one_at_a_time_and_refuses_a_long_wait() -> None:
+    """One-at-a-time replicas (transcription here; speech and images alike) take the
+    waiting requests in the gate's order and answer 503 when the wait would be too long."""
+    import threading
+
+    from deployments.audio import TranscriptionDeployment
+    from deployments.fair_share import FairShare
+    from deployments.protocol import EngineError, Transcription, TranscriptionRequest
+
+    class Whisper:
+        def __init__(self) -> None:
+            self.heard: list[bytes] = []
+            self.go = threading.Event()
+
+        def transcribe(self, audio: bytes, language, timestamps) -> dict:
+            self.go.wait(timeout=30)
+            self.heard.append(audio)
+            return {"text": audio.decode(), "duration": 1.0, "segments": []}
+
+    async def scenario() -> None:
+        deployment = TranscriptionDeployment.func_or_class([])
+        engine = deployment.engines["w"] = Whisper()
+        calls = [asyncio.create_task(deployment.transcribe(
+            "w", TranscriptionRequest(name.encode(), None, False, tenant)))
+            for name, tenant in (("a0", HEAVY), ("a1", HEAVY), ("a2", HEAVY))]
+        await settle()
+        light = asyncio.create_task(deployment.transcribe(
+            "w", TranscriptionRequest(b"b0", None, False, LIGHT)))
+        await settle()
+        engine.go.set()
+        results = await asyncio.gather(*calls, light)
+        assert all(isinstance(r, Transcription) for r in results)
+        # a0 was running; the light tenant's b0 went before the heavy tenant's next two
+        assert engine.heard == [b"a0", b"b0", b"a1", b"a2"]
+
+        deployment.gate = FairShare(1, reserved=0, max_wait_s=0.0)
+        assert isinstance(await deployment.transcribe(
+            "w", TranscriptionRequest(b"x", None, False, HEAVY)), Transcription)
+        engine.go.clear()
+        running = asyncio.create_task(deployment.transcribe(
+            "w", TranscriptionRequest(b"y", None, False, HEAVY)))
+        await settle()
+        refused = await deployment.transcribe("w", TranscriptionRequest(b"z", None, False,
+                                                                         LIGHT))
+        assert isinstance(refused, EngineError)
+        assert (refused.status, refused.code, refused.retry_after) == (
+            503, "MODEL_AT_CAPACITY", 1.0)
+        engine.go.set()
+        assert isinstance(await running, Transcription)
+
+    asyncio.run(scenario())
