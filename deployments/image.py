@@ -4,8 +4,10 @@ with its own autoscaling bounds and a bounded queue (configs/deployments.yaml).
 
 The gateway checks every input from its header and sends the bytes; decoding, the engine and
 encoding all run here, in a worker thread, so neither the gateway's event loop nor this
-replica's stops answering while a picture is computed. A full queue refuses (Serve's
-`max_queued_requests`), which the gateway answers as 503 `MODEL_AT_CAPACITY`.
+replica's stops answering while a picture is computed. One picture at a time per replica:
+the waiting requests are served least-served account first (engine seconds), and one that
+would wait past MAX_QUEUE_WAIT_S, or find Serve's queue (`max_queued_requests`) full, is
+answered 503 `MODEL_AT_CAPACITY` (deployments/fair_share.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ray import serve
 from deployments.base import ModelDeployment
 from deployments.engines.image import ENGINES
 from deployments.engines.image_io import ImageDecodeError, decode_image, encode_image
-from deployments.protocol import EngineError, ImageRequest, ImageResult, not_served
+from deployments.fair_share import AtCapacity, one_at_a_time, timed_turn
+from deployments.protocol import EngineError, ImageRequest, ImageResult, at_capacity, not_served
 from deployments.spec import ModelSpec
 
 logger = logging.getLogger("deployments.image")
@@ -33,7 +36,10 @@ class ImageDeployment(ModelDeployment):
 
     def __init__(self, models: list[ModelSpec]) -> None:
         super().__init__(models)
-        # One picture at a time per replica: the engines use every thread they are given.
+        # One picture at a time per replica: the engines use every thread they are given. The
+        # gate orders the waiting requests; the lock also holds off a thread still finishing
+        # for a client that left.
+        self.gate = one_at_a_time(models)
         self._busy = threading.Lock()
 
     def _work(self, engine: Any, request: ImageRequest) -> tuple[list[bytes], int, int, bool]:
@@ -54,7 +60,11 @@ class ImageDeployment(ModelDeployment):
             return not_served(model_id)
         started = time.perf_counter()
         try:
-            images, width, height, blurred = await asyncio.to_thread(self._work, engine, request)
+            async with timed_turn(self.gate, request.tenant):
+                images, width, height, blurred = await asyncio.to_thread(
+                    self._work, engine, request)
+        except AtCapacity as full:
+            return at_capacity(model_id, full.retry_after)
         except ImageDecodeError as exc:
             return EngineError(exc.status, str(exc), code=exc.code, field=exc.field)
         except ValueError as exc:  # a parameter the engine cannot honour

@@ -208,6 +208,7 @@ class ImageRequest:
     fields: list[str]
     params: dict[str, Any]
     format: str
+    tenant: Tenant | None = None
 
 
 @dataclass(frozen=True, slots=True)

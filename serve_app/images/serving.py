@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from deployments.protocol import Chunk, ImageRequest, ImageResult, Sampling, TextRequest
+from deployments.protocol import (
+    Chunk,
+    ImageRequest,
+    ImageResult,
+    Sampling,
+    Tenant,
+    TextRequest,
+)
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.images import image_cost
@@ -104,7 +111,8 @@ class ImageService:
                    inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
         handle = self.router.handle(model)
         request = ImageRequest(images=[i.data for i in inputs], fields=[i.field for i in inputs],
-                               params=params, format=fmt)
+                               params=params, format=fmt,
+                               tenant=self.admission.tenant(ctx.caller) if ctx.caller else None)
         started = time.perf_counter()
         with ctx.step("model"):
             out: ImageResult = await call_model(handle.run, model.id, model.id, request)
@@ -151,14 +159,17 @@ class ImageService:
         """The rewritten prompt, also sent URL-encoded in `x-service-enhanced-prompt`; None when
         no rewrite came back (then it is not charged)."""
         with ctx.step("enhance"):
-            enhanced = await self.enhance_prompt(ctx.request_id, prompt)
+            enhanced = await self.enhance_prompt(
+                ctx.request_id, prompt,
+                self.admission.tenant(ctx.caller) if ctx.caller else None)
         if enhanced:
             ctx.headers["x-service-enhanced-prompt"] = quote(enhanced, safe="")
         return enhanced
 
-    async def enhance_prompt(self, request_id: str, prompt: str) -> str | None:
-        """The prompt rewritten by the default text model, or None when no text model answers
-        (then nothing is charged for it)."""
+    async def enhance_prompt(self, request_id: str, prompt: str,
+                             tenant: Tenant | None = None) -> str | None:
+        """The prompt rewritten by the default text model (a turn of `tenant`'s at its
+        engine), or None when no text model answers (then nothing is charged for it)."""
         try:
             routed = self.router.resolve("default", "text")
             handle = self.router.handle(routed.model)
@@ -169,6 +180,7 @@ class ImageService:
             messages=[{"role": "system", "content": ENHANCE_SYSTEM_PROMPT},
                       {"role": "user", "content": prompt}],
             sampling=Sampling(max_tokens=ENHANCE_MAX_TOKENS, temperature=0.2, n=1),
+            tenant=tenant,
         )
         text = ""
         try:

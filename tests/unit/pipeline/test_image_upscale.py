@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 
 import pytest
@@ -45,6 +46,9 @@ def test_upscale_answers_the_models_png_with_the_model_headers(fake_gateway, fak
     assert (model_id, request.images, request.fields, request.format) == (
         "upscaler", [source], ["image"], "png")
     assert request.params["scale"] == 2
+    # whose picture it is, for the engine's fair share: the account, hashed
+    assert request.tenant.id == hashlib.sha256(
+        f"tenant:{fake_gateway.account_id}".encode()).hexdigest()[:24]
 
 
 @pytest.mark.parametrize(("scale", "tier"), [(2, "2x"), (3, "4x"), (4, "4x")])
