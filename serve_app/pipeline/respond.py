@@ -56,6 +56,14 @@ def json_response(ctx: RequestContext, payload: Any, *, compress: bool = False) 
     return Response(body, media_type="application/json", headers=headers)
 
 
+async def json_response_off_loop(ctx: RequestContext, payload: Any, *,
+                                 compress: bool = False) -> Response:
+    """`json_response` in a worker thread, for a large answer (a batch of embeddings: a
+    megabyte of JSON to encode and compress) that would otherwise hold up every other request
+    of the replica's event loop for tens of milliseconds."""
+    return await asyncio.to_thread(json_response, ctx, payload, compress=compress)
+
+
 def model_headers(ctx: RequestContext, model: CatalogModel, router: str) -> None:
     """`x-service-model-*` and the model's deprecation headers."""
     headers = ctx.headers

@@ -129,3 +129,18 @@ def test_concurrent_requests_share_model_calls_and_each_is_charged_its_own_token
         assert books.only_charge(resp.headers["cf-ray"]).lines == {
             "input": (tokens, per_million(INPUT_USD, tokens))}
     assert books.open_holds() == 0
+
+
+def test_a_large_batch_is_answered_whole_and_compressed(fake_gateway, fakes, key):
+    """A batch of many inputs (its answer rendered off the event loop) comes back whole,
+    compressed for a client that accepts it, one vector per input in order."""
+    texts = [f"sentence {i} about the sea" for i in range(40)]
+    resp = fake_gateway.client.post(
+        "/api/v1/embeddings", json={"model": "embed-small", "input": texts},
+        headers={**fake_gateway.auth(key), "Accept-Encoding": "gzip"})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-encoding"] == "gzip"
+    data = resp.json()["data"]
+    assert [d["index"] for d in data] == list(range(40))
+    assert np.allclose(data[7]["embedding"], fakes["embedding"].vector("embed-small", texts[7]),
+                       atol=1e-6)
