@@ -58,7 +58,7 @@ from pathlib import Path
 import httpx
 from clients import PROMPT, RUNS, best, format_steps, step_profile, stream_chats, wrk
 from fairness import measure_fairness, two_accounts
-from figures import Figure, Progress, ceiling_figure, rate_figure, report
+from figures import Figure, Progress, ceiling_figure, rate_figure, report, write
 from floor import durable_charge_ms, serve_hop_ms
 from peers import chat_figures, embedding_figure, measure_peers, peer_figures
 
@@ -369,7 +369,7 @@ def main() -> None:
     data_dir = prepare_data_dir()
     step("weights ready (SmolLM2 converted, tiny model built)")
     ref: dict[str, float] = {}
-    smollm2 = {"max_model_len": 2048, "max_num_seqs": 8}
+    smollm2 = {"max_model_len": 2048, "max_num_seqs": 10}  # as the platform runs it
     tiny = {"max_model_len": 1024, "max_num_seqs": 8}
     if chat:
         ref.update(asyncio.run(engine_figures(MODELS_DIR / SMOLLM2, smollm2, args.tokens,
@@ -387,12 +387,18 @@ def main() -> None:
              f"{ref['emb1_ms']:.1f} ms per single text")
 
     figures: list[Figure] = []
+
+    def add(measured: list[Figure]) -> None:
+        """Keep the figures of a part, written at once: a run that dies later keeps them."""
+        figures.extend(measured)
+        write(figures, RESULTS)
+
     if parts - {"startup", "fairness"}:
         key = benchmark_key(data_dir)
         platform = Platform(data_dir, ["embedding", *(["text-xs"] if chat or peers else [])])
         step(f"platform up at {platform.base}")
         try:
-            figures += measure_api(platform, key, parts, ref, args, step)
+            add(measure_api(platform, key, parts, ref, args, step))
             if peers:
                 ours = chat_figures(platform.base, key, SMOLLM2, args.tokens, args.seconds)
                 ours["emb32"] = embedding_figure(platform.base, key, EMBEDDER, args.seconds)
@@ -404,22 +410,21 @@ def main() -> None:
     if peers:
         found = measure_peers((SMOLLM2, MODELS_DIR / SMOLLM2), (EMBEDDER, embedder_folder()),
                               ENGINE_ENV, args.tokens, args.seconds, step, free_port)
-        figures += peer_figures(ours, found)
+        add(peer_figures(ours, found))
     if "fairness" in parts:
         # Two accounts of one share each: one floods, the other chats (fairness.py).
         keys = two_accounts(lambda: bench_settings(data_dir))
-        figures += measure_fairness(
+        add(measure_fairness(
             lambda catalog: Platform(data_dir, ["text-xs", "embedding"], catalog), CATALOG,
             (SMOLLM2, EMBEDDER), keys,
-            4 * args.seconds, step, Path(tempfile.mkdtemp(prefix="bench-fair-")))
+            4 * args.seconds, step, Path(tempfile.mkdtemp(prefix="bench-fair-"))))
     if "startup" in parts:
         # The first start compiles the chat model into DATA_DIR's compile cache; the second,
         # on the same DATA_DIR, loads it: the start every later `make run` has.
         fresh = prepare_data_dir()
         first, again = start_to_first_chat(fresh), start_to_first_chat(fresh)
-        figures += [ceiling_figure("start_to_first_chat_s", "s", again, 0, 40, added=False),
-                    ceiling_figure("start_to_first_chat_cold_s", "s", first, 0, 300,
-                                   added=False)]
+        add([ceiling_figure("start_to_first_chat_s", "s", again, 0, 40, added=False),
+             ceiling_figure("start_to_first_chat_cold_s", "s", first, 0, 300, added=False)])
         step(f"make run to first chat: {again:.1f} s ({first:.1f} s the first time, "
              "compiling)")
     report(figures, RESULTS)

@@ -45,6 +45,8 @@ def wrk(url: str, concurrency: int, seconds: int, *, headers: dict[str, str] | N
     if errors:
         raise RuntimeError(f"{errors.group(1)} failed requests to {url}:\n{out}")
     p50 = re.search(r"^\s*50%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    if p50 is None:  # no request completed in the window
+        return {"rps": 0.0, "p50_ms": float("inf")}
     scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[p50.group(2)]
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
             "p50_ms": float(p50.group(1)) * scale}

@@ -19,7 +19,7 @@ class Figure:
     unit: str
     ours: float
     reference: float
-    ratio: float
+    ratio: float | None
     goal: float
     litellm: float | None = None
     litellm_ratio: float | None = None
@@ -27,6 +27,8 @@ class Figure:
     floor: float | None = None
     # A ratio whose goal is a ceiling (a slowdown: ours / reference at most `goal`).
     at_most: bool = False
+    # Why a figure has no ratio (a reference that answered nothing, with its log).
+    note: str | None = None
 
     @property
     def ceiling(self) -> bool:
@@ -34,6 +36,8 @@ class Figure:
 
     @property
     def met(self) -> bool:
+        if self.ratio is None:  # the reference answered nothing: met when ours answered
+            return self.ours > 0 and not self.ceiling
         within = self.ratio <= self.goal if self.ceiling else self.ratio >= self.goal
         if self.litellm is None:
             return within
@@ -41,16 +45,20 @@ class Figure:
         return within and ahead
 
 
-def rate_figure(name: str, unit: str, ours: float, reference: float, goal: float) -> Figure:
-    return Figure(name, unit, round(ours, 2), round(reference, 2),
-                  round(ours / reference, 3), goal)
+def rate_figure(name: str, unit: str, ours: float, reference: float, goal: float,
+                note: str | None = None) -> Figure:
+    """ours / reference; a reference of 0 (it answered nothing in the window) leaves the
+    ratio empty, with `note` saying where to look."""
+    ratio = round(ours / reference, 3) if reference > 0 else None
+    return Figure(name, unit, round(ours, 2), round(reference, 2), ratio, goal,
+                  note=note if ratio is None else None)
 
 
 def slowdown_figure(name: str, unit: str, ours: float, reference: float,
                     goal: float) -> Figure:
     """ours / reference, at most `goal` (how many times longer ours took)."""
     return Figure(name, unit, round(ours, 2), round(reference, 2),
-                  round(ours / reference, 3), goal, at_most=True)
+                  round(ours / reference, 3) if reference > 0 else None, goal, at_most=True)
 
 
 def ceiling_figure(name: str, unit: str, ours: float, reference: float, goal: float,
@@ -64,7 +72,7 @@ def with_litellm(figure: Figure, litellm: float) -> Figure:
     LiteLLM's for a time."""
     figure.litellm = round(litellm, 2)
     figure.litellm_ratio = round(figure.ours - litellm, 2) if figure.ceiling \
-        else round(figure.ours / litellm, 3)
+        else round(figure.ours / litellm, 3) if litellm > 0 else None
     return figure
 
 
@@ -78,14 +86,22 @@ class Progress:
               flush=True)
 
 
+def write(figures: list[Figure], results: Path) -> None:
+    """The figures so far, as JSON: written after every step, so that a run that dies later
+    keeps what it measured."""
+    results.write_text(json.dumps([asdict(f) for f in figures], indent=2) + "\n")
+
+
 def report(figures: list[Figure], results: Path) -> None:
     print(f"\n{'figure':<26} {'unit':<8} {'ours':>9} {'reference':>10} {'ratio':>8} "
           f"{'goal':>7} {'litellm':>9} {'vs it':>7}  met")
     for f in figures:
-        litellm = f"{f.litellm:>9.2f} {f.litellm_ratio:>7}" if f.litellm is not None \
+        litellm = f"{f.litellm:>9.2f} {f.litellm_ratio!s:>7}" if f.litellm is not None \
             else f"{'':>9} {'':>7}"
-        print(f"{f.name:<26} {f.unit:<8} {f.ours:>9.2f} {f.reference:>10.2f} {f.ratio:>8.3f} "
+        ratio = f"{f.ratio:>8.3f}" if f.ratio is not None else f"{'-':>8}"
+        print(f"{f.name:<26} {f.unit:<8} {f.ours:>9.2f} {f.reference:>10.2f} {ratio} "
               f"{f.goal:>7} {litellm}  {'yes' if f.met else 'NO'}"
-              + (f" (floor {f.floor})" if f.floor is not None else ""))
-    results.write_text(json.dumps([asdict(f) for f in figures], indent=2) + "\n")
+              + (f" (floor {f.floor})" if f.floor is not None else "")
+              + (f" ({f.note})" if f.note else ""))
+    write(figures, results)
     print(f"\nwritten to {results}")

@@ -1,7 +1,10 @@
 """The stack a user would pick instead of ours, on the same weights: vLLM's own OpenAI server
-(`vllm serve FOLDER`, its defaults, our `max_num_seqs` and `max_model_len`), alone and with
-LiteLLM's proxy in front of it (keys checked against its master key). Both are measured with
-the clients that measure our API (benchmarks/clients.py).
+(`vllm serve FOLDER` with our engine's `max_num_seqs`, `max_model_len` and dtype, its defaults
+otherwise), alone and with LiteLLM's proxy in front of it (keys checked against its master
+key); and, where our engine picks another dtype than vLLM's own on this CPU, vLLM's server
+with its own dtype too (what a user of it gets: the `peer_default_*` figures). All are
+measured with the clients that measure our API (benchmarks/clients.py); a peer that answers
+nothing in a window counts 0 there, with its log named.
 
 LiteLLM goes into a virtualenv of its own under .cache/peers (installed here, from the
 registry, on first use): it is never a dependency of the project.
@@ -31,8 +34,19 @@ LITELLM_VENV = PEERS_DIR / "litellm"
 LITELLM_VERSION = "1.108.7"
 LITELLM_KEY = "sk-litellm-benchmark-master-key-0001"
 SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
-# Our text engine's settings that the peer gets too; everything else is vLLM's default.
-TEXT_SETTINGS = ["--max-num-seqs", "8", "--max-model-len", "2048"]
+# Our text engine's settings that the peer gets too (deployments/engines/text.py); everything
+# else is vLLM's default. Its dtype too: `our_dtype()`.
+TEXT_SETTINGS = ["--max-num-seqs", "10", "--max-model-len", "2048"]
+# vLLM's own choice of dtype on a CPU, whatever the CPU: the peer "as a user gets it" runs it.
+VLLM_DEFAULT_DTYPE = "bfloat16"
+
+
+def our_dtype() -> str:
+    """The dtype our text engine picks on this CPU (deployments/engines/text.py): bfloat16
+    where the CPU computes it natively, float32 where it would be emulated."""
+    from deployments.engines.cpu_flags import cpu_has_bf16
+
+    return "bfloat16" if cpu_has_bf16() else "float32"
 READY_TIMEOUT_S = 900
 
 
@@ -111,18 +125,37 @@ def litellm_config(path: Path, models: dict[str, int]) -> Path:
 
 
 def chat_figures(base: str, key: str, model: str, tokens: int, seconds: int,
-                 extra: dict | None = None) -> dict[str, float]:
+                 extra: dict | None = None, *, log: Path | None = None) -> dict[str, float]:
     """What `make bench` compares with the peers, the same way for every stack: 1-token chats/s
     at concurrency 8 (wrk), one stream's tokens/s and median time to first token, 8 streams'
-    tokens/s. `extra`: more fields of every request body."""
+    tokens/s. `extra`: more fields of every request body. `log`: a peer's log; a figure it
+    fails to deliver (no answer in the window, an error) is then 0 (a time: infinite) and
+    the log is named, instead of ending the run."""
     out: dict[str, float] = {}
-    out["s1"], out["ttft1"] = asyncio.run(stream_chats(base, key, model, 1, tokens, extra))
-    out["s8"], _ = asyncio.run(stream_chats(base, key, model, 8, tokens, extra))
+
+    def measured(names: tuple[str, ...], measure) -> None:
+        try:
+            values = measure()
+        except Exception as exc:
+            if log is None:
+                raise
+            print(f"    {base}: {names} not measured ({exc}); see {log}", flush=True)
+            values = tuple(float("inf") if n.startswith("ttft") else 0.0 for n in names)
+        out.update(zip(names, values, strict=True))
+
+    measured(("s1", "ttft1"), lambda: asyncio.run(
+        stream_chats(base, key, model, 1, tokens, extra)))
+    measured(("s8",), lambda: asyncio.run(
+        stream_chats(base, key, model, 8, tokens, extra))[:1])
     body = {"model": model, "max_tokens": 1, "temperature": 0,
             "messages": [{"role": "user", "content": "Say hi."}], **(extra or {})}
     auth = {"Authorization": f"Bearer {key}"}
-    wrk(f"{base}/chat/completions", 8, 2, headers=auth, body=body)  # warm-up
-    out["short8"] = wrk(f"{base}/chat/completions", 8, seconds, headers=auth, body=body)["rps"]
+
+    def short() -> tuple[float]:
+        wrk(f"{base}/chat/completions", 8, 2, headers=auth, body=body)  # warm-up
+        return (wrk(f"{base}/chat/completions", 8, seconds, headers=auth, body=body)["rps"],)
+
+    measured(("short8",), short)
     return out
 
 
@@ -155,13 +188,26 @@ def measure_peers(text: tuple[str, Path] | None, embedder: tuple[str, Path] | No
         if text:
             name, folder = text
             url = f"http://127.0.0.1:{ports['text']}"
-            with server("vllm-text", vllm_serve(folder, name, ports["text"], TEXT_SETTINGS),
+            same = [*TEXT_SETTINGS, "--dtype", our_dtype()]
+            print(f"    vLLM's server with our engine's settings: {' '.join(same)}", flush=True)
+            with server("vllm-text", vllm_serve(folder, name, ports["text"], same),
                         env, f"{url}/health", logs):
                 step("vLLM's OpenAI server up (chat model) beside LiteLLM's proxy")
-                out["vllm"].update(chat_figures(f"{url}/v1", "none", name, tokens, seconds))
+                out["vllm"].update(chat_figures(f"{url}/v1", "none", name, tokens, seconds,
+                                                log=logs / "vllm-text.log"))
                 out["litellm"].update(chat_figures(f"{proxy}/v1", LITELLM_KEY, name, tokens,
-                                                   seconds))
+                                                   seconds, log=logs / "litellm.log"))
             step("peers, chat: " + _summary(out))
+            if our_dtype() != VLLM_DEFAULT_DTYPE:
+                # What a user of vLLM's server gets on this CPU: its own dtype.
+                with server("vllm-text-default", vllm_serve(folder, name, ports["text"],
+                                                            TEXT_SETTINGS),
+                            env, f"{url}/health", logs):
+                    out["vllm_default"] = chat_figures(
+                        f"{url}/v1", "none", name, tokens, seconds,
+                        log=logs / "vllm-text-default.log")
+                step(f"vLLM's server with its own dtype ({VLLM_DEFAULT_DTYPE}): "
+                     + _one(out["vllm_default"]))
         if embedder:
             name, folder = embedder
             url = f"http://127.0.0.1:{ports['embedding']}"
@@ -175,11 +221,14 @@ def measure_peers(text: tuple[str, Path] | None, embedder: tuple[str, Path] | No
     return out
 
 
+def _one(f: dict[str, float]) -> str:
+    return (f"{f['short8']:.1f} 1-token chats/s (8), TTFT {f['ttft1']:.0f} ms, "
+            f"{f['s1']:.1f} tok/s (1), {f['s8']:.1f} tok/s (8)")
+
+
 def _summary(out: dict[str, dict[str, float]]) -> str:
-    return "; ".join(
-        f"{who} {f['short8']:.1f} 1-token chats/s (8), TTFT {f['ttft1']:.0f} ms, "
-        f"{f['s1']:.1f} tok/s (1), {f['s8']:.1f} tok/s (8)"
-        for who, f in (("vLLM", out["vllm"]), ("LiteLLM + vLLM", out["litellm"])))
+    return "; ".join(f"{who} {_one(f)}" for who, f in (("vLLM", out["vllm"]),
+                                                       ("LiteLLM + vLLM", out["litellm"])))
 
 
 def peer_figures(ours: dict[str, float], peers: dict[str, dict[str, float]]) -> list[Figure]:
@@ -196,6 +245,15 @@ def peer_figures(ours: dict[str, float], peers: dict[str, dict[str, float]]) -> 
                          litellm["s1"]),
             with_litellm(rate_figure("peer_stream_s8", "tok/s", ours["s8"], vllm["s8"], 0.95),
                          litellm["s8"])]
+    default = peers.get("vllm_default")
+    if default and "short8" in ours:
+        # Against vLLM's server as a user gets it on this CPU (its own dtype).
+        figures += [
+            rate_figure("peer_default_1token_c8", "req/s", ours["short8"], default["short8"],
+                        0.95),
+            ceiling_figure("peer_default_ttft_ms", "ms", ours["ttft1"], default["ttft1"], 10),
+            rate_figure("peer_default_stream_s1", "tok/s", ours["s1"], default["s1"], 0.95),
+            rate_figure("peer_default_stream_s8", "tok/s", ours["s8"], default["s8"], 0.95)]
     if "emb32" in ours and "emb32" in vllm:
         figures.append(with_litellm(rate_figure("peer_embeddings_c32", "texts/s",
                                                 ours["emb32"], vllm["emb32"], 0.95),
