@@ -6,7 +6,6 @@ import base64
 import pickle
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -183,10 +182,8 @@ def no_decoding(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_decompression_bomb_is_refused_from_its_header(no_decoding: None) -> None:
     bomb = png_declaring(60000, 60000, bytes(10_000_000))  # 3.6 gigapixels in ~10 kB
     assert len(bomb) < 50_000
-    started = time.perf_counter()
     message = f"image has too many pixels; at most {rules.ABSOLUTE_MAX_PIXELS} are allowed"
-    assert_refused(bomb, message)
-    assert time.perf_counter() - started < 0.5
+    assert_refused(bomb, message)  # from its header: not a pixel decoded (`no_decoding`)
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
@@ -359,8 +356,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
         elif self.path == "/big":
             self._send(200, bytes(MAX_IMAGE_BYTES))
-        elif self.path == "/slow":
-            time.sleep(2)
+        elif self.path == "/slow":  # answers only once the test is over
+            self.server.release.wait()  # type: ignore[attr-defined]
             self._send(200, PNG)
         else:
             self._send(404, b"not found")
@@ -390,11 +387,13 @@ class _QuietServer(ThreadingHTTPServer):
 @pytest.fixture(scope="module")
 def image_server() -> Iterator[str]:
     server = _QuietServer(("127.0.0.1", 0), _Handler)
+    server.release = threading.Event()  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
     finally:
+        server.release.set()  # type: ignore[attr-defined]
         server.shutdown()
         server.server_close()
 
