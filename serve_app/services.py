@@ -173,7 +173,8 @@ class GatewayServices:
             audio=AudioService(router, catalog, admission),
             job_service=job_service,
             queued_audio=QueuedAudio(router, job_service),
-            video=VideoService(router, image_sources, job_service, settings.public_api_url),
+            video=VideoService(router, image_sources, job_service, settings.public_api_url,
+                               inspector=image_inspector),
         )
 
     async def start(self) -> None:

@@ -18,7 +18,7 @@ from fastapi import Request
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing.video import SourceVideo, VideoAsk, floor_plan, plan_video
 from serve_app.errors import ApiError, invalid_request
-from serve_app.images.inputs import ImageSourceReader, inspect_image
+from serve_app.images.inputs import ImageInspector, ImageSourceReader
 from serve_app.jobs.intake import JobIntake
 from serve_app.jobs.requests import JobService, delivery_url
 from serve_app.models.catalog import CatalogModel
@@ -55,9 +55,13 @@ class VideoService:
 
     def __init__(self, router: ModelRouter, image_sources: ImageSourceReader,
                  job_service: JobService, public_api_url: str | None,
-                 faces: FaceDetector | None = None) -> None:
+                 faces: FaceDetector | None = None,
+                 inspector: ImageInspector | None = None) -> None:
         self.router = router
         self.image_sources = image_sources
+        # Image headers read in its workers within a deadline; refusals spend the account's
+        # budget of refused images.
+        self.inspector = inspector or ImageInspector(job_service.admission.limits)
         self.job_service = job_service
         self.public_api_url = public_api_url
         self.faces = faces or FaceDetector()
@@ -86,7 +90,7 @@ class VideoService:
                 _, source = await self._video(body.video_url, "video_url")
         return {"quote": plan_video(model, _ask(body), source).quote_usd}
 
-    async def _inputs(self, body: QueueVideoRequest, intake: JobIntake,
+    async def _inputs(self, body: QueueVideoRequest, intake: JobIntake, account_id: str,
                       faces: list[str] | None) -> SourceVideo | None:
         """The media the job needs, one at a time: fetched (size-capped), checked from their
         headers, then spooled to the result store and dropped from memory. `faces`: where to
@@ -102,7 +106,8 @@ class VideoService:
         source = None
         if body.image_url:
             data = await self.image_sources.read(body.image_url, "image_url", allow_urls=True)
-            image = inspect_image(data, "image_url", min_pixels=MIN_IMAGE_PIXELS)
+            image = await self.inspector.inspect(data, "image_url", account_id=account_id,
+                                                 min_pixels=MIN_IMAGE_PIXELS)
             await look(data, "image_url", "image")
             await intake.keep("image", data, f"image/{image.format.lower()}")
             del data, image
@@ -156,7 +161,7 @@ class VideoService:
             source = None
             if any(getattr(body, f) for f in MEDIA_FIELDS[model.operation]):
                 async with self.job_service.fetch_slots.slot(key.account_id):
-                    source = await self._inputs(body, intake, faces)
+                    source = await self._inputs(body, intake, key.account_id, faces)
             if faces and policy:
                 raise needs_consent(model, policy, faces)
             plan = known or plan_video(model, ask, source)
