@@ -4,7 +4,6 @@ the model comes first."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from starlette.requests import Request
@@ -21,25 +20,23 @@ def _request(gone: asyncio.Event) -> Request:
 
 
 def test_a_client_that_leaves_stops_the_wait_and_the_work():
-    async def main() -> tuple[float, bool]:
+    async def main() -> bool:
         gone, cancelled = asyncio.Event(), asyncio.Event()
 
         async def queued_model() -> str:
             try:
-                await asyncio.sleep(30)  # a stream still queued for its first token
+                await asyncio.Event().wait()  # a stream still queued for its first token
             except asyncio.CancelledError:
                 cancelled.set()
                 raise
             return "token"
 
         asyncio.get_running_loop().call_later(0.3, gone.set)
-        started = time.monotonic()
-        with pytest.raises(ClientGone):
+        with pytest.raises(ClientGone):  # the model never answers: only the client's leaving
             await unless_client_leaves(_request(gone), queued_model(), poll_s=0.05)
-        return time.monotonic() - started, cancelled.is_set()
+        return cancelled.is_set()
 
-    waited, cancelled = asyncio.run(main())
-    assert waited < 2 and cancelled
+    assert asyncio.run(main())  # the model's work was cancelled
 
 
 def test_the_answer_when_the_model_comes_first():

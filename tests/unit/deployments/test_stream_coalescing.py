@@ -20,11 +20,6 @@ def text(index: int, piece: str, *, tokens: int = 1, finish: str | None = None,
                  logprobs=logprobs, prompt_tokens=prompt_tokens)
 
 
-async def collect(gen: AsyncIterator[list[TextEvent]]) -> list[tuple[float, list[TextEvent]]]:
-    """Every list with the time the consumer received it."""
-    return [(time.monotonic(), chunks) async for chunks in gen]
-
-
 def texts_in_order(lists: list[list[TextEvent]]) -> str:
     return "".join(c.text for chunks in lists for c in chunks if isinstance(c, Chunk))
 
@@ -103,25 +98,33 @@ async def test_coalesce_yields_the_first_chunk_at_once_and_alone():
             produced.append(i)
             yield text(0, str(i))
 
-    gen = coalesce(slow_source(), min_interval_s=10.0)  # a long interval must not matter
-    started = time.monotonic()
-    first = await asyncio.wait_for(anext(gen), timeout=2)
-    assert time.monotonic() - started < 1.0
+    # An hour's interval must not matter: the first list does not wait for it (the bound
+    # tells "at once" from "an hour later" on any machine).
+    gen = coalesce(slow_source(), min_interval_s=3600.0)
+    first = await asyncio.wait_for(anext(gen), timeout=120)
     assert first == [text(0, "0")]
     assert produced == [0]  # it arrived before the source produced its second chunk
     await gen.aclose()
 
 
 async def test_coalesce_merges_chunks_produced_quickly_into_fewer_lists_keeping_all_text():
+    """After the first chunk, the rest come faster than the interval (at once, once the
+    first list is out: how many lists chunks produced over time make depends on the
+    machine's speed, what a burst makes does not)."""
     count = 60
+    first_out = asyncio.Event()
 
     async def fast_source() -> AsyncIterator[TextEvent]:
         for i in range(count):
-            await asyncio.sleep(0.001)
+            if i == 1:
+                await first_out.wait()
             yield text(0, f"{i},", tokens=2, prompt_tokens=11 if i == 0 else None)
         yield Usage(prompt_tokens=11, completion_tokens=2 * count)
 
-    received = [chunks for _, chunks in await collect(coalesce(fast_source(), 0.02))]
+    received: list[list[TextEvent]] = []
+    async for chunks in coalesce(fast_source(), 0.02):
+        received.append(chunks)
+        first_out.set()
 
     assert received[0] == [text(0, "0,", tokens=2, prompt_tokens=11)]
     assert len(received) < count / 2
@@ -135,14 +138,25 @@ async def test_coalesce_merges_chunks_produced_quickly_into_fewer_lists_keeping_
 
 
 async def test_coalesce_yields_at_most_one_list_per_min_interval_after_the_first():
+    """Three bursts of 50 chunks, each produced as soon as the list before it is received:
+    each list still waits for the interval after the one before."""
     interval = 0.02
+    lists_out = 0
+    received_one = asyncio.Condition()
 
     async def fast_source() -> AsyncIterator[TextEvent]:
         for i in range(150):
-            await asyncio.sleep(0.001)
+            if i and i % 50 == 0:
+                async with received_one:
+                    await received_one.wait_for(lambda i=i: lists_out >= i // 50)
             yield text(0, str(i % 10))
 
-    received = await collect(coalesce(fast_source(), interval))
+    received: list[tuple[float, list[TextEvent]]] = []
+    async for chunks in coalesce(fast_source(), interval):
+        received.append((time.monotonic(), chunks))
+        async with received_one:
+            lists_out += 1
+            received_one.notify_all()
 
     assert len(received) >= 3
     times = [at for at, _ in received]
