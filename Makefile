@@ -60,8 +60,15 @@ run: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) system-libs
 test: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) browser system-libs
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/pytest tests/unit
 	$(BIN)/pytest tests/integration
+
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link, a missing
+# anchor or a page left out of the nav fails the build (`make test` builds it too).
+.PHONY: docs
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
