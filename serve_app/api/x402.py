@@ -29,7 +29,8 @@ async def top_up(request: Request, ctx: Context, state: State,
     header = payment_header(request.headers)
     if header is None:
         raise state.top_ups.requirements(str(request.url), parse_amount(amount, state.payments))
-    body, receipt = await state.top_ups.top_up(header)
+    client_address = request.client.host if request.client else "-"
+    body, receipt = await state.top_ups.top_up(header, client_address)
     response = json_response(ctx, body)
     response.headers["PAYMENT-RESPONSE"] = receipt
     return response

@@ -1,16 +1,23 @@
 """x402 top-ups: a signed USDC payment becomes wallet credit, exactly once.
 
 The way of one payment:
-  1. decode the payment header and match it to a requirement we issue (auth/x402);
-  2. check its signature here, before anything is written, then count the attempt against
-     its payer's per-minute cap (429 with Retry-After past TOP_UPS_PER_MINUTE);
-  3. claim it: a PENDING row keyed by what makes the payment unique on its chain (EIP-3009
-     authorization nonce, the Solana transfer message). A replay, or a second submission
-     racing the first, finds the row and is refused;
-  4. the facilitator verifies and settles it (moves the money);
-  5. credit the wallet and mark the row CREDITED in one transaction.
-A facilitator that refuses drops the claim (step 3), so the same payment may be submitted
-again; one that does not confirm a settlement leaves it PENDING for the operator.
+  1. count the attempt against its client address's and the replica's per-minute buckets
+     (429 with Retry-After), before the header is decoded: fresh payer addresses cost the
+     attacker nothing, a client address and the global count do;
+  2. decode the payment header and match it to a requirement we issue (auth/x402);
+  3. check its signature here, before anything is written, then count the attempt against
+     its payer's per-minute cap (429 with Retry-After past TOP_UPS_PER_MINUTE); a payment
+     already credited or being processed is refused from a read (409), nothing written;
+  4. the facilitator verifies it;
+  5. claim it: a PENDING row keyed by what makes the payment unique on its chain (EIP-3009
+     authorization nonce, the Solana transfer message), written in a transaction of its own
+     (not the money writer's). A replay, or a second submission racing the first, finds the
+     row and is refused;
+  6. the facilitator settles it (moves the money);
+  7. credit the wallet and mark the row CREDITED in one transaction (the money writer).
+A facilitator that refuses to verify leaves nothing written; one that refuses to settle drops
+the claim, so the same payment may be submitted again; one that does not confirm a settlement
+leaves it PENDING for the operator.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Balances
 from serve_app.billing.wallet_accounts import find_or_create_wallet_account
-from serve_app.db.engine import dialect_insert
+from serve_app.db.engine import dialect_insert, run_in_session
 from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.limits.core import OK
@@ -59,6 +67,12 @@ logger = logging.getLogger("serve_app.billing")
 # so that nobody else can spend an address's attempts): each attempt claims a row and calls
 # the facilitator.
 TOP_UPS_PER_MINUTE = 10
+# Top-up attempts one client address may make per minute, and all clients together (each
+# replica's limiter backend counts them: shared across replicas on Redis or Ray), counted
+# before the payment header is decoded (X402_TOP_UPS_PER_CLIENT_PER_MINUTE,
+# X402_TOP_UPS_PER_MINUTE).
+DEFAULT_TOP_UPS_PER_CLIENT = 20
+DEFAULT_TOP_UPS_GLOBAL = 600
 
 NANOS_PER_BASE_UNIT = NANOS_PER_UNIT // 10**6  # USDC has 6 decimals
 PAYMENT_HEADERS = ("payment-signature", "x-402-payment", "x-payment")
@@ -103,7 +117,26 @@ class Credited:
     payment_id: str
 
 
+def _refuse_known(session: Session, payment_id: str) -> None:
+    """409 for a payment already claimed (credited, or being processed): a read, no write."""
+    status = session.execute(select(X402Payment.status).where(
+        X402Payment.payment_id == payment_id)).scalar_one_or_none()
+    if status is None:
+        return
+    if status == PaymentStatus.CREDITED:
+        raise _already_credited()
+    raise _in_progress()
+
+
+def _in_progress() -> X402PaymentError:
+    return X402PaymentError(409, "X402_PAYMENT_IN_PROGRESS",
+                            "This payment is being processed by another request",
+                            reason="payment_in_progress")
+
+
 def _claim(session: Session, paid: VerifiedPayment) -> None:
+    """Write the PENDING row, committed (in a session of its own, off the money writer), or
+    409 when the payment is already claimed."""
     claimed = session.execute(
         dialect_insert(session)(X402Payment).values(
             payment_id=paid.payment_id, status=PaymentStatus.PENDING.value,
@@ -111,19 +144,20 @@ def _claim(session: Session, paid: VerifiedPayment) -> None:
             amount_nanos=paid.amount_base_units * NANOS_PER_BASE_UNIT, created_at=utcnow())
         .on_conflict_do_nothing(index_elements=["payment_id"])
         .returning(X402Payment.payment_id)).first()
+    session.commit()
     if claimed is None:
-        status = session.execute(select(X402Payment.status).where(
-            X402Payment.payment_id == paid.payment_id)).scalar_one_or_none()
-        if status == PaymentStatus.CREDITED:
-            raise _already_credited()
-        raise X402PaymentError(409, "X402_PAYMENT_IN_PROGRESS",
-                               "This payment is being processed by another request",
-                               reason="payment_in_progress")
+        _refuse_known(session, paid.payment_id)
+        raise _in_progress()  # claimed and dropped meanwhile: the other request decides
 
 
 def _unclaim(session: Session, payment_id: str) -> None:
     session.execute(delete(X402Payment).where(X402Payment.payment_id == payment_id,
                                                X402Payment.status == PaymentStatus.PENDING))
+
+
+def _unclaim_committed(session: Session, payment_id: str) -> None:
+    _unclaim(session, payment_id)
+    session.commit()
 
 
 def _credit(session: Session, paid: VerifiedPayment, transaction: str) -> Credited:
@@ -191,10 +225,19 @@ def resolve_pending(session: Session, payment_id: str, transaction: str | None) 
 
 
 class TopUps:
+    """Top-ups: what to pay (the 402), and a payment header turned into credit."""
+
     def __init__(self, billing: Billing, config: PaymentConfig, facilitator_url: str | None,
-                 *, listen_hosts: set[str], limits: RateLimits | None = None) -> None:
+                 *, listen_hosts: set[str], database: Engine,
+                 limits: RateLimits | None = None,
+                 per_client_per_minute: int = DEFAULT_TOP_UPS_PER_CLIENT,
+                 global_per_minute: int = DEFAULT_TOP_UPS_GLOBAL) -> None:
         self.billing = billing
         self.limits = limits
+        # Claims are written here (the money writer only credits).
+        self.database = database
+        self.per_client_per_minute = per_client_per_minute
+        self.global_per_minute = global_per_minute
         self.config = config
         self._facilitator_url = facilitator_url
         self._facilitator: FacilitatorClient | None = None
@@ -239,18 +282,21 @@ class TopUps:
         return ApiError(402, "Payment required", headers={"PAYMENT-REQUIRED": header},
                         raw_body={"x402Version": X402_VERSION, "accepts": offered})
 
-    async def top_up(self, header_value: str) -> tuple[dict, str]:
-        """Credit the payment in `header_value`; (answer body, PAYMENT-RESPONSE header)."""
+    async def top_up(self, header_value: str, client_address: str) -> tuple[dict, str]:
+        """Credit the payment in `header_value` sent from `client_address`; (answer body,
+        PAYMENT-RESPONSE header)."""
         if not self.available:
             raise not_configured()
+        await self._count_client(client_address)
         payload = decode_payment_header(header_value)
         requirement = match_requirement(payload, self.config)
         paid = verify_payment(payload, requirement)
         await self._count_attempt(paid.payer)
-        await self.billing.writer.run(lambda s: _claim(s, paid))
+        await run_in_session(self.database, lambda s: _refuse_known(s, paid.payment_id))
+        await self.facilitator().verify(payload, requirement)  # nothing written before
         # From the claim on, the payment runs to its end even if the client hangs up (Serve
         # cancels the request): money that moved is credited, a refusal frees the claim.
-        task = asyncio.ensure_future(self._settle_and_credit(payload, requirement, paid))
+        task = asyncio.ensure_future(self._claim_settle_credit(payload, requirement, paid))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
         credited, settled = await asyncio.shield(task)
@@ -265,36 +311,43 @@ class TopUps:
         }}
         return body, settled.payment_response_header()
 
+    async def _count_client(self, client_address: str) -> None:
+        """429 past the client address's attempts in its minute, then past everyone's: before
+        the header is decoded (an attempt the client's bucket refuses spends no global one)."""
+        await self._count(f"client:{client_address}", self.per_client_per_minute,
+                          f"for client address {client_address}")
+        await self._count("all", self.global_per_minute, "on this server")
+
     async def _count_attempt(self, payer: str) -> None:
         """429 (with Retry-After) past TOP_UPS_PER_MINUTE attempts of `payer` in its minute:
         before the claim and the facilitator, so a refused payment stays unused."""
+        owner = f"wallet:{payer.lower() if payer.startswith('0x') else payer}"
+        await self._count(owner, TOP_UPS_PER_MINUTE, f"for wallet {payer}")
+
+    async def _count(self, owner: str, per_minute: int, whose: str) -> None:
         if self.limits is None:
             return
-        owner = f"wallet:{payer.lower() if payer.startswith('0x') else payer}"
-        outcome = await self.limits.count_account(owner, "x402_top_up", TOP_UPS_PER_MINUTE)
+        outcome = await self.limits.count_account(owner, "x402_top_up", per_minute)
         if outcome.code == OK:
             return
         now_ms = self.limits.clock() * 1000
         retry_after = max(1, math.ceil((outcome.window_ms + WINDOW_MS - now_ms) / 1000))
-        message = (f"Too many top-up attempts: at most {TOP_UPS_PER_MINUTE} per minute for "
-                   f"wallet {payer}; retry after {retry_after} seconds (nothing was charged "
-                   "and the payment was not used)")
+        message = (f"Too many top-up attempts: at most {per_minute} per minute {whose}; "
+                   f"retry after {retry_after} seconds (nothing was charged and the payment "
+                   "was not used)")
         raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
                        headers={"Retry-After": str(retry_after)})
 
-    async def _settle_and_credit(self, payload, requirement: dict,
-                                 paid: VerifiedPayment) -> tuple[Credited, SettleResult]:
-        writer = self.billing.writer
-        facilitator = self.facilitator()
+    async def _claim_settle_credit(self, payload, requirement: dict,
+                                   paid: VerifiedPayment) -> tuple[Credited, SettleResult]:
+        """Claim the verified payment, settle it, credit it (the money writer's one
+        transaction)."""
+        await run_in_session(self.database, lambda s: _claim(s, paid))
         try:
-            await facilitator.verify(payload, requirement)
-        except BaseException:
-            await writer.run(lambda s: _unclaim(s, paid.payment_id))
-            raise
-        try:
-            settled = await facilitator.settle(payload, requirement)
+            settled = await self.facilitator().settle(payload, requirement)
         except X402PaymentError:  # refused: nothing moved, the payment may be sent again
-            await writer.run(lambda s: _unclaim(s, paid.payment_id))
+            await run_in_session(self.database,
+                                 lambda s: _unclaim_committed(s, paid.payment_id))
             raise
         except ApiError as exc:
             # Unreachable or timed out while settling: the money may have moved. The claim
@@ -304,7 +357,8 @@ class TopUps:
             raise ApiError(502, "The payment facilitator did not confirm the settlement; "
                                 f"nothing was credited. Payment {paid.payment_id} is held for "
                                 "the operator to reconcile", code=exc.code) from exc
-        credited = await writer.run(lambda s: _credit(s, paid, settled.transaction))
+        credited = await self.billing.writer.run(
+            lambda s: _credit(s, paid, settled.transaction))
         self.billing.remember_balance(credited.account_id, credited.balance)
         return credited, settled
 
