@@ -1,9 +1,9 @@
 """Speech and transcription between the router and the audio deployments: the model, the
 limits (the SPEECH class), the hold, one call, the settlement. Speech is charged per character
-read aloud: the whole input once all of its audio is out, or, for a client that leaves a
-streamed answer early, the characters of the pieces it was sent. Transcription is charged per
-second of audio heard (started seconds), after holding the most the model accepts. A failure
-of ours anywhere releases the hold.
+read aloud: the whole input once all of its audio is out, or, for a streamed answer the client
+leaves early or the model breaks off, the characters of the pieces it was sent. Transcription
+is charged per second of audio heard (started seconds), after holding the most the model
+accepts. A failure of ours before anything was delivered releases the hold.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ class Speech:
     rest: AsyncIterator[Any]  # the deployment's stream: SpeechPiece, then its end
     sent: int = 0  # characters of the pieces delivered
     complete: bool = False  # all the audio is out (and charged)
-    failed: bool = False  # the model broke off: our failure, not charged
     pieces: AsyncIterator[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -65,11 +64,7 @@ class Speech:
             if piece.audio:
                 yield piece.audio
             self.sent += piece.characters
-            try:
-                piece = await anext(self.rest, None)
-            except Exception:
-                self.failed = True
-                raise
+            piece = await anext(self.rest, None)  # a failure here: `sent` is charged
         self.complete = True
         await self.charge.settle(self.cost)
 
@@ -82,16 +77,16 @@ class Speech:
             raise
 
     async def close(self) -> None:
-        """Stop the synthesis, then settle: the characters of the pieces delivered to a client
-        that left early (at least one piece), else release the hold (nothing delivered, or the
-        model failed). Once all is out, already settled: nothing to do."""
+        """Stop the synthesis, then settle: the characters of the pieces delivered (at least
+        one piece) to a client that left early or before the model broke off, else release
+        the hold (nothing delivered). Once all is out, already settled: nothing to do."""
         try:
             await self.pieces.aclose()  # type: ignore[attr-defined]
             await self.rest.aclose()  # type: ignore[attr-defined]
         finally:
             if self.complete:
                 pass
-            elif self.failed or self.sent <= 0:
+            elif self.sent <= 0:
                 await self.charge.release()
             else:
                 await self.charge.settle(price(self.model, {

@@ -11,7 +11,7 @@ from typing import Any
 from deployments.protocol import Sampling
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.media import PART_TOKENS_ESTIMATE, media_payload
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, invalid_request
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
@@ -58,6 +58,20 @@ def sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs,
         reasoning_effort=reasoning_effort(req, model),
     )
+
+
+# vLLM's `_SAMPLING_EPS`: a temperature below it samples greedily, and it then refuses n > 1.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def greedy_refusal(req: ChatCompletionRequest, routed: RoutedModel) -> ApiError | None:
+    """The 400 the engine would answer for `n` > 1 at temperature 0 (every choice would be the
+    same greedy answer), found from the request alone, before any work is done for it."""
+    asked = sampling(req, routed)
+    if asked.n > 1 and asked.temperature is not None and asked.temperature < GREEDY_TEMPERATURE:
+        return invalid_request(f"n must be 1 at temperature 0 on {routed.model.id} (greedy "
+                               f"sampling gives one answer): set a temperature, or n: 1", "n")
+    return None
 
 
 def reasoning_effort(req: ChatCompletionRequest, model: CatalogModel) -> str | None:

@@ -75,6 +75,7 @@ class ChatPlan:
     scraped_urls: int = 0  # pages read (only those are billed)
     audio_parts: int = 0  # input_audio parts, heard by `transcriber` before the model
     transcriber: CatalogModel | None = None
+    audio_data: list[bytes] | None = None  # the audio parts' bytes, decoded until heard
     heard_seconds: int = 0
     media: ChatMedia | None = None  # image and video parts, for a vision model
     usage: Usage = field(default_factory=Usage)
@@ -143,40 +144,46 @@ class ChatPlan:
             return cost
         return Cost(cost.model, (*cost.lines, heard_line(self.transcriber, seconds)))
 
+    def _web_units(self, model: CatalogModel) -> dict[str, int]:
+        """The searches answered and pages scraped, on the lines `model` prices."""
+        used = {"web_search": self.searches, "web_scraping": self.scraped_urls}
+        return {line: n for line, n in used.items() if n and unit_price_usd(model, line)}
+
     def cost(self) -> Cost | None:
         """What the answer measured, and the web searches and pages it used, priced for the
         model that answered (extras it does not price are left out), and the audio heard at
-        the transcription model's price. Without an answer, the audio heard alone."""
+        the transcription model's price. Without an answer, the work done before the model
+        alone (`_done_before_model`)."""
         if self.answered_by is None:
-            return self._heard_only()
+            return self._done_before_model()
         model = self.answered_by.model
-        used = {"web_search": self.searches, "web_scraping": self.scraped_urls}
         usage = self.usage
         return self._with_audio(price(model, {
             **token_units(model, usage.prompt_tokens, usage.completion_tokens,
                           usage.cached_tokens),
-            **{line: n for line, n in used.items() if n and unit_price_usd(model, line)}}),
-            self.heard_seconds)
+            **self._web_units(model)}), self.heard_seconds)
 
     def heard(self, seconds: int) -> None:
         """Audio parts heard so far: charged with the chat, or alone when it fails."""
         self.heard_seconds += seconds
 
-    def _heard_only(self) -> Cost | None:
-        """The audio heard for a chat no model answered, on the requested model's entry as
-        an answered chat's would be (None: nothing was heard)."""
-        if not self.heard_seconds:
-            return None
-        return self._with_audio(Cost(self.candidates[0].model, ()), self.heard_seconds)
+    def _done_before_model(self) -> Cost | None:
+        """For a chat no model answered: the searches the provider answered and the pages
+        scraped, priced on the requested model's entry as an answered chat's would be, and
+        the audio heard (None: none of that was done)."""
+        model = self.candidates[0].model
+        cost = self._with_audio(price(model, self._web_units(model)), self.heard_seconds)
+        return cost if cost.lines else None
 
     async def release(self, failure: BaseException | None = None) -> None:
         """The request failed before, or on our side of, the model's work: its hold goes
-        back, but audio already heard is charged (the transcription was delivered). The
-        completion counted at admission was never generated (or not delivered); a request
-        every model refused for capacity (`failure`) had none of its tokens read either."""
+        back, but what was done for it is charged: the web searched and scraped, audio heard
+        (delivered work, whatever the model then does). The completion counted at admission
+        was never generated (or not delivered); a request every model refused for capacity
+        (`failure`) had none of its tokens read either."""
         if self.charge is not None:
             refused = failure is not None and refused_for_capacity(failure)
-            await self.charge.settle(self._heard_only(),
+            await self.charge.settle(self._done_before_model(),
                                      tokens=0 if refused else prompt_estimate(self.req))
 
     async def finish_charge(self) -> None:

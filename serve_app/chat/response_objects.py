@@ -208,7 +208,7 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
         yield _event("response.completed", next_seq(),
                      response=_response(plan, model_id, output, "completed", created))
     except ApiError as exc:
-        await plan.release()  # our failure is not charged
+        await plan.finish_charge()  # what was delivered before the failure, nothing more
         yield _event("response.failed", next_seq(), response={
             **_response(plan, model_id, [], "failed", created),
             "error": {"code": exc.code, "message": exc.message}})

@@ -17,9 +17,15 @@ from deployments.protocol import Usage as EngineUsage
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.characters import find_character
 from serve_app.chat import tools as tool_calls
-from serve_app.chat.audio_parts import AudioReader, audio_parts
+from serve_app.chat.audio_parts import (
+    AudioReader,
+    audio_parts,
+    check_audio_parts,
+    decode_audio_parts,
+)
 from serve_app.chat.engine_request import (
     admission_tokens,
+    greedy_refusal,
     output_schema,
     prefix_cache_salt,
     prompt_estimate,
@@ -129,15 +135,21 @@ class ChatService:
             check_capabilities(req, primary.model)
             mode = tool_calls.tool_mode(req)
             transcriber = self.audio.transcriber() if audio_parts(req) else None
-            # The cheap checks, before any work is done for the request (files read, audio
-            # heard): a missing character, a web search the server lacks (models offline:
-            # once the hold is taken, below).
+            # The cheap checks, before any work is done for the request (files read, the
+            # web searched, audio heard): what the engine would refuse of the sampling, the
+            # audio parts' formats and sizes, a missing character, a web search the server
+            # lacks (models offline: once the hold is taken, below).
+            refusal = greedy_refusal(req, primary)
+            if refusal is not None:
+                raise refusal
+            check_audio_parts(req)
             character = await self._character_prompt(params.character_slug) \
                 if params.character_slug else ""
             self._check_web(params)
-            if has_media(req):  # fallbacks that do not take the image and video parts
-                candidates = [c for c in candidates
-                              if c is primary or takes_parts(req, c.model)]
+            # fallbacks that would refuse the sampling or the image and video parts
+            candidates = [c for c in candidates if c is primary or (
+                greedy_refusal(req, c) is None
+                and (not has_media(req) or takes_parts(req, c.model)))]
         except BaseException as exc:
             await pending.abandon(exc)
             raise
@@ -151,12 +163,15 @@ class ChatService:
             plan.floor_cost() if reads else plan.max_cost())
         try:
             self._check_online([c.model for c in candidates], transcriber)
+            if transcriber is not None:  # every part's bytes, before any work is done
+                plan.audio_data = decode_audio_parts(req)
             if reads:
                 await self._read_inputs(ctx, key, plan)
             await self._compose(ctx, key, plan)
         except BaseException as exc:
-            # Nothing ran on the model: the hold goes back (a missing character, a failed
-            # web search, audio that could not be heard, a client that left).
+            # Nothing ran on the model: the hold goes back (a failed web search, audio that
+            # could not be heard, a client that left), but what was done is charged (the
+            # searches answered, the pages scraped, the audio heard: plan.release).
             await plan.release()
             if isinstance(exc, UnsupportedFeature):
                 self.admission.unsupported_feature(ctx, key)
@@ -198,7 +213,9 @@ class ChatService:
             await self._web_context(plan)
         if plan.transcriber is not None:  # last: nothing but the model may fail after it
             with ctx.step("audio"):
-                plan.req = await self.audio.inline(plan.req, plan.transcriber, plan.heard)
+                plan.req = await self.audio.inline(plan.req, plan.transcriber, plan.heard,
+                                                   plan.audio_data)
+                plan.audio_data = None
         req = plan.req
         comp = Composition(citations=params.enable_web_citations, media=media is not None,
                            character_prompt=plan.character_prompt,

@@ -1,6 +1,6 @@
 """A planned chat's answer as a stream of chat.completion.chunk server-sent events: search
 results first when asked, text as it comes (held back while it may be a tool call), tool calls,
-usage, and the settlement before `[DONE]`."""
+usage, and the settlement before `[DONE]` (a stream that breaks settles what it delivered)."""
 
 from __future__ import annotations
 
@@ -115,9 +115,10 @@ async def sse_events(plan: ChatPlan, routed: RoutedModel,
         await plan.finish_charge()  # durable before the stream says it is done
         yield _sse("[DONE]")
     except ApiError as exc:
-        # The response has started: report the failure in the stream itself. Our failure
-        # is not charged.
-        await plan.release()
+        # The response has started: report the failure in the stream itself. What was
+        # delivered before it is charged (the prompt the engine read, the tokens sent, the
+        # web read, the audio heard), nothing more.
+        await plan.finish_charge()
         yield _sse({"error": exc.message, "code": exc.code})
         yield _sse("[DONE]")
     finally:

@@ -21,10 +21,11 @@ from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.settings import Settings
-from tests.fakes import FakeDeployment, crashed, fake_deployments, reported
+from tests.fakes import FakeDeployment, count_prompt_tokens, crashed, fake_deployments, reported
 from tests.unit.conftest import make_gateway
 from tests.unit.pipeline.books import Books, nanos, per_million
 from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.pipeline.sse import DONE, events
 from tests.unit.pipeline.test_chat_web import Provider
 
 PER_SECOND_USD = "0.001"  # hear-test's price
@@ -217,24 +218,43 @@ def test_a_failed_web_search_comes_before_the_audio(tmp_path: Path, gateway_cata
         provider.close()
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
-def test_audio_heard_is_charged_when_the_model_then_fails(fake_gateway, fakes, key, books,
-                                                          stream):
+def test_audio_heard_is_charged_when_the_model_then_fails(fake_gateway, fakes, key, books):
     """The transcription was delivered: its seconds are charged alone, the tokens the failed
-    model never delivered are not (a stream that breaks after its first piece)."""
-    fakes["text-xs"].fail_with(crashed(), after_pieces=1 if stream else 0)
+    model never delivered are not."""
+    fakes["text-xs"].fail_with(crashed())
     before = books.balance_nanos()
 
-    resp = _chat(fake_gateway, key, _wav(3.2), stream=stream)
+    resp = _chat(fake_gateway, key, _wav(3.2))
 
-    if stream:
-        assert resp.status_code == 200, resp.text
-        assert "INFERENCE_FAILED" in resp.text  # the stream's error event
-    else:
-        assert resp.status_code == 500, resp.text
+    assert resp.status_code == 500, resp.text
     assert len(fakes["transcription"].calls) == 1
     total = _heard_and_charged(books, resp.headers["cf-ray"], math.ceil(3.2))
     assert books.balance_nanos() == before - total
+
+
+def test_a_stream_that_breaks_charges_the_audio_and_what_it_delivered(fake_gateway, fakes,
+                                                                      key, books):
+    """The stream breaks after its first piece: the audio heard, the prompt the engine read
+    and the tokens sent are charged, nothing more."""
+    fakes["text-xs"].fail_with(crashed(), after_pieces=1)
+    before = books.balance_nanos()
+
+    resp = _chat(fake_gateway, key, _wav(3.2), stream=True)
+
+    assert resp.status_code == 200, resp.text
+    assert "INFERENCE_FAILED" in resp.text  # the stream's error event
+    (request,) = fakes["text-xs"].requests
+    prompt = count_prompt_tokens(request.messages)
+    sent = [event for event in events(resp.text) if event != DONE and event.get("choices")]
+    delivered = len("".join(e["choices"][0]["delta"].get("content") or "" for e in sent).split())
+    assert 0 < delivered < fakes["text-xs"].completion_tokens()
+    charge = books.only_charge(resp.headers["cf-ray"])
+    assert charge.lines == {
+        "input": (prompt, per_million(10, prompt)),
+        "output": (delivered, per_million(20, delivered)),
+        "audio_seconds": (math.ceil(3.2), nanos(PER_SECOND_USD, math.ceil(3.2)))}
+    assert books.balance_nanos() == before - charge.total_nanos
+    assert books.open_holds() == 0
 
 
 def test_audio_heard_before_a_part_that_cannot_be_heard_is_charged(fake_gateway, fakes, key,
@@ -262,3 +282,41 @@ def test_a_second_part_that_is_not_base64_costs_nothing(fake_gateway, fakes, key
     assert resp.status_code == 400, resp.text
     assert fakes["transcription"].calls == [] and fakes["text-xs"].calls == []
     assert books.balance_nanos() == before
+
+
+# ---- every audio part is checked before the web is read ----------------------------------------
+
+@pytest.mark.parametrize(("format_", "data", "status", "code"), [
+    ("exe", _wav(1), 400, "INVALID_AUDIO_FORMAT"),
+    ("wav", "not base64 at all!", 400, "INVALID_REQUEST"),
+], ids=["format", "base64"])
+def test_an_audio_part_refused_by_its_checks_costs_no_search(tmp_path: Path,
+                                                              gateway_catalog: Path, fakes,
+                                                              format_, data, status, code):
+    """The attack: web search and scraping, then an audio part that cannot be heard; before,
+    the search and the page ran first and the chat's 400 left them free. Now every part's
+    format and bytes are checked first: nothing searched, fetched, heard or charged."""
+    provider = Provider()
+    try:
+        for gateway in make_gateway(Settings(
+                data_dir=tmp_path, initial_credit_usd=10, model_catalog=gateway_catalog,
+                web_search_url=provider.url("/search"),
+                web_fetch_allowed_hosts=provider.host), handles=fakes):
+            books = Books(gateway)
+            before = books.balance_nanos()
+            resp = gateway.client.post(
+                "/api/v1/chat/completions", headers=gateway.auth(gateway.create_key()["apiKey"]),
+                json={"model": "chat-primary", "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": f"Compare {provider.url('/lions')}"},
+                    {"type": "input_audio", "input_audio": {"data": data, "format": format_}}]}],
+                    "service_parameters": {"enable_web_search": "on",
+                                           "enable_web_scraping": True}})
+            assert resp.status_code == status, resp.text
+            assert resp.json()["code"] == code
+            assert provider.searches == [] and provider.pages_served == 0
+            assert fakes["transcription"].calls == [] and fakes["text-xs"].calls == []
+            assert books.entries() == 0 and books.open_holds() == 0
+            assert books.balance_nanos() == before
+            books.close()
+    finally:
+        provider.close()

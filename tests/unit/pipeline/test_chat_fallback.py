@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes import at_capacity, crashed, offline, reported
+from tests.fakes import at_capacity, count_prompt_tokens, crashed, offline, reported
 from tests.unit.pipeline.books import per_million
 from tests.unit.pipeline.sse import DONE, content, events
 
@@ -137,8 +137,10 @@ def test_a_bad_request_reported_by_the_engine_is_not_passed_to_the_fallback(
 
 @pytest.mark.parametrize("failure", [crashed(), reported(500, "the engine gave up")],
                          ids=["crashed", "reported-500"])
-def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_charges_nothing(
+def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_charges_what_it_sent(
         fake_gateway, fakes, key, books, failure):
+    """Before, a broken stream released its hold: the tokens it had sent were free. Now the
+    prompt the engine read and the tokens sent are charged, nothing more."""
     fakes["text-xs"].fail_with(failure, after_pieces=2)
     before = books.balance_nanos()
 
@@ -149,8 +151,13 @@ def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_charges_nothin
     assert sent[-1] == DONE
     assert sent[-2] == {"error": "Inference failed" if isinstance(failure, Exception)
                         else "the engine gave up", "code": "INFERENCE_FAILED"}
-    assert content(sent[:-2])  # what came before the failure was sent
+    delivered = content(sent[:-2])  # what came before the failure was sent
+    assert 0 < len(delivered.split()) < fakes["text-xs"].completion_tokens()
     assert fakes["text-s"].calls == []  # too late for a fallback
-    assert books.entries() == 0
-    assert books.balance_nanos() == before
+    (request,) = fakes["text-xs"].requests
+    prompt, completion = count_prompt_tokens(request.messages), len(delivered.split())
+    charge = books.only_charge(resp.headers["cf-ray"])
+    assert charge.lines == {"input": (prompt, per_million(10, prompt)),
+                            "output": (completion, per_million(20, completion))}
+    assert books.balance_nanos() == before - charge.total_nanos
     assert books.open_holds() == 0

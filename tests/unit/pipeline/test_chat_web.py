@@ -1,7 +1,8 @@
 """Chat's usage-priced extras through the whole flow, against a search provider and pages
 served on loopback: a search the provider answered and each page scraped are charged on the
-chat's own ledger entry at the answering model's catalog price; what failed is not; the
-results come back as the published `venice_web_search_documents` tool call, in streams too."""
+chat's own ledger entry at the answering model's catalog price, also when the model then fails
+or refuses (at the requested model's price); what failed is not; the results come back as the
+published `venice_web_search_documents` tool call, in streams too."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from serve_app.settings import Settings
-from tests.fakes import crashed
+from tests.fakes import count_prompt_tokens, crashed, reported
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.pipeline.books import Books, nanos, per_million
 from tests.unit.pipeline.conftest import CATALOG
@@ -35,6 +36,7 @@ class Provider:
     def __init__(self) -> None:
         self.searches: list[dict[str, Any]] = []
         self.search_status = 200
+        self.pages_served = 0
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -55,6 +57,7 @@ class Provider:
                            "application/json")
 
             def do_GET(self) -> None:
+                provider.pages_served += 1
                 if self.path == "/lions":
                     self._send(200, PAGE, "text/html; charset=utf-8")
                 else:
@@ -178,15 +181,99 @@ def test_a_failed_search_is_not_charged(web_gateway, web_key, web_books, provide
     assert charge.lines == _token_lines(resp.json()["usage"])
 
 
-def test_a_search_whose_model_fails_charges_nothing(web_gateway, web_key, web_books, fakes):
+# ---- what was done is charged, whatever happens after ----------------------------------------
+
+def test_a_search_whose_model_fails_charges_the_search(web_gateway, web_key, web_books, fakes,
+                                                       provider):
+    """The attack: ask for a search, make the model fail (before, the chat failed and the
+    search was free). The search the provider answered is charged alone, nothing held."""
     before = web_books.balance_nanos()
     fakes["text-xs"].fail_with(crashed())
 
     resp = _chat(web_gateway, web_key, enable_web_search="on")
 
     assert resp.status_code == 500, resp.text
+    assert len(provider.searches) == 1
+    charge = web_books.only_charge(resp.headers["cf-ray"])
+    assert charge.model_id == "chat-primary"
+    assert charge.lines == {"web_search": (1, nanos(SEARCH_USD))}
+    assert web_books.balance_nanos() == before - charge.total_nanos
+    assert web_books.open_holds() == 0
+
+
+def test_pages_scraped_for_a_chat_the_engine_refuses_are_charged(web_gateway, web_key,
+                                                                 web_books, fakes, provider):
+    """The engine's own refusal (here a 400 it alone can find) comes after the pages were
+    read: they are charged, the tokens it never generated are not."""
+    before = web_books.balance_nanos()
+    fakes["text-xs"].fail_with(reported(400, "Invalid generation parameters: no"))
+
+    resp = _chat(web_gateway, web_key, f"Read {provider.url('/lions')}",
+                 enable_web_scraping=True)
+
+    assert resp.status_code == 400, resp.text
+    charge = web_books.only_charge(resp.headers["cf-ray"])
+    assert charge.lines == {"web_scraping": (1, nanos(SCRAPE_USD))}
+    assert web_books.balance_nanos() == before - charge.total_nanos
+    assert web_books.open_holds() == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_n_over_one_at_temperature_0_is_refused_before_the_web_is_read(
+        web_gateway, web_key, web_books, fakes, provider, stream):
+    """The attack: `n: 2` at temperature 0, which vLLM refuses, after a search and a scrape.
+    Now a 400 before the hold: nothing searched, scraped, run or charged."""
+    before = web_books.balance_nanos()
+
+    resp = web_gateway.client.post(
+        "/api/v1/chat/completions", headers=web_gateway.auth(web_key), json={
+            "model": "chat-primary", "n": 2, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": f"Read {provider.url('/lions')}"}],
+            "service_parameters": {"enable_web_search": "on", "enable_web_scraping": True}})
+
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["code"] == "INVALID_REQUEST"
+    assert "n" in resp.json()["details"]
+    assert provider.searches == [] and fakes["text-xs"].calls == []
     assert web_books.entries() == 0 and web_books.open_holds() == 0
     assert web_books.balance_nanos() == before
+
+
+def test_n_over_one_samples_at_a_temperature(web_gateway, web_key):
+    resp = web_gateway.client.post(
+        "/api/v1/chat/completions", headers=web_gateway.auth(web_key), json={
+            "model": "chat-primary", "n": 2, "temperature": 0.7,
+            "messages": [{"role": "user", "content": "Hi"}]})
+
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["choices"]) == 2
+
+
+def test_a_stream_that_breaks_charges_what_it_delivered_and_the_search(
+        web_gateway, web_key, web_books, fakes):
+    """The model breaks after its first piece: the prompt it read, the tokens sent and the
+    search are charged (before, the whole hold was released)."""
+    fakes["text-xs"].fail_with(crashed(), after_pieces=1)
+    before = web_books.balance_nanos()
+
+    resp = _chat(web_gateway, web_key, enable_web_search="on", stream=True)
+
+    assert resp.status_code == 200, resp.text
+    sent = events(resp.text)
+    assert sent[-1] == DONE and sent[-2]["code"] == "INFERENCE_FAILED"
+    delivered = "".join(c["choices"][0]["delta"].get("content") or "" for c in sent[:-2]
+                        if c.get("choices"))
+    assert delivered and delivered != fakes["text-xs"].reply
+    (request,) = fakes["text-xs"].requests
+    charge = web_books.only_charge(resp.headers["cf-ray"])
+    prompt = count_prompt_tokens(request.messages)
+    completion = len(delivered.split())
+    assert charge.lines == {
+        "input": (prompt, per_million(INPUT_USD, prompt)),
+        "output": (completion, per_million(OUTPUT_USD, completion)),
+        "web_search": (1, nanos(SEARCH_USD))}
+    assert web_books.balance_nanos() == before - charge.total_nanos
+    assert web_books.open_holds() == 0
 
 
 def test_results_as_documents_use_the_published_tool_call(web_gateway, web_key):

@@ -1,9 +1,10 @@
 """Speech through admission, the speech deployment and settlement, in process: what is
 delivered is charged. A streamed answer read to its end pays for the whole input; a client that
 leaves before the last piece pays for the characters of the pieces it was sent (nothing sent:
-nothing charged); a stream that breaks on our side is not charged. The client is an ASGI
-server's view of one: it reads pieces, then goes away the two ways servers report it (a write
-that fails, ASGI 2.4; or `http.disconnect` while a write waits, before 2.4)."""
+nothing charged), and so does a stream that breaks on our side (a whole answer that breaks is
+not charged). The client is an ASGI server's view of one: it reads pieces, then goes away the
+two ways servers report it (a write that fails, ASGI 2.4; or `http.disconnect` while a write
+waits, before 2.4)."""
 
 from __future__ import annotations
 
@@ -138,14 +139,32 @@ def test_a_client_gone_before_any_audio_pays_nothing(fake_gateway, key, books, s
     assert books.balance_nanos() == before and books.open_holds() == 0
 
 
-def test_a_stream_that_breaks_on_our_side_is_not_charged(fake_gateway, fakes, key, books):
+def test_a_stream_that_breaks_charges_the_pieces_it_delivered(fake_gateway, fakes, key, books):
+    """The model breaks after one piece (before, the hold was released and the piece free):
+    the characters of the piece sent are charged, nothing more."""
     fakes["speech"].fail_with(crashed(), after_pieces=2)  # the start and one piece, then breaks
     before = books.balance_nanos()
 
     status, headers, pieces = _speak(fake_gateway, key, {"input": TEXT, "streaming": True})
 
     assert status == 200 and len(pieces) == 1
-    assert books.charges(headers["cf-ray"]) == []
+    first = FakeSpeechDeployment.pieces_for(TEXT)[0]
+    charge = books.only_charge(headers["cf-ray"])
+    assert charge.lines == {"speech_characters": (first.characters,
+                                                  per_million(INPUT_USD, first.characters))}
+    assert books.balance_nanos() == before - charge.total_nanos and books.open_holds() == 0
+
+
+def test_a_whole_answer_the_model_breaks_off_is_not_charged(fake_gateway, fakes, key, books):
+    """Unstreamed, nothing of a broken answer is delivered: nothing is charged."""
+    fakes["speech"].fail_with(crashed(), after_pieces=2)
+    before = books.balance_nanos()
+
+    resp = fake_gateway.client.post("/api/v1/audio/speech", headers=fake_gateway.auth(key),
+                                    json={"input": TEXT})
+
+    assert resp.status_code == 500, resp.text
+    assert books.charges(resp.headers["cf-ray"]) == []
     assert books.balance_nanos() == before and books.open_holds() == 0
 
 
