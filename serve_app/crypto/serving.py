@@ -6,7 +6,8 @@ The steps of one request:
 1. the network must be one we offer (node URLs come only from the operator's config);
 2. the body is parsed and checked: a JSON-RPC 2.0 object or a batch of 1 to 100 of them,
    every method allowed on the network's chain family (methods.py), no two calls of a batch
-   sharing an id, or 400 naming each offending method or id; nothing is counted or charged;
+   sharing an id, no `"id": null` (calls.py), or 400 naming each offending method or id;
+   nothing is counted or charged;
 3. the caller's caps (per account, as the reference's per-user caps): requests per minute in
    the shared rate-limit backend (429 with `X-RateLimit-*` in requests), then credits per
    rolling 24 hours from the ledger (credits.py; 429 with `X-RateLimit-*` in credits, the reset
@@ -14,8 +15,10 @@ The steps of one request:
    cap;
 4. the most the call may cost (every call at its full tier) is held against the balance (402);
 5. the body is forwarded through one shared HTTP client (total timeout, no redirects, capped
-   answer size); a node that cannot be reached, times out, answers a non-2xx status or
-   something other than JSON-RPC gives a 500, and the hold is released (no charge);
+   answer size); a node that cannot be reached, answers a non-2xx status or something other
+   than JSON-RPC gives a 500, and the hold is released (no charge). A failure the request
+   caused (an answer over the size cap: 413; no answer within the timeout once the request
+   was sent: 504) is charged the error rate for each call, counted toward the daily cap;
 6. the credits are counted from the answer: each call at `base credits x tier`, a call the node
    answered with a JSON-RPC error at 5 credits; the hold is settled to that, and the node's
    answer goes back with `X-Venice-RPC-Credits` and `X-Venice-RPC-Cost-USD`.
@@ -27,9 +30,7 @@ import asyncio
 import json
 import logging
 import math
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
@@ -42,11 +43,18 @@ from sqlmodel import Session
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, price
 from serve_app.crypto import idempotency
+from serve_app.crypto.calls import (
+    RpcRequest,
+    bad_request,
+    count_credits,
+    error_credits,
+    is_rpc_answer,
+    parse_request,
+)
 from serve_app.crypto.credits import LINE_TYPE, CreditWindow
-from serve_app.crypto.methods import ERROR_CREDITS, Refusal, classify
 from serve_app.crypto.networks import Network, NodeConfig
 from serve_app.db.engine import run_in_session
-from serve_app.errors import ApiError, nest_errors
+from serve_app.errors import ApiError
 from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.models.catalog import CatalogModel
@@ -59,10 +67,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("serve_app.crypto")
 
-MAX_BATCH = 100
 # How often each replica deletes the Idempotency-Key entries past their 24 hours.
 SWEEP_INTERVAL_S = 300.0
-MAX_METHOD_CHARS = 128
 # The ledger's model type of crypto RPC usage (fits its 16-character column).
 MODEL_TYPE = "crypto_rpc"
 _NOT_JSON = object()
@@ -78,167 +84,6 @@ def rpc_model(network: Network, price_per_credit_usd: Decimal) -> CatalogModel:
         privacy="private")
 
 
-# --- the request ----------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One JSON-RPC call of the request: its method, id (None when absent) and full credits."""
-
-    method: str
-    id: Any
-    credits: int
-
-
-@dataclass(frozen=True, slots=True)
-class RpcRequest:
-    payload: Any  # the parsed body, forwarded as checked
-    calls: tuple[Call, ...]
-    batch: bool
-
-    @property
-    def max_credits(self) -> int:
-        return sum(call.credits for call in self.calls)
-
-
-def _bad_request(message: str, errors: Sequence[tuple[Sequence[str | int], str]]) -> ApiError:
-    return ApiError(400, message, code="INVALID_REQUEST", details=nest_errors(errors))
-
-
-def _item_problems(item: Any, path: tuple[int, ...]) -> list[tuple[tuple, str]]:
-    if not isinstance(item, dict):
-        return [(path, "Expected a JSON-RPC 2.0 request object")]
-    problems: list[tuple[tuple, str]] = []
-    method = item.get("method")
-    if "method" not in item:
-        problems.append(((*path, "method"), "Required"))
-    elif not isinstance(method, str) or not method:
-        problems.append(((*path, "method"), "Expected a method name (a non-empty string)"))
-    elif len(method) > MAX_METHOD_CHARS:
-        problems.append(((*path, "method"), f"At most {MAX_METHOD_CHARS} characters"))
-    if "jsonrpc" in item and item["jsonrpc"] != "2.0":
-        problems.append(((*path, "jsonrpc"), 'Expected "2.0"'))
-    if "params" in item and not isinstance(item["params"], list | dict):
-        problems.append(((*path, "params"), "Expected an array (or an object of named parameters)"))
-    if "id" in item and not (item["id"] is None or isinstance(item["id"], str)
-                             or (isinstance(item["id"], int)
-                                 and not isinstance(item["id"], bool))):
-        problems.append(((*path, "id"), "Expected an integer or a string"))
-    return problems
-
-
-def _refuse_duplicate_ids(items: list[dict]) -> None:
-    """400 when two calls of a batch share an id (same type and value: 1 and "1" differ):
-    their answers could not be told apart, nor an error matched to its call. Notifications
-    (no `id` member) are not counted."""
-    seen: dict[tuple[str, Any], list[int]] = {}
-    for i, item in enumerate(items):
-        if "id" in item:
-            seen.setdefault(_id_key(item["id"]), []).append(i)
-    duplicates = {key: where for key, where in seen.items() if len(where) > 1}
-    if not duplicates:
-        return
-    ids = ", ".join(json.dumps(value) for _, value in duplicates)
-    what = "Duplicate id" if len(duplicates) == 1 else "Duplicate ids"
-    raise _bad_request(f"{what} in the batch: {ids}; each call needs its own id",
-                       [((i, "id"), f"Duplicate id {json.dumps(key[1])}")
-                        for key, where in duplicates.items() for i in where])
-
-
-def parse_request(raw: bytes, network: Network) -> RpcRequest:
-    """The checked request, or 400: empty body, malformed JSON, not a JSON-RPC object or batch,
-    a batch empty or over 100, a malformed call, calls of a batch sharing an id, or methods not
-    offered (all of them named)."""
-    if not raw.strip():
-        raise _bad_request("Request body is empty: send a JSON-RPC 2.0 request object or a "
-                           f"batch (array) of up to {MAX_BATCH}",
-                           [((), "Request body is empty")])
-    try:
-        payload = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise _bad_request("Malformed JSON in request body",
-                           [((), "Request body is not valid JSON")]) from None
-    batch = isinstance(payload, list)
-    if batch:
-        if not payload:
-            raise _bad_request("Empty batch: send 1 to 100 JSON-RPC requests",
-                               [((), "Batch is empty")])
-        if len(payload) > MAX_BATCH:
-            message = (f"Batch of {len(payload)} requests exceeds the maximum of {MAX_BATCH}: "
-                       "split it")
-            raise _bad_request(message, [((), message)])
-        items = payload
-    elif isinstance(payload, dict):
-        items = [payload]
-    else:
-        raise _bad_request("Expected a JSON-RPC 2.0 request object or a batch (array) of them",
-                           [((), "Expected an object or an array")])
-    problems = [p for i, item in enumerate(items)
-                for p in _item_problems(item, (i,) if batch else ())]
-    if problems:
-        raise _bad_request("Invalid JSON-RPC request", problems)
-    if batch:
-        _refuse_duplicate_ids(items)
-
-    calls: list[Call] = []
-    refused: list[tuple[tuple, Refusal]] = []
-    for i, item in enumerate(items):
-        checked = classify(item["method"], network.family, network.slug)
-        if isinstance(checked, Refusal):
-            refused.append((((i,) if batch else ()) + ("method",), checked))
-        else:
-            calls.append(Call(item["method"], item.get("id"), network.base_credits * checked))
-    if refused:
-        methods = list(dict.fromkeys(r.method for _, r in refused))
-        what = "Unsupported method" if len(methods) == 1 else "Unsupported methods"
-        scope = "; the whole batch is rejected" if batch else ""
-        raise _bad_request(f"{what} for {network.slug}: {', '.join(methods)}{scope}",
-                           [(path, r.message) for path, r in refused])
-    return RpcRequest(payload, tuple(calls), batch)
-
-
-# --- the answer ---------------------------------------------------------------------------
-
-def _is_answer(item: Any) -> bool:
-    return isinstance(item, dict) and ("result" in item or "error" in item)
-
-
-def _is_error(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("error") is not None
-
-
-def _id_key(value: Any) -> tuple[str, Any]:
-    return type(value).__name__, value  # 1 and "1" are different ids
-
-
-def is_rpc_answer(answer: Any, request: RpcRequest) -> bool:
-    """Whether the node's answer is JSON-RPC: an answer object for a single call; for a batch,
-    an array of answer objects, or one error object (the node refused the whole batch)."""
-    if not request.batch:
-        return _is_answer(answer)
-    if isinstance(answer, list):
-        return all(_is_answer(item) for item in answer)
-    return _is_error(answer)
-
-
-def count_credits(request: RpcRequest, answer: Any) -> int:
-    """Credits of the calls: each at its full tier, except a call the node answered with a
-    JSON-RPC error (matched by id), billed ERROR_CREDITS. A call without an answer (a
-    notification) is billed in full: the node did the work."""
-    if not request.batch:
-        return ERROR_CREDITS if _is_error(answer) else request.calls[0].credits
-    if not isinstance(answer, list):  # one error for the whole batch
-        return ERROR_CREDITS * len(request.calls)
-    errors = Counter(_id_key(item.get("id")) for item in answer if _is_error(item))
-    total = 0
-    for call in request.calls:
-        key = _id_key(call.id)
-        if errors[key] > 0:
-            errors[key] -= 1
-            total += ERROR_CREDITS
-        else:
-            total += call.credits
-    return total
-
 
 def cost_usd(cost: Cost) -> str:
     """The charge, in USD to 8 decimal places."""
@@ -248,6 +93,31 @@ def cost_usd(cost: Cost) -> str:
 
 def upstream_error(message: str) -> ApiError:
     return ApiError(500, f"{message}; you were not charged", code="UPSTREAM_ERROR")
+
+
+class CallerCaused(Exception):
+    """The node failed on what the request asked (too large an answer, too long a wait):
+    the caller is charged the error rate for each call (`error_credits`)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def answer(self, credits: int, usd: str) -> ApiError:
+        return ApiError(self.status, f"{self.message}; charged {credits} credits ({usd} USD), "
+                                     "the error rate of each call", code=self.code,
+                        headers={"X-Venice-RPC-Credits": str(credits),
+                                 "X-Venice-RPC-Cost-USD": usd})
+
+
+def _sent(flag: list[bool]) -> Callable[[str, dict], Awaitable[None]]:
+    """An httpcore trace callback that sets `flag[0]` once the request's body is sent."""
+
+    async def trace(event: str, info: dict) -> None:
+        if event.endswith("send_request_body.complete"):
+            flag[0] = True
+
+    return trace
 
 
 def _replayed(replay: idempotency.Replay) -> Response:
@@ -284,7 +154,7 @@ class CryptoRpc:
         if network is None:
             message = (f"Unsupported network {slug!r}: GET /api/v1/crypto/rpc/networks lists "
                        "the networks offered")
-            raise _bad_request(message, [(("network",), message)])
+            raise bad_request(message, [(("network",), message)])
         return network
 
     def model(self, slug: str) -> CatalogModel:
@@ -342,14 +212,17 @@ class CryptoRpc:
     # The node.
 
     async def _fetch(self, network: Network, body: bytes) -> bytes:
-        """The node's answer body, or 500 (cannot be reached, timed out, not 2xx, too big).
-        The node's URL never appears in a message: it may carry the provider's key."""
+        """The node's answer body; 500 when the node fails (cannot be reached, not 2xx);
+        `CallerCaused` when the request asked too much (an answer over the size cap, none
+        within the timeout once the request was sent). The node's URL never appears in a
+        message: it may carry the provider's key."""
         where = f"The {network.slug} node"
         limit = self.config.max_response_bytes
+        sent = [False]
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 async with self._http().stream(
-                        "POST", network.url, content=body,
+                        "POST", network.url, content=body, extensions={"trace": _sent(sent)},
                         headers={"content-type": "application/json",
                                  "accept": "application/json"}) as answer:
                     if not 200 <= answer.status_code < 300:
@@ -358,11 +231,19 @@ class CryptoRpc:
                     async for chunk in answer.aiter_bytes():
                         size += len(chunk)
                         if size > limit:
-                            raise upstream_error(f"{where} answered more than {limit} bytes")
+                            raise CallerCaused(
+                                413, "PAYLOAD_TOO_LARGE",
+                                f"{where} answered more than the {limit} bytes this proxy "
+                                "returns: ask for less (a smaller block range, fewer calls)")
                         chunks.append(chunk)
                     return b"".join(chunks)
         except (TimeoutError, httpx.TimeoutException):
             logger.warning("crypto RPC: %s node timed out", network.slug)
+            if sent[0]:
+                raise CallerCaused(
+                    504, "REQUEST_TIMEOUT",
+                    f"{where} did not answer within {self.config.timeout_s:g} seconds: ask "
+                    "for less (a smaller block range, fewer calls)") from None
             raise upstream_error(
                 f"{where} did not answer within {self.config.timeout_s:g} seconds") from None
         except httpx.HTTPError as exc:
@@ -478,6 +359,12 @@ class CryptoRpc:
                 with ctx.step("upstream"):
                     raw = await self._fetch(network, json.dumps(rpc.payload).encode())
                 answer = self._decode(network, rpc, raw)
+            except CallerCaused as failed:
+                credits = error_credits(rpc)
+                cost = price(model, {LINE_TYPE: credits})
+                await charge.settle(cost)
+                spent = credits
+                raise failed.answer(credits, cost_usd(cost)) from None
             except BaseException:
                 await charge.release()
                 raise
