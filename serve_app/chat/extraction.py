@@ -8,6 +8,12 @@ Workers start on first use and stay for later jobs; jobs beyond the pool's size 
 free worker, at most `queue_wait_s` (then ExtractionFailed `busy`: the pool is shared by every
 tenant of the replica, so a caller is told to retry rather than left waiting). The deadline
 counts from the moment the job is handed to a ready worker.
+
+The pool is shared fairly: every job of a request runs under one of its account's slots
+(`accounts`, `EXTRACTIONS_PER_ACCOUNT` at a time per replica: file parts, chat/files.py, and
+scraped pages, chat/web.py), so one account never holds more of the workers than that. Workers
+start with a minimal environment: none of the Gateway's secrets (admin key, database URL,
+provider keys) reach a process that parses untrusted bytes.
 """
 
 from __future__ import annotations
@@ -19,14 +25,72 @@ import logging
 import os
 import struct
 import sys
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from serve_app.jobs.caps import over_cap
 
 logger = logging.getLogger("serve_app.chat.extraction")
 
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])  # where `serve_app` is importable
 _WORKER_START_S = 60.0  # a worker's own start (Python and its parsers), under load
+EXTRACTIONS_PER_ACCOUNT = 1  # requests of one account with documents or pages parsed at once
+# What a worker inherits of the Gateway's environment: the interpreter's needs, nothing else.
+_WORKER_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "PYTHONHOME")
+
+
+def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment a worker starts with: `_WORKER_ENVIRONMENT` of `parent`, and
+    PYTHONPATH with the Gateway's sources first."""
+    env = {name: parent[name] for name in _WORKER_ENVIRONMENT if name in parent}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, parent.get("PYTHONPATH"))
+                                        if p)
+    return env
+
+
+class AccountSlots:
+    """At most `per_account` extraction requests of one account at a time in this replica.
+    A file request is refused at once when they are taken (429, `slot(wait=False)`); a
+    scraped page waits for one (its scrape's deadline bounds the wait)."""
+
+    def __init__(self, per_account: int = EXTRACTIONS_PER_ACCOUNT) -> None:
+        self.per_account = max(1, per_account)
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._users: dict[str, int] = {}  # holders and waiters, per account
+        self._held: dict[str, int] = {}
+
+    def busy(self, account_id: str) -> int:
+        """Slots of the account taken now."""
+        return self._held.get(account_id, 0)
+
+    def waiting(self, account_id: str) -> int:
+        """The account's jobs waiting for one of its slots."""
+        return self._users.get(account_id, 0) - self.busy(account_id)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, account_id: str, *, wait: bool = False) -> AsyncIterator[None]:
+        if not wait and self.busy(account_id) >= self.per_account:
+            raise over_cap(f"Documents of {self.per_account} other request(s) of this account "
+                           f"are being read; at most {self.per_account} at a time: retry "
+                           "once one is answered")
+        gate = self._gates.setdefault(account_id, asyncio.Semaphore(self.per_account))
+        self._users[account_id] = self._users.get(account_id, 0) + 1
+        try:
+            async with gate:
+                self._held[account_id] = self._held.get(account_id, 0) + 1
+                try:
+                    yield
+                finally:
+                    self._held[account_id] -= 1
+        finally:
+            left = self._users[account_id] - 1
+            if left:
+                self._users[account_id] = left
+            else:  # nobody holds or waits: the account costs nothing here
+                del self._users[account_id], self._gates[account_id]
+                self._held.pop(account_id, None)
 
 
 @dataclass(frozen=True)
@@ -96,9 +160,11 @@ class _Worker:
 class Extractor:
     """The pool of extraction workers of one Gateway replica."""
 
-    def __init__(self, workers: int = 2, limits: ExtractionLimits | None = None) -> None:
+    def __init__(self, workers: int = 2, limits: ExtractionLimits | None = None,
+                 per_account: int = EXTRACTIONS_PER_ACCOUNT) -> None:
         self.size = max(1, workers)
         self.limits = limits or ExtractionLimits()
+        self.accounts = AccountSlots(per_account)  # every caller's jobs run under one
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
         self._slots: asyncio.Semaphore | None = None
@@ -111,9 +177,7 @@ class Extractor:
         return [w.pid for w in self._all if w.process.returncode is None]
 
     async def _spawn(self) -> _Worker:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH"))
-                                            if p)
+        env = worker_environment(os.environ)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "serve_app.chat.extract_worker",
             str(self.limits.memory_bytes), stdin=asyncio.subprocess.PIPE,

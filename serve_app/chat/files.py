@@ -5,9 +5,9 @@ text, and the hold is sized from that text.
 Plain text is decoded here; PDF, DOCX, PPTX and XLSX go to the extraction workers
 (chat/extraction.py) with their caps: size before decoding, pages, decoded streams, zip
 members and expanded size, output and time. The workers are few and shared by every tenant, so
-one request reads its documents under one of its account's extraction slots
-(`EXTRACTIONS_PER_ACCOUNT`, else 429), all of them within `request_s`, and waits at most
-`queue_wait_s` for a worker (else 503). The caller has shown it can pay before any of this
+one request reads its documents under one of its account's extraction slots (the extractor's
+`accounts`, which scraped pages share; else 429), all of them within `request_s`, and waits at
+most `queue_wait_s` for a worker (else 503). The caller has shown it can pay before any of this
 (chat/serving.py holds the floor first).
 """
 
@@ -16,15 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from serve_app.chat.extraction import ExtractionFailed, Extractor
+from serve_app.chat.extraction import AccountSlots, ExtractionFailed, Extractor
 from serve_app.chat.parts import decode_payload, replace_parts
 from serve_app.errors import ApiError, invalid_request, payload_too_large
-from serve_app.jobs.caps import FetchSlots, over_cap
 from serve_app.schemas.chat import ChatCompletionRequest, FilePart, TextPart
 
 MAX_FILE_BYTES = 10 * 1024 * 1024
 MAX_FILES = 20  # file parts in one request
-EXTRACTIONS_PER_ACCOUNT = 1  # requests of one account reading documents at once, per replica
 _TEXT_SUFFIXES = (".txt", ".md", ".csv", ".json", ".xml", ".html", ".htm", ".py", ".yaml",
                   ".yml", ".log", ".tsv")
 _OOXML_TYPES = {
@@ -72,7 +70,7 @@ class _AccountSlot:
     """One of the account's extraction slots, taken at the request's first document that
     needs a worker (plain text needs none) and kept until its files are read."""
 
-    def __init__(self, slots: FetchSlots, account_id: str) -> None:
+    def __init__(self, slots: AccountSlots, account_id: str) -> None:
         self.slots, self.account_id = slots, account_id
         self._stack = contextlib.AsyncExitStack()
         self._held = False
@@ -81,11 +79,7 @@ class _AccountSlot:
         """Nothing waits for a slot: a 429 when the account's are taken."""
         if self._held:
             return
-        most = self.slots.per_account
-        if self.slots.busy(self.account_id) >= most:
-            raise over_cap(f"Documents of {most} other request(s) of this account are being "
-                           f"read; at most {most} at a time: retry once one is answered")
-        await self._stack.enter_async_context(self.slots.slot(self.account_id))
+        await self._stack.enter_async_context(self.slots.slot(self.account_id, wait=False))
         self._held = True
 
     async def __aenter__(self) -> _AccountSlot:
@@ -99,9 +93,9 @@ class FileReader:
     """Turns the file parts of a chat request into text parts, through `extractor`, for at
     most `slots.per_account` requests of one account at a time."""
 
-    def __init__(self, extractor: Extractor, slots: FetchSlots | None = None) -> None:
+    def __init__(self, extractor: Extractor) -> None:
         self.extractor = extractor
-        self.slots = slots or FetchSlots(EXTRACTIONS_PER_ACCOUNT)
+        self.slots = extractor.accounts  # shared with the scraped pages
 
     async def text_of(self, part: FilePart, account_id: str) -> str:
         """The text of one file part (under one of the account's slots, as `inline`)."""

@@ -94,12 +94,12 @@ class ChatService:
         if transcriber is not None:
             self.router.handle(transcriber)
 
-    async def _web_context(self, plan: ChatPlan) -> None:
+    async def _web_context(self, plan: ChatPlan, account_id: str) -> None:
         params, text = plan.params, plan.query
         if params.enable_web_scraping:
             urls = find_urls(text)
             if urls:
-                plan.web_documents = await self.web.scrape(urls)
+                plan.web_documents = await self.web.scrape(urls, account_id)
                 plan.scraped_urls = len(plan.web_documents)
         if plan.web_documents or params.enable_web_search == "off":
             return  # scraped pages take the place of a search
@@ -210,7 +210,7 @@ class ChatService:
             with ctx.step("media_fetch"):  # URLs, fetched once the hold is taken
                 await self.media.fetch(media, key.account_id)
         if params.enable_web_scraping or params.enable_web_search != "off":
-            await self._web_context(plan)
+            await self._web_context(plan, key.account_id)
         if plan.transcriber is not None:  # last: nothing but the model may fail after it
             with ctx.step("audio"):
                 plan.req = await self.audio.inline(plan.req, plan.transcriber, plan.heard,

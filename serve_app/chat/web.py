@@ -5,8 +5,11 @@ The search provider is an HTTP service configured by `WEB_SEARCH_URL`: it receiv
 Scraping fetches at most five URLs found in the last user message, through the SSRF guard, each
 within `SCRAPE_FETCH_DEADLINE_S` and all of them within `SCRAPE_DEADLINE_S` (a page that misses
 either is skipped, like one that failed); an HTML page is parsed by the extraction workers
-(chat/extraction.py), never on the event loop. The search provider's key goes only to the origin of
-`WEB_SEARCH_URL`, never on to another host it redirects to (net_guard).
+(chat/extraction.py), never on the event loop: its first `MAX_PARSED_PAGE_BYTES` only, under
+one of its account's extraction slots (shared with file parts; a page waits for it within the
+deadlines), so that one account's pages never take every worker from other tenants. The search
+provider's key goes only to the origin of `WEB_SEARCH_URL`, never on to another host it
+redirects to (net_guard).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ logger = logging.getLogger("serve_app.web")
 
 MAX_SCRAPE_URLS = 5
 MAX_DOCUMENT_CHARS = 8000
+# What of an HTML page is parsed: a page of `<p>x</p>` takes a worker about 5 s a megabyte,
+# and the text kept of a page (MAX_DOCUMENT_CHARS) comes from far less.
+MAX_PARSED_PAGE_BYTES = 1024 * 1024
 # Deadlines over the per-read timeout, which a server sending a byte at a time never misses:
 # one scraped page (its redirects included), all the pages of one request, one search.
 SCRAPE_FETCH_DEADLINE_S = 10.0
@@ -92,10 +98,12 @@ class WebTools:
     def search_available(self) -> bool:
         return bool(self.search_url)
 
-    async def scrape(self, urls: list[str]) -> list[WebDocument]:
+    async def scrape(self, urls: list[str], account_id: str) -> list[WebDocument]:
         """The pages that could be fetched within the deadlines, in the order of `urls`
-        (failures are skipped, and not billed)."""
-        tasks = [asyncio.ensure_future(self._scrape_one(u)) for u in urls[:MAX_SCRAPE_URLS]]
+        (failures are skipped, and not billed); `account_id`: whose extraction slots parse
+        them."""
+        tasks = [asyncio.ensure_future(self._scrape_one(u, account_id))
+                 for u in urls[:MAX_SCRAPE_URLS]]
         if not tasks:
             return []
         try:
@@ -109,7 +117,7 @@ class WebTools:
                         len(late), len(tasks))
         return [doc for task in tasks if task not in late and (doc := task.result()) is not None]
 
-    async def _scrape_one(self, url: str) -> WebDocument | None:
+    async def _scrape_one(self, url: str, account_id: str) -> WebDocument | None:
         try:
             fetched = await self.fetcher.fetch(url, deadline_s=self.fetch_deadline_s)
         except (BlockedAddress, OSError, Exception) as exc:  # any failure: skip this URL
@@ -120,10 +128,11 @@ class WebTools:
         title, text = "", ""
         if "html" in fetched.content_type:
             try:
-                page = await self.extractor.run("html", fetched.body,
-                                                content_type=fetched.content_type,
-                                                max_chars=MAX_DOCUMENT_CHARS,
-                                                deadline_s=self.fetch_deadline_s)
+                async with self.extractor.accounts.slot(account_id, wait=True):
+                    page = await self.extractor.run(
+                        "html", fetched.body[:MAX_PARSED_PAGE_BYTES],
+                        content_type=fetched.content_type, max_chars=MAX_DOCUMENT_CHARS,
+                        deadline_s=self.fetch_deadline_s)
             except ExtractionFailed as exc:
                 logger.info("not scraped %s: %s", url, exc)
                 return None

@@ -296,7 +296,8 @@ async def test_scraping_skips_bombs_and_reads_a_compressed_page(web: Web, extrac
     fetcher = GuardedFetcher(allowed_hosts=frozenset({web.host}))
     tools = WebTools(fetcher, None, extractor=extractor)
     with measured() as cost:
-        docs = await tools.scrape([web.url("/stacked"), web.url("/bomb"), web.url("/page")])
+        docs = await tools.scrape([web.url("/stacked"), web.url("/bomb"), web.url("/page")],
+                                  "account")
     assert [(d.title, d.content) for d in docs] == [
         ("Zebra facts", "Zebra facts\nZebras have stripes.")]
     # the stacked bomb refused from its headers, the other decoded one byte past the cap
@@ -331,7 +332,7 @@ async def test_scraping_cuts_a_trickling_page_at_its_deadline(web: Web, extracto
     tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), None,
                      extractor=extractor, fetch_deadline_s=2)
     started = time.monotonic()
-    docs = await tools.scrape([web.url("/slow"), web.url("/page")])
+    docs = await tools.scrape([web.url("/slow"), web.url("/page")], "account")
     assert [d.title for d in docs] == ["Zebra facts"]
     assert time.monotonic() - started > 1.9  # not before the deadline
     await web.wait_cut({"/slow"})  # the fetch hung up on it, before its end
@@ -348,7 +349,8 @@ async def test_scraping_ends_at_the_request_deadline_keeping_the_pages_read(
     tools = WebTools(GuardedFetcher(allowed_hosts=frozenset({web.host})), None,
                      extractor=extractor, fetch_deadline_s=30, scrape_deadline_s=4)
     started = time.monotonic()
-    docs = await tools.scrape([web.url(f"/slow{i}") for i in range(4)] + [web.url("/page")])
+    docs = await tools.scrape([web.url(f"/slow{i}") for i in range(4)] + [web.url("/page")],
+                              "account")
     assert [d.url for d in docs] == [web.url("/page")]
     assert time.monotonic() - started > 3.9  # not before the request's deadline
     # the trickles would last 20 s each: the request's deadline ended them
