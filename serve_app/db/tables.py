@@ -382,6 +382,55 @@ class MediaJob(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
     started_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
     finished_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+    # Where its completion event goes (`callback_url`); cleared once the event is enqueued.
+    callback_url: str | None = Field(default=None, max_length=2048, index=True)
+
+
+class QueueIdempotency(SQLModel, table=True):
+    """A queue request's `Idempotency-Key` per account (jobs/idempotency.py): claimed before
+    the job is queued, then its answer, replayed to a retry until `expires_at` (swept)."""
+
+    __tablename__ = "queue_idempotency"
+
+    account_id: str = Field(primary_key=True, max_length=36)
+    key: str = Field(primary_key=True, max_length=255)
+    body_sha256: str = Field(max_length=64)  # of the route and the request's fields
+    done: bool = Field(default=False)  # False while the first request is still running
+    status_code: int = Field(default=0)
+    response: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+    expires_at: datetime = Field(sa_column=_utc_column(nullable=False, index=True))
+
+
+class WebhookSecret(SQLModel, table=True):
+    """The secret that signs an account's job events (made on first use, rotated on demand)."""
+
+    __tablename__ = "webhook_secrets"
+
+    account_id: str = Field(primary_key=True, max_length=36)
+    secret: str = Field(max_length=128)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One job event on its way to its `callback_url` (jobs/webhooks.py): tried until it is
+    answered 2xx or has had its tries, then kept until `expires_at` (swept)."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    queue_id: str = Field(max_length=36, unique=True)
+    account_id: str = Field(max_length=36)
+    url: str = Field(max_length=2048)
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    attempts: int = Field(default=0)
+    # When the next try is due (None: delivered or given up); a try in flight pushes it on.
+    next_attempt_at: datetime | None = Field(default=None,
+                                             sa_column=_utc_column(nullable=True, index=True))
+    delivered_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+    last_error: str | None = Field(default=None, max_length=500)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+    expires_at: datetime = Field(sa_column=_utc_column(nullable=False, index=True))
 
 
 def open_job_request_ids():
