@@ -27,6 +27,7 @@ from serve_app.api import (
     models,
     responses,
     video,
+    webhooks,
     x402,
 )
 from serve_app.api.deps import current_key, inference_caller, key_or_wallet
@@ -106,6 +107,7 @@ def create_app(state: GatewayServices) -> FastAPI:
     app.include_router(characters.router)
     app.include_router(x402.router)
     app.include_router(crypto.router)
+    app.include_router(webhooks.router)
 
     def finished(scope: Scope, status: int, seconds: float) -> None:
         ctx: RequestContext | None = scope.get("state", {}).get("context")

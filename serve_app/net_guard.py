@@ -193,23 +193,29 @@ class GuardedFetcher:
             raise BlockedAddress(f"{parts.hostname} resolves to a non-public address")
         return parts.hostname, addresses[0], port
 
+    async def check(self, url: str) -> None:
+        """Refuse (BlockedAddress) a URL the fetcher would not fetch: another scheme, or a host
+        that resolves to a non-public address (OSError: one that does not resolve)."""
+        await self._checked_address(url)
+
     async def fetch(self, url: str, *, method: str = "GET", json: object = None,
                     headers: dict[str, str] | None = None,
-                    deadline_s: float | None = None) -> Fetched:
+                    deadline_s: float | None = None, content: bytes | None = None) -> Fetched:
         """The answer to `url` after at most `MAX_REDIRECTS` redirects. `headers` go only to
-        the origin of `url`; `deadline_s` (default: the fetcher's) bounds the whole fetch.
+        the origin of `url`; `deadline_s` (default: the fetcher's) bounds the whole fetch;
+        `content`: the exact bytes to send (a signed body), instead of `json`.
 
         Raises BlockedAddress (or a subclass) for a refused fetch, httpx and OS errors for
         one that failed."""
         deadline = self.deadline_s if deadline_s is None else deadline_s
         try:
             async with asyncio.timeout(deadline):
-                return await self._fetch(url, method, json, headers)
+                return await self._fetch(url, method, json, headers, content)
         except TimeoutError as exc:
             raise FetchTimedOut(f"{url} was not fetched within {deadline:g} s") from exc
 
     async def _fetch(self, url: str, method: str, json: object,
-                     headers: dict[str, str] | None) -> Fetched:
+                     headers: dict[str, str] | None, content: bytes | None) -> Fetched:
         origin, extra = _origin(url), dict(headers or {})
         async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client:
             for _ in range(MAX_REDIRECTS + 1):
@@ -220,7 +226,7 @@ class GuardedFetcher:
                 netloc = f"[{address}]" if ":" in address else address
                 pinned = parts._replace(netloc=f"{netloc}:{port}").geturl()
                 request = client.build_request(
-                    method, pinned, json=json,
+                    method, pinned, json=json, content=content,
                     headers={"Host": parts.netloc.rpartition("@")[2], "User-Agent": USER_AGENT,
                              **extra, "Accept-Encoding": "identity"},
                     extensions={"sni_hostname": host} if parts.scheme == "https" else None)
@@ -228,7 +234,7 @@ class GuardedFetcher:
                 try:
                     if response.is_redirect and "location" in response.headers:
                         url = urljoin(url, response.headers["location"])
-                        method, json = "GET", None
+                        method, json, content = "GET", None, None
                         continue
                     body = await self._read_body(response, url)
                     return Fetched(url, response.status_code,

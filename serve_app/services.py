@@ -31,10 +31,12 @@ from serve_app.embeddings.serving import Embedder
 from serve_app.images.inputs import ImageInspector, ImageSourceReader, image_fetcher
 from serve_app.images.serving import ImageService
 from serve_app.jobs.caps import FetchSlots, JobCaps
+from serve_app.jobs.idempotency import QueueKeys
 from serve_app.jobs.requests import JobService
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore, open_result_store
 from serve_app.jobs.table import JobQueue
+from serve_app.jobs.webhooks import WebhookDeliveries, WebhookSecrets
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.rate_limits import RateLimits
@@ -105,6 +107,7 @@ class GatewayServices:
     job_service: JobService
     queued_audio: QueuedAudio
     video: VideoService
+    webhooks: WebhookDeliveries
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -136,10 +139,19 @@ class GatewayServices:
         job_runner = JobRunner(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment)
         fetch_slots = FetchSlots(settings.media_fetches_per_account)  # chat's media too
+        callbacks = GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts,
+                                   max_bytes=64 * 1024)
+        queue_keys = QueueKeys(engine)
         job_service = JobService(router, catalog, admission, jobs, results, job_runner, engine,
                                  fetch_slots,
                                  JobCaps(settings.job_open_per_account,
-                                         settings.job_stored_mb_per_account * 1024 * 1024))
+                                         settings.job_stored_mb_per_account * 1024 * 1024),
+                                 queue_keys, callbacks)
+        webhooks = WebhookDeliveries(engine, callbacks, WebhookSecrets(engine),
+                                     max_attempts=settings.webhook_max_attempts,
+                                     first_retry=timedelta(
+                                         seconds=settings.webhook_first_retry_s))
+        webhooks.upkeep.append(queue_keys.sweep)
         return cls(
             settings=settings,
             catalog=catalog,
@@ -178,6 +190,7 @@ class GatewayServices:
             queued_audio=QueuedAudio(router, job_service),
             video=VideoService(router, image_sources, job_service, settings.public_api_url,
                                inspector=image_inspector),
+            webhooks=webhooks,
         )
 
     async def start(self) -> None:
@@ -189,6 +202,7 @@ class GatewayServices:
             asyncio.create_task(self.wallets.run_nonce_sweeper()),
             asyncio.create_task(self.crypto_rpc.run_sweeper()),
             asyncio.create_task(self.job_runner.run()),
+            asyncio.create_task(self.webhooks.run()),
         ]
 
     async def stop(self) -> None:

@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     # The longest an image's header may take to read in the gateway's workers (bounded walk:
     # milliseconds); past it the image is refused as unreadable (400 CORRUPTED_IMAGE).
     image_inspect_timeout_s: float = Field(default=5.0, gt=0)
+    # Completion webhooks of queued jobs: tries of one event, and the wait before the first
+    # retry (doubled after each failed try: 6 tries over about 31 minutes by default).
+    webhook_max_attempts: int = Field(default=6, ge=1, le=20)
+    webhook_first_retry_s: float = Field(default=60.0, gt=0)
     # JSON-RPC nodes of `/crypto/rpc/{network}` (configs/crypto_rpc.yaml documents the format).
     crypto_rpc_nodes: Path = PROJECT_ROOT / "configs" / "crypto_rpc.yaml"
 

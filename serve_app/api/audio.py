@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -133,8 +133,9 @@ async def quote_voice_change(body: VoiceChangerQuoteRequest, ctx: Context,
 
 @router.post("/audio/queue", dependencies=[JsonBody], summary="Queue an audio job")
 async def queue_audio(body: QueueAudioRequest, ctx: Context, key: InferenceCaller,
-                      state: State) -> Response:
-    return json_response(ctx, await state.queued_audio.queue(ctx, key, body))
+                      state: State, idempotency_key: str | None = Header(None)) -> Response:
+    return await state.job_service.queued(ctx, key, "audio/queue", body, idempotency_key,
+                                          lambda: state.queued_audio.queue(ctx, key, body))
 
 
 @router.post("/audio/retrieve", dependencies=[JsonBody], summary="Status or audio of a job",

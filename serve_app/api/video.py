@@ -42,8 +42,12 @@ async def quote_video(body: QuoteVideoRequest, ctx: Context, key: InferenceCalle
 
 @router.post("/video/queue", dependencies=[JsonBody], summary="Queue a video job")
 async def queue_video(body: QueueVideoRequest, request: Request, ctx: Context,
-                      key: InferenceCaller, state: State) -> Response:
-    return json_response(ctx, await state.video.queue(request, ctx, key, body))
+                      key: InferenceCaller, state: State,
+                      idempotency_key: Annotated[str | None, Header()] = None) -> Response:
+    """Safe to retry with an `Idempotency-Key`; `callback_url` gets a signed event at the
+    end."""
+    return await state.job_service.queued(ctx, key, "video/queue", body, idempotency_key,
+                                          lambda: state.video.queue(request, ctx, key, body))
 
 
 @router.post("/video/retrieve", dependencies=[JsonBody], summary="Status or video of a job",

@@ -57,7 +57,8 @@ class QueuedAudio:
         params = {"prompt": body.prompt, "voice": _voice(model, body.voice),
                   "speed": body.speed or 1.0, "format": model.default_format or "mp3",
                   "duration_seconds": seconds}
-        job = await self.job_service.queue_job(ctx, key, routed, "audio", cost, params)
+        job = await self.job_service.queue_job(ctx, key, routed, "audio", cost, params,
+                                               body.callback_url)
         return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}
 
 

@@ -54,7 +54,7 @@ class JobIntake:
     def __init__(self, *, admission: Admission, router: ModelRouter, jobs: JobQueue,
                  results: ResultStore, runner: JobRunner, caps: JobCaps,
                  pending: PendingIntakes, ctx: RequestContext, key: KeyRecord,
-                 routed: RoutedModel, kind: str) -> None:
+                 routed: RoutedModel, kind: str, callback_url: str | None = None) -> None:
         self.admission, self.router, self.jobs = admission, router, jobs
         self.results, self.runner, self.caps = results, runner, caps
         self.pending = pending
@@ -63,7 +63,7 @@ class JobIntake:
         self.job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
                             account_id=key.account_id,
                             api_key_id=key.id if not key.wallet_address else None,
-                            wallet_address=key.wallet_address)
+                            wallet_address=key.wallet_address, callback_url=callback_url)
         self.job.inputs = {}
         self.kept_bytes = 0
         self._reserved = False  # counted in `pending` until its row is written or it fails

@@ -6,10 +6,11 @@ its media). The runner (runner.py) does the work between.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 
 from fastapi import Request, Response
+from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 
 from serve_app.accounts.key_store import KeyRecord
@@ -20,12 +21,15 @@ from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.jobs import downloads
 from serve_app.jobs.caps import FetchSlots, JobCaps, PendingIntakes
+from serve_app.jobs.idempotency import QueueKeys, request_digest
 from serve_app.jobs.intake import JobIntake, least_hold
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView, result_key
+from serve_app.jobs.webhooks import check_callback_url
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
+from serve_app.net_guard import GuardedFetcher
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
@@ -44,7 +48,8 @@ class JobService:
     def __init__(self, router: ModelRouter, catalog: Catalog, admission: Admission,
                  jobs: JobQueue, results: ResultStore, job_runner: JobRunner,
                  database: Engine, fetch_slots: FetchSlots | None = None,
-                 caps: JobCaps | None = None) -> None:
+                 caps: JobCaps | None = None, keys: QueueKeys | None = None,
+                 callback_guard: GuardedFetcher | None = None) -> None:
         self.router = router
         self.catalog = catalog
         self.admission = admission
@@ -55,19 +60,37 @@ class JobService:
         self.fetch_slots = fetch_slots or FetchSlots()
         self.caps = caps or JobCaps()
         self.pending = PendingIntakes()  # this replica's jobs admitted, not yet written
+        self.keys = keys or QueueKeys(database)
+        self.callback_guard = callback_guard or GuardedFetcher()
+
+    async def queued(self, ctx: RequestContext, key: KeyRecord, route: str, body: BaseModel,
+                     idempotency_key: str | None,
+                     work: Callable[[], Awaitable[dict]]) -> Response:
+        """A queue route's answer: its `callback_url` checked (400 before anything is held),
+        then `work` run once per `Idempotency-Key` (idempotency.py)."""
+        callback_url = getattr(body, "callback_url", None)
+        if callback_url is not None:
+            await check_callback_url(self.callback_guard, callback_url)
+        digest = request_digest(route, body.model_dump(mode="json", exclude_unset=True))
+
+        async def answer() -> Response:
+            return respond.json_response(ctx, await work())
+        return await self.keys.once(key.account_id, idempotency_key, digest, answer)
 
     def intake(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-               kind: str) -> JobIntake:
+               kind: str, callback_url: str | None = None) -> JobIntake:
         """A job on its way into the queue (intake.py): admit, keep its inputs, hold its
         price, queue it; `async with` it so that a failure leaves nothing held or kept."""
         return JobIntake(admission=self.admission, router=self.router, jobs=self.jobs,
                          results=self.results, runner=self.job_runner, caps=self.caps,
-                         pending=self.pending, ctx=ctx, key=key, routed=routed, kind=kind)
+                         pending=self.pending, ctx=ctx, key=key, routed=routed, kind=kind,
+                         callback_url=callback_url)
 
     async def queue_job(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-                        kind: str, cost: Cost, params: dict) -> JobView:
+                        kind: str, cost: Cost, params: dict,
+                        callback_url: str | None = None) -> JobView:
         """A job whose price is known and that has no input files (queued audio)."""
-        async with self.intake(ctx, key, routed, kind) as intake:
+        async with self.intake(ctx, key, routed, kind, callback_url) as intake:
             await intake.admit(cost)
             return await intake.queue(cost, params)
 

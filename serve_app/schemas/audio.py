@@ -79,6 +79,8 @@ class QueueAudioRequest(BaseModel):
     force_instrumental: bool | None = None
     loop: bool | None = None
     lyrics_optimizer: bool | None = None
+    callback_url: str | None = Field(default=None, min_length=1, max_length=2048, description=(
+        "Where the signed job event is POSTed once the job ends (docs: Completion webhooks)"))
 
     @field_validator("prompt")
     @classmethod

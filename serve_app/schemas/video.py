@@ -111,6 +111,8 @@ class QueueVideoRequest(_Pricing):
     scene_image_urls: list[str] | None = Field(default=None, max_length=4)
     elements: list[Element] | None = Field(default=None, max_length=4)
     keyframes: list[Keyframe] | None = Field(default=None, max_length=10)
+    callback_url: str | None = Field(default=None, min_length=1, max_length=2048, description=(
+        "Where the signed job event is POSTed once the job ends (docs: Completion webhooks)"))
 
     @field_validator("camera_trajectory")
     @classmethod

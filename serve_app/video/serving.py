@@ -156,7 +156,8 @@ class VideoService:
         known = None if _priced_by_inputs(model) else plan_video(model, ask, None)
         floor = known or floor_plan(model, ask, len(body.reference_video_urls or [])
                                     * REFERENCE_CLIP_SECONDS[0])
-        async with self.job_service.intake(ctx, key, routed, "video") as intake:
+        async with self.job_service.intake(ctx, key, routed, "video",
+                                           body.callback_url) as intake:
             await intake.admit(floor.cost)
             source = None
             if any(getattr(body, f) for f in MEDIA_FIELDS[model.operation]):
