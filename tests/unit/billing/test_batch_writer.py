@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from serve_app.billing.writer import BatchWriter
 from serve_app.db.engine import make_engine
@@ -20,7 +20,7 @@ def test_a_caller_whose_loop_closed_does_not_cost_the_others_of_its_batch_their_
     gate = threading.Event()
 
     def blocked(session):
-        gate.wait(10)
+        gate.wait()
         return "first"
 
     def one(session):
@@ -35,7 +35,7 @@ def test_a_caller_whose_loop_closed_does_not_cost_the_others_of_its_batch_their_
     async def wait_for_answer() -> int:
         future = writer.submit(one)  # batched with the abandoned operation
         gate.set()
-        return await asyncio.wait_for(future, 10)
+        return await asyncio.wait_for(future, 120)
 
     assert asyncio.run(wait_for_answer()) == 1
     writer.close()
@@ -96,16 +96,20 @@ def test_a_refusal_on_the_callers_thread_writes_nothing(tmp_path):
 def test_an_operation_that_finds_the_database_locked_waits_in_the_queue_and_commits(tmp_path):
     writer, url = _ledger_writer(tmp_path)
     other = make_engine(url, write_transactions=True)  # another process's writer, say
+    worker_took_it = threading.Event()  # the queue's worker has a connection: it is at the lock
+    event.listen(writer._engine, "checkout", lambda *args: worker_took_it.set())
 
     async def main() -> int:
         with other.connect() as conn:
             transaction = conn.begin()  # BEGIN IMMEDIATE: holds the write lock
             conn.execute(text("insert into entries values (0)"))
             pending = asyncio.ensure_future(writer.run(_insert(1), quiet=True))
-            await asyncio.sleep(0.2)
-            assert not pending.done()  # not refused, not lost: queued behind the lock
+            while not worker_took_it.is_set():  # tried on this thread, found the lock taken
+                await asyncio.sleep(0.01)
+            # not refused, not lost: queued behind the lock (which its worker waits for)
+            assert not pending.done() and writer.inline == 0
             transaction.commit()
-        return await asyncio.wait_for(pending, 10)
+        return await asyncio.wait_for(pending, 120)
 
     assert asyncio.run(main()) == 1
     assert _entries(url) == [0, 1]
@@ -118,13 +122,13 @@ def test_operations_keep_their_order_while_the_queue_is_busy(tmp_path):
     gate = threading.Event()
 
     def slow_first(session):
-        gate.wait(10)
+        gate.wait()
         return _insert(1)(session)
 
     async def main() -> list[int]:
         first = writer.submit(slow_first)
         second = asyncio.ensure_future(writer.run(_insert(2), quiet=True))  # queue busy
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # `second` decides (inline or queued) while `first` runs
         gate.set()
         return [await first, await second]
 
