@@ -6,7 +6,9 @@ Engines are synchronous and CPU-bound: they run in a worker thread of the replic
 event loop keeps answering (health checks, other calls) while audio is computed. One request
 runs at a time per replica; the waiting ones are served least-served account first (engine
 seconds), and one that would wait past MAX_QUEUE_WAIT_S is answered 503 at once
-(deployments/fair_share.py).
+(deployments/fair_share.py). A transcription whose call is cancelled (its client left) stops
+at Whisper's next segment, its turn held until the engine is free (engines/stop.py); speech
+stops at its next sentence.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ray import serve
 from deployments.base import ModelDeployment
 from deployments.engines.audio import CONTENT_TYPES, encode_audio, encode_sentences
 from deployments.engines.audio_engines import ENGINES
+from deployments.engines.stop import Stopped, StopSignal, until_stopped
 from deployments.fair_share import AtCapacity, one_at_a_time, timed_turn
 from deployments.protocol import (
     EngineError,
@@ -155,6 +158,7 @@ class TranscriptionDeployment(ModelDeployment):
         super().__init__(models)
         self.gate = one_at_a_time(models)  # the order of the waiting requests (see speech)
         self._busy = threading.Lock()
+        self.stopped_early = 0  # transcriptions stopped because their call was cancelled
 
     async def transcribe(self, model_id: str, request: TranscriptionRequest
                          ) -> Transcription | EngineError:
@@ -163,13 +167,18 @@ class TranscriptionDeployment(ModelDeployment):
             return not_served(model_id)
         started = time.perf_counter()
 
-        def work() -> dict[str, Any]:
+        def work(stop: StopSignal) -> dict[str, Any]:
             with self._busy:
-                return engine.transcribe(request.audio, request.language, request.timestamps)
+                try:
+                    return engine.transcribe(request.audio, request.language,
+                                             request.timestamps, stop=stop)
+                except Stopped:
+                    self.stopped_early += 1
+                    raise
 
         try:
             async with timed_turn(self.gate, request.tenant):
-                out = await asyncio.to_thread(work)
+                out = await until_stopped(work)
         except AtCapacity as full:
             return at_capacity(model_id, full.retry_after)
         except ValueError as exc:  # audio that cannot be decoded or is too long; a language

@@ -7,12 +7,13 @@ encoding all run here, in a worker thread, so neither the gateway's event loop n
 replica's stops answering while a picture is computed. One picture at a time per replica:
 the waiting requests are served least-served account first (engine seconds), and one that
 would wait past MAX_QUEUE_WAIT_S, or find Serve's queue (`max_queued_requests`) full, is
-answered 503 `MODEL_AT_CAPACITY` (deployments/fair_share.py).
+answered 503 `MODEL_AT_CAPACITY` (deployments/fair_share.py). A call cancelled on the way (its
+client left) stops at the engine's next check (between diffusion steps, before a one-pass
+upscale or matting), its turn held until the engine is free (engines/stop.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from ray import serve
 from deployments.base import ModelDeployment
 from deployments.engines.image import ENGINES
 from deployments.engines.image_io import ImageDecodeError, decode_image, encode_image
+from deployments.engines.stop import Stopped, StopSignal, check, until_stopped
 from deployments.fair_share import AtCapacity, one_at_a_time, timed_turn
 from deployments.protocol import EngineError, ImageRequest, ImageResult, at_capacity, not_served
 from deployments.spec import ModelSpec
@@ -41,13 +43,20 @@ class ImageDeployment(ModelDeployment):
         # for a client that left.
         self.gate = one_at_a_time(models)
         self._busy = threading.Lock()
+        self.stopped_early = 0  # pictures stopped because their call was cancelled
 
-    def _work(self, engine: Any, request: ImageRequest) -> tuple[list[bytes], int, int, bool]:
+    def _work(self, engine: Any, request: ImageRequest,
+              stop: StopSignal) -> tuple[list[bytes], int, int, bool]:
         fields = request.fields or ["image"] * len(request.images)
         decoded = [decode_image(data, field)
                    for data, field in zip(request.images, fields, strict=True)]
         with self._busy:
-            outputs = engine.run(decoded, dict(request.params))
+            try:
+                check(stop)
+                outputs = engine.run(decoded, dict(request.params), stop=stop)
+            except Stopped:
+                self.stopped_early += 1
+                raise
         return ([encode_image(image, request.format) for image in outputs], outputs[0].width,
                 outputs[0].height, any(image.info.get("blurred") for image in outputs))
 
@@ -61,8 +70,8 @@ class ImageDeployment(ModelDeployment):
         started = time.perf_counter()
         try:
             async with timed_turn(self.gate, request.tenant):
-                images, width, height, blurred = await asyncio.to_thread(
-                    self._work, engine, request)
+                images, width, height, blurred = await until_stopped(
+                    lambda stop: self._work(engine, request, stop))
         except AtCapacity as full:
             return at_capacity(model_id, full.retry_after)
         except ImageDecodeError as exc:

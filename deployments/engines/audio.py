@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
+from deployments.engines.stop import StopSignal, check
+
 if TYPE_CHECKING:
     from piper import PiperVoice
 
@@ -55,8 +57,8 @@ class SpeechEngine(Protocol):
 
 
 class TranscriptionEngine(Protocol):
-    def transcribe(self, audio: bytes, language: str | None,
-                   timestamps: bool) -> dict[str, Any]: ...
+    def transcribe(self, audio: bytes, language: str | None, timestamps: bool,
+                   stop: StopSignal | None = None) -> dict[str, Any]: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,16 +276,20 @@ class WhisperEngine:
         self.languages: list[str] = list(self.model.supported_languages)
 
     def transcribe(self, audio: bytes, language: str | None = None,
-                   timestamps: bool = False) -> dict[str, Any]:
+                   timestamps: bool = False, stop: StopSignal | None = None) -> dict[str, Any]:
         """`{"text", "duration", "language", "segments": [{"text", "start", "end"}]}` plus
-        `"words": [{"word", "start", "end"}]` when `timestamps`; times in seconds."""
+        `"words": [{"word", "start", "end"}]` when `timestamps`; times in seconds. `stop`:
+        checked before decoding and between segments (raises Stopped once set)."""
         code = self._language(language)
+        check(stop)
         samples = decode_audio(audio, WHISPER_RATE, self.max_seconds)
+        check(stop)
         segments, info = self.model.transcribe(
             samples, language=code, beam_size=self.beam_size, word_timestamps=timestamps,
             vad_filter=self.vad_filter)
         out_segments, words, texts = [], [], []
         for segment in segments:  # a generator: decoding happens here
+            check(stop)
             texts.append(segment.text)
             out_segments.append({"text": segment.text.strip(), "start": round(segment.start, 3),
                                  "end": round(segment.end, 3)})

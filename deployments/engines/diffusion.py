@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image, ImageFilter
 
+from deployments.engines.stop import StopSignal, check
+
 if TYPE_CHECKING:
     import torch
 
@@ -20,6 +22,19 @@ logger = logging.getLogger("deployments.engines.diffusion")
 
 # --------------------------------------------------------------------------------------------
 # Diffusion: diffusers pipelines from a folder
+
+
+def _between_steps(stop: StopSignal | None) -> Any:
+    """The pipeline's `callback_on_step_end`: raises Stopped after the step once `stop` is
+    set (None: no callback)."""
+    if stop is None:
+        return None
+
+    def after_step(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:
+        check(stop)
+        return tensors
+
+    return after_step
 
 
 class _DiffusersEngine:
@@ -129,7 +144,8 @@ class DiffusersEditEngine(_DiffusersEngine):
 
     pipeline_class_name = "StableDiffusionInstructPix2PixPipeline"
 
-    def run(self, images: list[Image.Image], params: dict[str, Any]) -> list[Image.Image]:
+    def run(self, images: list[Image.Image], params: dict[str, Any],
+            stop: StopSignal | None = None) -> list[Image.Image]:
         import torch
 
         if not images:
@@ -156,7 +172,8 @@ class DiffusersEditEngine(_DiffusersEngine):
                 num_inference_steps=int(params.get("steps", 20)),
                 guidance_scale=float(params.get("guidance_scale", 7.5)),
                 image_guidance_scale=float(params.get("image_guidance_scale", 1.5)),
-                generator=generator, output_type="pil").images[0]
+                generator=generator, output_type="pil",
+                callback_on_step_end=_between_steps(stop)).images[0]
         if edited.size != (width, height):
             edited = edited.resize((width, height), Image.Resampling.LANCZOS)
         if mask is not None:
@@ -194,7 +211,8 @@ class DiffusersText2ImgEngine(_DiffusersEngine):
 
     pipeline_class_name = "StableDiffusionPipeline"
 
-    def run(self, images: list[Image.Image], params: dict[str, Any]) -> list[Image.Image]:
+    def run(self, images: list[Image.Image], params: dict[str, Any],
+            stop: StopSignal | None = None) -> list[Image.Image]:
         import torch
 
         if images:
@@ -211,5 +229,6 @@ class DiffusersText2ImgEngine(_DiffusersEngine):
                 width=width, height=height,
                 num_inference_steps=int(params.get("steps", 20)),
                 guidance_scale=float(params.get("cfg_scale", 7.5)),
-                num_images_per_prompt=variants, generator=generator, output_type="pil").images
+                num_images_per_prompt=variants, generator=generator, output_type="pil",
+                callback_on_step_end=_between_steps(stop)).images
         return self.finish(list(out), bool(params.get("safe_mode", True)), seed)

@@ -1,10 +1,12 @@
-"""Image engines behind one interface: `run(images, params)` returns output images.
+"""Image engines behind one interface: `run(images, params, stop)` returns output images.
 
 Upscaling and matting are here; the diffusion engines (edit, generation) in diffusion.py.
 The deployment (deployments/image.py) builds one as `ENGINES[name](weights_path_or_None,
 options)` and calls `run` from a worker thread, one call at a time per replica. `images` are
 decoded, fully loaded PIL images (RGB, or RGBA when they have alpha); `params` are already
 validated by the gateway. A parameter an engine cannot honour raises ValueError (a 400).
+`stop` (engines/stop.py) is checked where an engine can stop: between diffusion steps; before
+the one network pass of upscaling and matting, which cannot be cut short.
 Outputs may carry `.info["blurred"]` (the safety checker blurred them).
 
 No engine downloads anything: weights come from a folder, or from the package that ships them.
@@ -22,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from deployments.engines.diffusion import DiffusersEditEngine, DiffusersText2ImgEngine
+from deployments.engines.stop import StopSignal, check
 
 if TYPE_CHECKING:
     pass
@@ -30,7 +33,8 @@ logger = logging.getLogger("deployments.engines.image")
 
 
 class ImageEngine(Protocol):
-    def run(self, images: list[Image.Image], params: dict[str, Any]) -> list[Image.Image]: ...
+    def run(self, images: list[Image.Image], params: dict[str, Any],
+            stop: StopSignal | None = None) -> list[Image.Image]: ...
 
 
 def _split_alpha(image: Image.Image) -> tuple[Image.Image, Image.Image | None]:
@@ -143,7 +147,9 @@ class RealEsrganEngine:
         with self._lock:
             return self._net(net_scale).process_pil(image)
 
-    def run(self, images: list[Image.Image], params: dict[str, Any]) -> list[Image.Image]:
+    def run(self, images: list[Image.Image], params: dict[str, Any],
+            stop: StopSignal | None = None) -> list[Image.Image]:
+        check(stop)
         if len(images) != 1:
             raise ValueError("upscaling takes exactly one image")
         scale = float(params.get("scale", 2))
@@ -210,7 +216,9 @@ class GrabCutEngine:
         if not 0 < self.inset < 0.5:
             raise ValueError(f"inset must be between 0 and 0.5, not {self.inset}")
 
-    def run(self, images: list[Image.Image], params: dict[str, Any]) -> list[Image.Image]:
+    def run(self, images: list[Image.Image], params: dict[str, Any],
+            stop: StopSignal | None = None) -> list[Image.Image]:
+        check(stop)
         if len(images) != 1:
             raise ValueError("background removal takes exactly one image")
         rgb, alpha = _split_alpha(images[0])
@@ -319,7 +327,9 @@ class OnnxMattingEngine:
             raise FileNotFoundError(f"no single ONNX model in {path} (name it model.onnx)")
         return found[0]
 
-    def run(self, images: list[Image.Image], params: dict[str, Any]) -> list[Image.Image]:
+    def run(self, images: list[Image.Image], params: dict[str, Any],
+            stop: StopSignal | None = None) -> list[Image.Image]:
+        check(stop)
         if len(images) != 1:
             raise ValueError("background removal takes exactly one image")
         rgb, alpha = _split_alpha(images[0])
