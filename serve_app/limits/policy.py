@@ -32,6 +32,11 @@ UNSUPPORTED_FEATURE_MAX = 200
 # Images one account may send that the gateway refuses after reading their header (any key or
 # wallet of the account): past it, its images are refused with 429 before they are read.
 REFUSED_IMAGES_MAX = 20
+# Requests a key, and an account over all its keys and wallets, may leave before their answer
+# began (499) in BUDGET_WINDOW_MS: a hold given back costs nothing, and an engine that cannot
+# stop mid-pass (an upscale) finishes for nobody; past either, 429 before the next is admitted.
+CLIENT_GONE_MAX = 60
+CLIENT_GONE_ACCOUNT_MAX = 120
 API_KEY_CREATIONS_PER_MINUTE = 20
 
 # class -> (requests/min, tokens/min, partner requests/min, partner tokens/min); None: none.

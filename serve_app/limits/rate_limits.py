@@ -1,7 +1,7 @@
 """Step 4 of a request: decide (budgets and per-minute limits in one call to the backend),
-refuse with 429, correct the token count after the work, count failed and unsupported-feature
-requests, and log what was refused. What the rate-limit headers say comes back as a
-`LimitState`; the pipeline writes them (serve_app/pipeline/respond.py)."""
+refuse with 429, correct the token count after the work, count failed, unsupported-feature and
+left-before-the-answer (499) requests, and log what was refused. What the rate-limit headers
+say comes back as a `LimitState`; the pipeline writes them (serve_app/pipeline/respond.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from serve_app.limits.core import OK, OVER_REQUESTS, Outcome
 from serve_app.limits.policy import (
     API_KEY_CREATIONS_PER_MINUTE,
     BUDGET_WINDOW_MS,
+    CLIENT_GONE_ACCOUNT_MAX,
+    CLIENT_GONE_MAX,
     FAILED_REQUESTS_MAX,
     REFUSED_IMAGES_MAX,
     UNSUPPORTED_FEATURE_MAX,
@@ -113,6 +115,16 @@ def _unsupported_key(owner: str, model_id: str) -> str:
     return f"{owner}|{model_id}|UNSUPPORTED"
 
 
+def _gone_keys(key: KeyRecord) -> tuple[tuple[str, int, str], tuple[str, int, str]]:
+    """The 499 budgets of a key and of its account: (budget key, threshold, whose)."""
+    return ((f"{key.id}||GONE", CLIENT_GONE_MAX, "API key"),
+            (f"account:{key.account_id}||GONE", CLIENT_GONE_ACCOUNT_MAX, "account"))
+
+
+_FAILED, _GONE, _UNSUPPORTED = (
+    "FAILED_REQUESTS", "CLIENT_GONE_REQUESTS", "UNSUPPORTED_FEATURE_REQUESTS")
+
+
 class RateLimits:
     def __init__(self, backend: LimiterBackend, engine: Engine,
                  clock: Callable[[], float] = time.time,
@@ -124,6 +136,8 @@ class RateLimits:
         self._logged: dict[tuple, float] = {}
         self._tripped: dict[str, int] = {}  # key id -> ms until its model-less budget refills
         self._images_tripped: dict[str, int] = {}  # account id -> ms until it refills
+        # key id or account id -> (ms until its 499 budget refills, threshold, whose)
+        self._gone_tripped: dict[str, tuple[int, int, str]] = {}
         self._tasks: set[asyncio.Task] = set()
         # bucket -> (window start, requests, tokens) of its last decision here: the room the
         # key had, as far as this replica knows.
@@ -226,10 +240,16 @@ class RateLimits:
                               f"(its prompt and max_tokens for each choice), more than the {tpm} "
                               f"tokens per minute for model {model.id} with this {_caller(key)}; "
                               "lower max_tokens", None)
+        gone_key, gone_account = _gone_keys(key)
         budgets = [(_failed_key(key.id, model.id), FAILED_REQUESTS_MAX),
-                   (_failed_key(key.id, ""), FAILED_REQUESTS_MAX)]
+                   (_failed_key(key.id, ""), FAILED_REQUESTS_MAX),
+                   gone_key[:2], gone_account[:2]]
+        # (kind, whose) of each budget: the outcome names the 1-based position of a spent one
+        kinds = [(_FAILED, "API key"), (_FAILED, "API key"), (_GONE, gone_key[2]),
+                 (_GONE, gone_account[2])]
         if feature_budget:
             budgets.append((_unsupported_key(key.id, model.id), UNSUPPORTED_FEATURE_MAX))
+            kinds.append((_UNSUPPORTED, "API key"))
         now = self._now_ms()
         outcome = await self.backend.decide(bucket, limits.requests_per_minute,
                                             limits.tokens_per_minute or 0, tokens, budgets, now)
@@ -240,10 +260,10 @@ class RateLimits:
         else:
             self._last_counts[bucket] = (outcome.window_ms, outcome.requests, outcome.tokens)
         if outcome.budget:
-            kind = "FAILED_REQUESTS" if outcome.budget <= 2 else "UNSUPPORTED_FEATURE_REQUESTS"
+            kind, whose = kinds[outcome.budget - 1]
             self._log(key, model.id, limits.tier, kind)
             metrics().limiter.inc(tags={"outcome": "refused_budget"})
-            raise self._budget_error(kind, outcome, model.id)
+            raise self._budget_error(kind, outcome, model.id, whose)
         state = _limit_state(limits, outcome, now, key) if limits.requests_per_minute else None
         if outcome.code != OK:
             kind = "RPM" if outcome.code == OVER_REQUESTS else "TPM"
@@ -261,12 +281,18 @@ class RateLimits:
         return Ticket(self, bucket, outcome.window_ms, tokens, state)
 
     @staticmethod
-    def _budget_error(kind: str, outcome: Outcome, model_id: str) -> ApiError:
-        what = "failed" if kind == "FAILED_REQUESTS" else "unsupported-feature"
+    def _budget_error(kind: str, outcome: Outcome, model_id: str,
+                      whose: str = "API key") -> ApiError:
         resets = math.ceil(outcome.resets_ms / 1000)
-        message = (f"Too many {what} requests: more than {outcome.limit} {what} requests in "
-                   f"{BUDGET_WINDOW_MS // 1000} seconds for model {model_id or '(any)'} with "
-                   "this API key")
+        if kind == _GONE:
+            message = (f"Too many requests left before their answer: more than {outcome.limit} "
+                       f"requests of this {whose} were closed by the client before the answer "
+                       f"began in {BUDGET_WINDOW_MS // 1000} seconds; wait for the answers")
+        else:
+            what = "failed" if kind == _FAILED else "unsupported-feature"
+            message = (f"Too many {what} requests: more than {outcome.limit} {what} requests "
+                       f"in {BUDGET_WINDOW_MS // 1000} seconds for model "
+                       f"{model_id or '(any)'} with this API key")
         return ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
                         headers={"x-ratelimit-remaining": "0",
                                  "x-ratelimit-resets": str(resets)},
@@ -297,10 +323,24 @@ class RateLimits:
         """Count a failed request (any endpoint) toward its key's error budget: not a refusal
         by a limit (429), a client that left (499), an unsupported feature (its own budget),
         nor a failure that is not the caller's (a model at capacity)."""
-        if key is None or status < 400 or status in (429, CLIENT_CLOSED_REQUEST) \
+        if key is not None and status == CLIENT_CLOSED_REQUEST:
+            self._spawn(self._count_gone(key, request_id))
+            return
+        if key is None or status < 400 or status == 429 \
                 or unsupported_feature or not caller_failure:
             return
         self._spawn(self._count_failure(key, model_id, request_id))
+
+    async def _count_gone(self, key: KeyRecord, request_id: str) -> None:
+        """Count a request its client left before the answer began toward its key's and its
+        account's 499 budgets; past one, this replica refuses the key (or the account) at
+        once, before its next request is admitted (`check_failed_budget`)."""
+        now = self._now_ms()
+        for (budget, limit, whose), owner in zip(_gone_keys(key), (key.id, key.account_id),
+                                                 strict=True):
+            count = await self.backend.record(budget, now, request_id)
+            if count > limit:
+                self._gone_tripped[owner] = (now + BUDGET_WINDOW_MS, limit, whose)
 
     async def _count_failure(self, key: KeyRecord, model_id: str, request_id: str) -> None:
         now = self._now_ms()
@@ -311,7 +351,18 @@ class RateLimits:
             self._tripped[key.id] = now + BUDGET_WINDOW_MS
 
     def check_failed_budget(self, key: KeyRecord) -> None:
-        """429 for a key whose failed-request budget (endpoints without a model) is spent."""
+        """429 for a key whose failed-request budget (endpoints without a model) is spent, or
+        whose key's or account's 499 budget is (every endpoint)."""
+        for owner in (key.id, key.account_id):
+            gone = self._gone_tripped.get(owner)
+            if gone is None:
+                continue
+            until, limit, whose = gone
+            if self._now_ms() >= until:
+                del self._gone_tripped[owner]
+                continue
+            raise self._budget_error(_GONE, Outcome(
+                budget=3, limit=limit, count=limit + 1, resets_ms=until), "", whose)
         until = self._tripped.get(key.id)
         if until is None:
             return
