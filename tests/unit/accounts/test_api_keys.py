@@ -6,9 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 from sqlmodel import Session
 
+from serve_app.accounts import key_store
 from serve_app.accounts.keys import MAX_ACTIVE_KEYS
 from serve_app.accounts.secrets import hash_secret
-from serve_app.db.tables import ApiKey
+from serve_app.db.tables import ApiKey, utcnow
 
 CREATE_FIELDS = {"apiKey", "id", "apiKeyType", "description", "consumptionLimit",
                  "limitPeriod", "modelPrivacy", "expiresAt"}
@@ -111,16 +112,16 @@ def test_update_with_empty_or_null_expiry_removes_it(gateway):
         assert resp.json()["data"]["expiresAt"] is None
 
 
-def test_update_takes_effect_on_a_cached_key_at_once(gateway):
+def test_update_takes_effect_on_a_cached_key_at_once(gateway, monkeypatch):
+    """The cached key gets its new expiry: an hour later (the key store's clock moved on,
+    not a wait) it is refused, where its old expiry (2099) would still let it in."""
     created = gateway.create_key(apiKeyType="ADMIN", expiresAt="2099-01-01")
     headers = gateway.auth(created["apiKey"])
     assert gateway.client.get("/api/v1/api_keys", headers=headers).status_code == 200
-    soon = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
+    soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     gateway.client.patch("/api/v1/api_keys", headers=gateway.auth(),
                          json={"id": created["id"], "expiresAt": soon})
-    import time
-
-    time.sleep(1.6)
+    monkeypatch.setattr(key_store, "utcnow", lambda: utcnow() + timedelta(hours=1, seconds=1))
     assert gateway.client.get("/api/v1/api_keys", headers=headers).status_code == 401
 
 

@@ -83,6 +83,7 @@ def test_the_inspection_runs_in_a_worker_within_its_deadline():
             assert "could not be read in 0.2 s" in refused.value.message
         finally:
             release.set()
+        inspector.timeout_s = 120  # the worker is free again: the next image is read
         checked = await inspector.inspect(_image("PNG"), "image", account_id="acct")
         assert checked.width == 256
         inspector.close()
