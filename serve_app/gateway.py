@@ -30,7 +30,12 @@ from serve_app.api import (
     webhooks,
     x402,
 )
-from serve_app.api.deps import current_key, inference_caller, key_or_wallet
+from serve_app.api.deps import (
+    current_key,
+    inference_caller,
+    key_or_wallet,
+    release_wallet_slot,
+)
 from serve_app.billing.ledger import InsufficientBalance
 from serve_app.caller_gate import CallerGate, bearer_secret_of, route_needs_caller
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
@@ -110,6 +115,7 @@ def create_app(state: GatewayServices) -> FastAPI:
     app.include_router(webhooks.router)
 
     def finished(scope: Scope, status: int, seconds: float) -> None:
+        release_wallet_slot(scope)
         ctx: RequestContext | None = scope.get("state", {}).get("context")
         if ctx is None:
             record_request(scope, status, seconds, model="", auth="none")

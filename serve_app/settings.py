@@ -63,10 +63,14 @@ class Settings(BaseSettings):
     x402_pay_to_solana: str | None = None
     x402_solana_fee_payer: str | None = None
     x402_min_top_up_usd: Decimal = Field(default=Decimal("5"), ge=0)
-    # Top-up attempts (a payment header sent) per minute from one client address, and from
-    # all clients together, counted before the header is decoded (429 past them).
-    x402_top_ups_per_client_per_minute: int = Field(default=20, ge=1)
+    # Top-up attempts (a payment header sent) per minute from one client address (the
+    # reference's 10 a minute per IP), and from all clients together, counted before the
+    # header is decoded (429 past them).
+    x402_top_ups_per_client_per_minute: int = Field(default=10, ge=1)
     x402_top_ups_per_minute: int = Field(default=600, ge=1)
+    # Requests of one signed-in wallet in flight at once on each Gateway replica (429
+    # X402_CONCURRENCY_LIMIT past them).
+    x402_requests_in_flight_per_wallet: int = Field(default=5, ge=1)
     # The web console's built files (console/dist, `npm run build`), served under /console.
     console_dir: Path = PROJECT_ROOT / "console" / "dist"
     # Where queued jobs keep their inputs and results: unset, DATA_DIR/results; a directory;

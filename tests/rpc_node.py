@@ -7,6 +7,8 @@ for the failures a proxy must survive (slow, not JSON, HTTP 500).
         node.requests       # every JSON body received (parsed), with its headers
         node.delay = 2.0    # answer after 2 s (timeouts)
         node.mode = "html"  # "ok", "html" (200 text/html), "status500", "not_rpc"
+        node.gate = threading.Event()  # hold every request until the test sets it
+        node.arrivals.acquire()        # wait for a request to have arrived
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class RpcNode:
     mode: str = "ok"
     delay: float = 0.0
     requests: list[Received] = field(default_factory=list)
+    gate: threading.Event | None = None
+    arrivals: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
 
@@ -94,6 +98,9 @@ class RpcNode:
                     body = None
                 node.requests.append(Received(body, {k.lower(): v for k, v in
                                                      self.headers.items()}, self.path))
+                node.arrivals.release()
+                if node.gate is not None:
+                    node.gate.wait()
                 if node.delay:
                     time.sleep(node.delay)
                 if node.mode == "html":

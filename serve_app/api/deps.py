@@ -10,6 +10,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from sqlmodel import Session
+from starlette.types import Scope
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.holds import RemainingCredit
@@ -24,6 +25,9 @@ from serve_app.wallets import payment_required
 from serve_app.wallets.sign_in import SignedInWallet, siwx_header
 
 T = TypeVar("T")
+
+# Where a wallet's request keeps the release of its in-flight slot (serve_app/wallets/limits.py).
+WALLET_SLOT = "wallet_slot"
 
 
 async def get_state(request: Request) -> GatewayServices:
@@ -92,7 +96,19 @@ async def key_or_wallet(request: Request, state: State) -> KeyRecord:
             return await current_key(request, state)
         raise authentication_failed("Authentication failed: send an API key "
                                     "('Authorization: Bearer <key>') or a SIGN-IN-WITH-X header")
-    return await signed_in_caller(request, state, header)
+    caller = await signed_in_caller(request, state, header)
+    scope_state = request.scope.setdefault("state", {})
+    if WALLET_SLOT not in scope_state and caller.wallet_address:
+        # One of the wallet's requests in flight until its answer ends (release_wallet_slot).
+        scope_state[WALLET_SLOT] = state.wallets.in_flight.take(caller.wallet_address)
+    return caller
+
+
+def release_wallet_slot(scope: Scope) -> None:
+    """Free the in-flight slot a wallet's request took (key_or_wallet), once it has ended."""
+    release = scope.get("state", {}).pop(WALLET_SLOT, None)
+    if release is not None:
+        release()
 
 
 async def signed_in_caller(request: Request, state: GatewayServices,

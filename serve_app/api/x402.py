@@ -13,6 +13,11 @@ from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.money import from_nanos
 from serve_app.pipeline.respond import json_response
 from serve_app.wallets.history import wallet_balance, wallet_transactions
+from serve_app.wallets.limits import (
+    BALANCE_READS_PER_MINUTE,
+    TRANSACTION_READS_PER_MINUTE,
+    count_read,
+)
 from serve_app.wallets.payment_required import suggested_top_up
 from serve_app.wallets.sign_in import normalize_address, siwx_header
 from serve_app.wallets.topups import parse_amount, payment_header
@@ -38,14 +43,19 @@ async def top_up(request: Request, ctx: Context, state: State,
 
 async def wallet_reader(request: Request, state: State,
                         wallet_address: Annotated[str, Path(alias="walletAddress")]) -> str:
-    """The wallet of the path, readable by that wallet signed in or the operator's admin."""
+    """The wallet of the path, readable by that wallet signed in or the operator's admin;
+    each read counted against its route's per-minute cap of the reader."""
     address = normalize_address(wallet_address)
+    route, per_minute = (("transactions", TRANSACTION_READS_PER_MINUTE)
+                          if "/transactions/" in request.url.path
+                          else ("balance", BALANCE_READS_PER_MINUTE))
     header = siwx_header(request.headers)
     if header is not None:  # the wallet decides, whatever Authorization says (key_or_wallet)
         caller = await signed_in_caller(request, state, header)
         if caller.wallet_address != address:
             raise ApiError(403, "The signed-in wallet does not match the requested wallet",
                            code="X402_WALLET_MISMATCH")
+        await count_read(state.limits, f"wallet:{address}", route, per_minute)
         return address
     if not request.headers.get("authorization"):
         raise authentication_failed("Authentication failed: sign in with the wallet "
@@ -56,6 +66,7 @@ async def wallet_reader(request: Request, state: State,
     if not key.is_operator:
         raise ApiError(403, "Only the wallet itself or the operator's ADMIN key may read "
                             "a wallet's credit", code="UNAUTHORIZED")
+    await count_read(state.limits, key.account_id, route, per_minute)
     return address
 
 

@@ -28,6 +28,7 @@ from serve_app.errors import ApiError
 from serve_app.net_guard import is_loopback
 from serve_app.settings import Settings
 from serve_app.wallets import siwx
+from serve_app.wallets.limits import WALLET_REQUESTS_IN_FLIGHT, WalletsInFlight
 from serve_app.wallets.nonces import run_nonce_sweeper, sweep_nonces, use_nonce
 
 logger = logging.getLogger("serve_app.auth")
@@ -99,9 +100,11 @@ class WalletAuth:
     """Verifies SIGN-IN-WITH-X, uses its nonce once, and finds the wallet's account (read
     only; an account that exists is cached per replica)."""
 
-    def __init__(self, engine: Engine, accepted_domains: frozenset[str]) -> None:
+    def __init__(self, engine: Engine, accepted_domains: frozenset[str],
+                 requests_in_flight: int = WALLET_REQUESTS_IN_FLIGHT) -> None:
         self.engine = engine
         self.accepted_domains = accepted_domains
+        self.in_flight = WalletsInFlight(requests_in_flight)
         self._accounts: TTLCache[str, WalletAccount] = TTLCache(maxsize=100_000, ttl=60.0)
 
     def domain_for(self, request_host: str) -> str:

@@ -71,7 +71,7 @@ TOP_UPS_PER_MINUTE = 10
 # replica's limiter backend counts them: shared across replicas on Redis or Ray), counted
 # before the payment header is decoded (X402_TOP_UPS_PER_CLIENT_PER_MINUTE,
 # X402_TOP_UPS_PER_MINUTE).
-DEFAULT_TOP_UPS_PER_CLIENT = 20
+DEFAULT_TOP_UPS_PER_CLIENT = 10
 DEFAULT_TOP_UPS_GLOBAL = 600
 
 NANOS_PER_BASE_UNIT = NANOS_PER_UNIT // 10**6  # USDC has 6 decimals

@@ -250,6 +250,7 @@ def test_a_wallet_pays_from_its_credit_with_balance_headers(
 
 def test_concurrent_charges_never_overdraw_a_wallet(each_db_gw: Gateway) -> None:
     gw = each_db_gw
+    gw.state.wallets.in_flight.limit = 8  # all eight in flight at once: the balance decides
     wallet = Wallet()
     assert top_up(gw, wallet, "5").status_code == 200
     # Leave credit for exactly three calls (and 1000 nanos more).
@@ -352,9 +353,17 @@ def test_pending_payments_are_resolved_by_the_operator(tmp_path: Path, node: Rpc
 
 
 def test_top_up_attempts_are_capped_per_payer_and_a_refused_payment_stays_usable(
-        gw: Gateway) -> None:
+        tmp_path: Path, node: RpcNode, facilitator: str) -> None:
     """The attack: one payer floods /x402/top-up (each attempt claims a row and calls the
-    facilitator), here with replays of a payment already credited."""
+    facilitator), here with replays of a payment already credited (from one client address,
+    whose own cap is raised here: the payer's is under test)."""
+    settings = wallet_settings(tmp_path, node, facilitator,
+                               x402_top_ups_per_client_per_minute=100)
+    for gw in make_gateway(settings):
+        _cap_per_payer(gw)
+
+
+def _cap_per_payer(gw: Gateway) -> None:
     wallet, other = Wallet(), Wallet()
     asked = gw.client.post(f"{TOP_UP}?amount=5")
     spent = wallet.pay(asked, BASE_NETWORK)
