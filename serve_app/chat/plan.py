@@ -14,6 +14,8 @@ from serve_app.chat.audio_parts import heard_line, most_seconds
 from serve_app.chat.engine_request import completion_limit, prompt_estimate
 from serve_app.chat.filters import CaretCitations, FilterChain, TextFilter, ThinkStripper
 from serve_app.chat.media import ChatMedia
+from serve_app.chat.prompt import Composition, rendered_bytes
+from serve_app.chat.tools import tools_system_prompt
 from serve_app.chat.vision import VisionSpec
 from serve_app.chat.web import WebDocument, find_urls
 from serve_app.errors import refused_for_capacity
@@ -71,6 +73,7 @@ class ChatPlan:
     web_documents: list[WebDocument] = field(default_factory=list)
     query: str = ""  # the last user message's text (its files aside): search and scraping
     character_prompt: str = ""  # the character's (`character_slug`), looked up before the hold
+    service_prompt: str = ""  # the service's default system prompt, when the request takes it
     searches: int = 0  # searches the provider answered
     scraped_urls: int = 0  # pages read (only those are billed)
     audio_parts: int = 0  # input_audio parts, heard by `transcriber` before the model
@@ -82,13 +85,16 @@ class ChatPlan:
     answered_by: RoutedModel | None = None
     charge: Charge | None = None  # the hold and the rate-limit count, settled once
     key: KeyRecord | None = None  # the caller (its limits count the fallbacks too)
+    _rendered: tuple[ChatCompletionRequest, int] | None = field(default=None, init=False,
+                                                               repr=False)
 
     def max_units(self, model: CatalogModel) -> dict[str, int]:
         """The most tokens this request can use on `model`, for the hold.
 
-        A prompt cannot have more tokens than its UTF-8 bytes plus the chat template's few
-        per message, with each image or video counted as the most tokens its pixels make on
-        `model` (chat/vision.py) instead of its data; prompts the server adds to (characters,
+        A prompt cannot have more tokens than its UTF-8 bytes as the engine is sent it (tool
+        calls and tool descriptions as rendered, chat/prompt.py `rendered_bytes`) plus the
+        chat template's few per message, with each image or video counted as the most tokens
+        its pixels make on `model` (chat/vision.py); prompts the server adds to (characters,
         web pages, transcripts) count as the whole context. The output is `max_tokens` (or
         the model's cap) for each of the `n` choices.
         """
@@ -98,16 +104,29 @@ class ChatPlan:
                 self.params.enable_web_search != "off" or self.audio_parts:
             prompt = context or 1_000_000
         else:
-            body = req.model_dump_json(include={"messages", "tools", "response_format"})
-            prompt = len(body.encode()) + 16 * len(req.messages) + 2048
-            if self.media is not None:  # images and videos: their tokens, not their bytes
-                prompt += self.media.tokens(VisionSpec.of(model)) - self.media.payload_chars()
+            prompt = self._rendered_bytes() + 16 * len(req.messages) + 2048
+            if self.media is not None:  # images and videos: their tokens (never rendered)
+                prompt += self.media.tokens(VisionSpec.of(model))
             prompt = min(prompt, context) if context else prompt
         output = completion_limit(req, model) or context or 4096
         return {"input": prompt, "output": output * req.n,
                 "web_search": int(self.params.enable_web_search != "off"),
                 "web_scraping": len(find_urls(self.query)) if self.params.enable_web_scraping
                 else 0}
+
+    def _rendered_bytes(self) -> int:
+        """The request's prompt as the engine is sent it, in bytes, and its output schema
+        (counted as before: the hold's margin); kept while `req` is the same."""
+        req = self.req
+        if self._rendered is None or self._rendered[0] is not req:
+            comp = Composition(service_prompt=self.service_prompt,
+                               tools_prompt=tools_system_prompt(req)
+                               if self.tool_mode != "none" else "",
+                               media=self.media is not None)
+            size = rendered_bytes(req, comp) + len(
+                req.model_dump_json(include={"response_format"}).encode())
+            self._rendered = (req, size)
+        return self._rendered[1]
 
     def floor_units(self, model: CatalogModel) -> dict[str, int]:
         """The least this request uses on `model` whatever its files, audio and media turn

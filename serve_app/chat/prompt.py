@@ -125,6 +125,13 @@ def engine_messages(req: ChatCompletionRequest, comp: Composition) -> list[dict[
     return ([{"role": "system", "content": system}] if system else []) + conversation
 
 
+def rendered_bytes(req: ChatCompletionRequest, comp: Composition) -> int:
+    """UTF-8 bytes of the conversation as the engine is sent it (tool calls and the tools'
+    prompt as `engine_messages` writes them, non-ASCII escaped to `\\uXXXX` there), in JSON,
+    which the chat template's text cannot outgrow: the hold's bound on its tokens."""
+    return len(json.dumps(engine_messages(req, comp), ensure_ascii=False).encode())
+
+
 def _media_content(message: ChatMessage) -> list[dict[str, Any]]:
     """A user message's parts as the chat template reads them: text, and a placeholder for
     each image and video (files and audio are text parts by now)."""

@@ -156,7 +156,9 @@ class ChatService:
         plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
                         engine_request=None, tool_mode=mode, key=key,
                         query=last_user_text(req), audio_parts=audio_parts(req),
-                        transcriber=transcriber, character_prompt=character)
+                        transcriber=transcriber, character_prompt=character,
+                        service_prompt=self.catalog.service_system_prompt
+                        if params.include_service_system_prompt else "")
         reads = has_files(req) or has_media(req)
         plan.charge = await pending.hold(
             [c.model for c in candidates] + ([transcriber] if transcriber else []),
@@ -219,9 +221,8 @@ class ChatService:
         req = plan.req
         comp = Composition(citations=params.enable_web_citations, media=media is not None,
                            character_prompt=plan.character_prompt,
-                           web_documents=plan.web_documents)
-        if params.include_service_system_prompt:
-            comp.service_prompt = self.catalog.service_system_prompt
+                           web_documents=plan.web_documents,
+                           service_prompt=plan.service_prompt)
         if plan.tool_mode != "none":
             comp.tools_prompt = tool_calls.tools_system_prompt(req)
         plan.engine_request = TextRequest(
