@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from serve_app.chat.extraction import ExtractionFailed, ExtractionLimits, Extractor
+from serve_app.chat.extraction import ExtractionFailed, Extractor
 from serve_app.chat.files import FileReader
 from serve_app.chat.ooxml import Refused, ZipLimits, ooxml_text
 from serve_app.errors import ApiError
@@ -74,12 +74,12 @@ async def test_a_pdf_that_expands_past_the_stream_cap_is_refused(extractor: Extr
 async def test_a_pdf_that_takes_too_long_is_stopped_and_its_worker_replaced():
     """3 MB of text operators (within the cap) take pypdf tens of seconds: the worker is
     killed at the deadline, and the next file gets a fresh one."""
-    pool = Extractor(workers=1, limits=ExtractionLimits(deadline_s=1.0))
+    pool = Extractor(workers=1)  # the usual deadline for the others: no 1 s to race
     try:
         await pool.run("pdf", documents.pdf([["warm up"]]))
         (first,) = pool.worker_pids
         with pytest.raises(ExtractionFailed) as refused:
-            await pool.run("pdf", documents.expanding_pdf(5_000_000))
+            await pool.run("pdf", documents.expanding_pdf(5_000_000), deadline_s=1.0)
         assert refused.value.reason == "timed_out"
         assert refused.value.message == "the file could not be read within 1 s"
         assert pool.worker_pids == []  # killed

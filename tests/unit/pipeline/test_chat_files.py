@@ -148,6 +148,7 @@ def test_a_pdf_that_stalls_its_worker_is_cut_at_the_deadline(fake_gateway, fakes
     """3 MB of text operators would take pypdf tens of seconds; the worker is killed at the
     deadline (1 s here), the caller gets a 400, and the next file is read as usual."""
     extractor = fake_gateway.state.extractor
+    usual = extractor.limits
     extractor.limits = type(extractor.limits)(deadline_s=1.0)
     before = books.balance_nanos()
 
@@ -158,6 +159,7 @@ def test_a_pdf_that_stalls_its_worker_is_cut_at_the_deadline(fake_gateway, fakes
     assert resp.json()["error"] == ("The file 'slow.pdf' was refused: the file could not be "
                                     "read within 1 s")
     _nothing_charged(books, before)
+    extractor.limits = usual  # the next file read as usual, with no 1 s deadline to race
     ok = _chat(fake_gateway, key, _file(documents.pdf([["fine"]]), "ok.pdf",
                                         documents.PDF_TYPE))
     assert ok.status_code == 200, ok.text
@@ -330,15 +332,27 @@ def test_one_account_reads_one_request_of_documents_at_a_time(fake_gateway, fake
     assert books.open_holds() == 0
 
 
-@pytest.fixture
-def small_pool(fake_gateway) -> Iterator[Extractor]:
-    """The chat's file reader on a pool of one worker that waits half a second for it."""
-    pool = Extractor(workers=1, limits=ExtractionLimits(queue_wait_s=0.5, request_s=1.0))
-    chat = fake_gateway.state.chat
+def _small_pool(gateway, limits: ExtractionLimits) -> Iterator[Extractor]:
+    """The chat's file reader on a pool of one worker with these limits."""
+    pool = Extractor(workers=1, limits=limits)
+    chat = gateway.state.chat
     real, chat.files = chat.files, FileReader(pool)
     yield pool
     chat.files = real
-    fake_gateway.client.portal.call(pool.close)
+    gateway.client.portal.call(pool.close)
+
+
+@pytest.fixture
+def small_pool(fake_gateway) -> Iterator[Extractor]:
+    """One worker, waited for half a second at most (each request's files have the usual
+    time: the request whose file is being read is not racing the wait of the other)."""
+    yield from _small_pool(fake_gateway, ExtractionLimits(queue_wait_s=0.5))
+
+
+@pytest.fixture
+def short_request_pool(fake_gateway) -> Iterator[Extractor]:
+    """One worker; all the files of a request read within 1 s."""
+    yield from _small_pool(fake_gateway, ExtractionLimits(request_s=1.0))
 
 
 def test_a_busy_pool_answers_503_instead_of_a_wait_without_end(fake_gateway, fakes, key, books,
@@ -362,7 +376,7 @@ def test_a_busy_pool_answers_503_instead_of_a_wait_without_end(fake_gateway, fak
 
 
 def test_the_files_of_one_request_are_read_within_its_time_limit(fake_gateway, fakes, key,
-                                                                 books, small_pool):
+                                                                 books, short_request_pool):
     """A file a worker would chew on for tens of seconds (each within the per-file deadline
     of 15 s) is cut at the request's limit (1 s here): its worker is killed, 400, nothing
     charged."""
@@ -374,5 +388,5 @@ def test_the_files_of_one_request_are_read_within_its_time_limit(fake_gateway, f
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"] == ("The files could not be read within 1 s (all the files of "
                                     "one request together)")
-    assert small_pool.worker_pids == []
+    assert short_request_pool.worker_pids == []
     _nothing_charged(books, before)
