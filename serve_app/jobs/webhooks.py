@@ -181,7 +181,8 @@ class WebhookDeliveries:
                 session.execute(dialect_insert(session)(WebhookDelivery).values(**values)
                                 .on_conflict_do_nothing(index_elements=["queue_id"]))
                 session.execute(update(MediaJob).where(col(MediaJob.queue_id) == job.queue_id)
-                                .values(callback_url=None))
+                                .values(callback_url=None)
+                                .execution_options(synchronize_session=False))
             return len(jobs)
         return await self._run(write)
 
@@ -199,7 +200,8 @@ class WebhookDeliveries:
                     col(WebhookDelivery.id) == row.id,
                     col(WebhookDelivery.next_attempt_at) <= now,
                     col(WebhookDelivery.attempts) == row.attempts)
-                    .values(next_attempt_at=now + TRY_LEASE))
+                    .values(next_attempt_at=now + TRY_LEASE)
+                    .execution_options(synchronize_session=False))
                 if claimed.rowcount == 1:  # type: ignore[attr-defined]
                     taken.append(row)
             return taken
