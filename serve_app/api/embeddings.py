@@ -6,8 +6,8 @@ from fastapi import APIRouter, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.billing.pricing import price
-from serve_app.embeddings.serving import encode, max_tokens, shape
-from serve_app.errors import invalid_request, refused_for_capacity
+from serve_app.embeddings.serving import check_input_lengths, encode, max_tokens, shape
+from serve_app.errors import ApiError, invalid_request, refused_for_capacity
 from serve_app.pipeline import respond
 from serve_app.schemas.embeddings import EmbeddingRequest
 
@@ -27,11 +27,15 @@ async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: Inference
     texts = body.texts
     estimate = sum(len(t) for t in texts) // 4 + 1
     pending = state.admission.start(ctx, key, model, estimate)
-    if body.dimensions is not None and model.dimensions and body.dimensions > model.dimensions:
-        error = invalid_request(f"dimensions must be at most {model.dimensions} for "
-                                f"{model.id}", "dimensions")
-        await pending.abandon(error)  # counted, as any request
-        raise error
+    try:
+        if body.dimensions is not None and model.dimensions and \
+                body.dimensions > model.dimensions:
+            raise invalid_request(f"dimensions must be at most {model.dimensions} for "
+                                  f"{model.id}", "dimensions")
+        check_input_lengths(texts)  # inputs surely over the token limit: before the model
+    except ApiError as error:
+        await pending.abandon(error)  # counted, as any request; nothing held or charged
+        raise
     charge = await pending.hold([model], lambda _m: {"input": max_tokens(texts)})
     try:
         state.router.handle(model)  # 503 before anything else when the model is offline

@@ -44,6 +44,19 @@ def max_tokens(texts: list[str]) -> int:
     return sum(min(len(t.encode()) + 2, MAX_INPUT_TOKENS) for t in texts)
 
 
+def check_input_lengths(texts: list[str]) -> None:
+    """A 400 for an input that has more than MAX_INPUT_TOKENS tokens whatever the tokenizer,
+    before the model runs: more whitespace-separated words than that (every tokenizer makes
+    at least one token of each; a cheap count that never says more than the model would).
+    An input over the limit by fewer words is refused once the model counted it."""
+    for index, text in enumerate(texts):
+        if len(text) <= 2 * MAX_INPUT_TOKENS:  # too short to hold that many words
+            continue
+        if len(text.split(maxsplit=MAX_INPUT_TOKENS)) > MAX_INPUT_TOKENS:
+            raise invalid_request(f"input[{index}] has more than {MAX_INPUT_TOKENS} tokens; "
+                                  f"the limit is {MAX_INPUT_TOKENS} per input", "input")
+
+
 def shape(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
     """Keep the first `dimensions` components and scale back to unit length."""
     if dimensions is None or dimensions == vectors.shape[1]:

@@ -144,3 +144,35 @@ def test_a_large_batch_is_answered_whole_and_compressed(fake_gateway, fakes, key
     assert [d["index"] for d in data] == list(range(40))
     assert np.allclose(data[7]["embedding"], fakes["embedding"].vector("embed-small", texts[7]),
                        atol=1e-6)
+
+
+# ---- inputs over the per-input token limit ------------------------------------------------
+
+def test_an_input_surely_over_8192_tokens_is_refused_before_the_model(fake_gateway, fakes,
+                                                                      key, books):
+    """The attack: inputs far over the limit were tokenised and encoded by the model, then
+    refused (400, nothing charged): the work was free. Now one with more words than the limit
+    has tokens is refused before the hold: the model never sees it."""
+    before = books.balance_nanos()
+
+    resp = _embed(fake_gateway, key, input=["short one", "word " * 9000])
+
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["code"] == "INVALID_REQUEST"
+    assert "input" in resp.json()["details"]
+    assert fakes["embedding"].calls == []
+    assert books.entries() == 0 and books.open_holds() == 0
+    assert books.balance_nanos() == before
+
+
+def test_a_long_input_within_the_limit_is_embedded(fake_gateway, fakes, key, books):
+    """Long in characters, within the limit in tokens: not refused by the early count."""
+    text = "longerword " * 8000  # 88,000 characters, 8,002 tokens
+
+    resp = _embed(fake_gateway, key, input=[text])
+
+    assert resp.status_code == 200, resp.text
+    assert len(fakes["embedding"].calls) == 1
+    tokens = FakeEmbeddingDeployment.tokens_of(text)
+    assert books.only_charge(resp.headers["cf-ray"]).lines["input"][0] == \
+        min(tokens, fakes["embedding"].max_seq_length)
