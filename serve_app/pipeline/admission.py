@@ -59,16 +59,15 @@ def payer_of(key: KeyRecord) -> Payer:
 
 
 def check_privacy(key: KeyRecord, model: CatalogModel) -> None:
-    """The key's `modelPrivacy` tier against the model's privacy in the catalog."""
+    """The key's `modelPrivacy` tier against the model's privacy in the catalog: a refusal is
+    the reference's answer, a 403 standard error (its message, no code)."""
     if key.model_privacy == "ALL" or model.is_private:
         return
     if key.model_privacy == "PRIVATE_TEXT" and model.type not in ("text", "embedding"):
         return
-    rule = ("PRIVATE_ONLY allows only Private, TEE or E2EE models"
-            if key.model_privacy == "PRIVATE_ONLY"
-            else "PRIVATE_TEXT requires text and embedding models to be Private, TEE or E2EE")
-    raise ApiError(403, f"This API key's modelPrivacy is {key.model_privacy}: {rule}, and "
-                        f"model {model.id} is {model.privacy}", code="UNAUTHORIZED")
+    raise ApiError(403, f"This API key is set to '{key.model_privacy}', but `{model.id}` is an "
+                        "Anonymous model. Choose a Private, TEE, or E2EE model, or change the "
+                        "model privacy setting of this API key.")
 
 
 class Admission:

@@ -215,7 +215,8 @@ def test_privacy_tiers_name_the_rule():
     for tier, model in (("PRIVATE_TEXT", anon_text), ("PRIVATE_ONLY", anon_image)):
         with pytest.raises(ApiError) as err:
             check_privacy(Key(tier), model)
-        assert err.value.status == 403 and tier in err.value.message
+        assert err.value.status == 403 and err.value.code is None
+        assert err.value.message.startswith(f"This API key is set to '{tier}', but `")
 
 
 def test_characters_and_reviews(gateway):
