@@ -51,9 +51,10 @@ def server(tmp_path_factory) -> Iterator[tuple[str, GatewayServices]]:
     thread = threading.Thread(target=running.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}/api/v1"
-    for _ in range(100):
+    deadline = time.monotonic() + 120  # a server starting on a busy machine
+    while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{base}/models", timeout=1).status_code == 200:
+            if httpx.get(f"{base}/models", timeout=30).status_code == 200:
                 break
         except httpx.HTTPError:
             time.sleep(0.1)

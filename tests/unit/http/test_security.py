@@ -214,7 +214,7 @@ def test_a_name_resolving_to_any_private_address_is_refused(monkeypatch):
 
 # ---- bodies ------------------------------------------------------------------------------
 
-def _raw_http(port: int, head: bytes, timeout_s: float = 5.0) -> bytes:
+def _raw_http(port: int, head: bytes, timeout_s: float = 60.0) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         sock.sendall(head)
         return sock.recv(65536)

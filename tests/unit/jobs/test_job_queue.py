@@ -5,6 +5,7 @@ charges it once; a job that used its tries is failed and its hold released."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -170,8 +171,9 @@ def test_a_runner_that_dies_mid_job_leaves_it_to_the_next_which_charges_once(
         working = _InProcess(speech, "synthesize")
         next_runner = JobRunner(queue, store, billing, CATALOG,
                                 ModelRouter(CATALOG, {"speech": _Handle(working)}))
-        for _ in range(100):  # until its lease runs out (a renewal may still be landing)
-            await next_runner.fill()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until its lease runs out (a renewal may still
+            await next_runner.fill()        # be landing)
             if next_runner._running["speech"]:
                 break
             await asyncio.sleep(0.1)

@@ -22,7 +22,7 @@ def _post(gateway, key: str, path: str, body: dict):
     return gateway.client.post(f"/api/v1/video/{path}", headers=gateway.auth(key), json=body)
 
 
-def _retrieve_when_done(gateway, key: str, queue_id: str, timeout_s: float = 10):
+def _retrieve_when_done(gateway, key: str, queue_id: str, timeout_s: float = 120):
     """Poll `/video/retrieve` as a client does until the job is no longer PROCESSING."""
     deadline = time.monotonic() + timeout_s
     while True:

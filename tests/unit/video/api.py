@@ -12,7 +12,7 @@ def post(gateway, key: str, path: str, body: dict) -> httpx.Response:
     return gateway.client.post(f"/api/v1/video/{path}", headers=gateway.auth(key), json=body)
 
 
-def wait(gateway, key: str, model: str, queue_id: str, timeout_s: float = 20) -> httpx.Response:
+def wait(gateway, key: str, model: str, queue_id: str, timeout_s: float = 120) -> httpx.Response:
     """Poll `/video/retrieve` as a client does until the job is no longer PROCESSING."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -30,7 +30,7 @@ def stored(gateway) -> list[str]:
     return sorted(p.name for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
-def stored_when(gateway, expected: list[str], timeout_s: float = 20) -> list[str]:
+def stored_when(gateway, expected: list[str], timeout_s: float = 120) -> list[str]:
     """The store's files once they are `expected`, or as they are when the time is up (a job
     answers COMPLETED a moment before its runner has deleted its inputs)."""
     deadline = time.monotonic() + timeout_s

@@ -22,7 +22,7 @@ def _audio(gateway, key: str, path: str, body: dict):
     return gateway.client.post(f"/api/v1/audio/{path}", headers=gateway.auth(key), json=body)
 
 
-def _wait_audio(gateway, key: str, queue_id: str, timeout_s: float = 20):
+def _wait_audio(gateway, key: str, queue_id: str, timeout_s: float = 120):
     deadline = time.monotonic() + timeout_s
     while True:
         resp = _audio(gateway, key, "retrieve", {"model": "narrator", "queue_id": queue_id})

@@ -797,7 +797,7 @@ def test_dev_facilitator_binds_loopback_only(capsys):
 def test_start_in_thread_serves_and_stops():
     url, stop = dev_facilitator.start_in_thread(solana_fee_payer=str(Keypair().pubkey()))
     try:
-        assert httpx.get(f"{url}/supported", timeout=5).status_code == 200
+        assert httpx.get(f"{url}/supported", timeout=60).status_code == 200
     finally:
         stop()
     with pytest.raises(httpx.HTTPError):
