@@ -72,7 +72,7 @@ class RedisServer:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # a busy machine, Ray beside it
         while time.monotonic() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
@@ -151,7 +151,7 @@ def _replicas_by_app(ports: range) -> tuple[list[str], list[str]]:
         for prefix, found in (("/api/v1", default), (PG_PREFIX, pg)):
             url = f"http://127.0.0.1:{port}{prefix}"
             try:
-                if httpx.get(f"{url}/models", timeout=5).status_code == 200:
+                if httpx.get(f"{url}/models", timeout=60).status_code == 200:
                     found.append(url)
             except httpx.HTTPError:
                 pass

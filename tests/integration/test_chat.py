@@ -199,7 +199,7 @@ def test_a_client_that_disconnects_stops_generation(platform, inference_key):
             if n >= 3:
                 break
     # The engine notices the hang-up and stops early, short of the 900 tokens asked for.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     stats = text_xs.stats.remote().result()[TINY]
     while time.monotonic() < deadline and len(stats["cancelled_tokens"]) == before:
         time.sleep(0.5)

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from serve_app.limits.backends import RayLimiter
+from serve_app.limits.redis_backend import RETRY_AFTER_S
 from tests.limiter_scenarios import SCENARIOS
 
 EMBEDDING = "text-embedding-all-minilm-l6-v2"  # 100 requests per minute in the test catalog
@@ -92,7 +93,9 @@ def test_redis_restart_during_a_run(platform):
     platform.redis.stop()
     during = asyncio.run(run(20))  # Redis is down: replicas count on their own, and answer
     platform.redis.start()
-    time.sleep(1.5)  # the replicas try Redis again a second after losing it
+    # the replicas try Redis again RETRY_AFTER_S after their last failure, which came before
+    # the restart: waited out (a slower machine only waits longer)
+    time.sleep(RETRY_AFTER_S + 0.5)
     after_key = _key(urls[0], platform.admin_key)
     after = [r.status_code for r in asyncio.run(_burst(urls, after_key, 150))]
     assert before == [200] * 20

@@ -70,10 +70,12 @@ def test_an_edited_key_changes_on_every_replica_at_once(platform):
                          json={"apiKeyType": "ADMIN", "expiresAt": "2099-01-01"}).json()["data"]
     headers = platform.auth(created["apiKey"])
     assert httpx.get(f"{second}/api_keys", headers=headers).status_code == 200
-    soon = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    # 20 s ahead: still in the future when the edit lands, however slow the machine; then
+    # waited out, whatever time the edit took
+    soon = datetime.now(UTC) + timedelta(seconds=20)
     resp = httpx.patch(f"{first}/api_keys", headers=platform.auth(),
-                       json={"id": created["id"], "expiresAt": soon})
+                       json={"id": created["id"], "expiresAt": soon.isoformat()})
     assert resp.status_code == 200
-    time.sleep(2.2)
+    time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.5)
     # The second replica cached the key with its 2099 expiry; the edit reached it.
     assert httpx.get(f"{second}/api_keys", headers=headers).status_code == 401
