@@ -278,7 +278,7 @@ def test_a_transcription_replica_serves_one_at_a_time_and_refuses_a_long_wait() 
             self.go = threading.Event()
 
         def transcribe(self, audio: bytes, language, timestamps, stop=None) -> dict:
-            self.go.wait(timeout=30)
+            self.go.wait(timeout=120)
             self.heard.append(audio)
             return {"text": audio.decode(), "duration": 1.0, "segments": []}
 
