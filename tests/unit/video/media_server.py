@@ -24,7 +24,7 @@ class MediaServer:
             def do_GET(self) -> None:
                 server.requests.append(self.path)
                 server.arrived.release()
-                server.gate.wait(30)
+                server.gate.wait(120)
                 name = self.path.rsplit("/", 1)[-1]
                 body, content_type = server.files.get(name, (b"missing", "text/plain"))
                 self.send_response(200 if name in server.files else 404)
@@ -55,7 +55,7 @@ class MediaServer:
     def release(self) -> None:
         self.gate.set()
 
-    def wait_for_request(self, timeout_s: float = 30) -> None:
+    def wait_for_request(self, timeout_s: float = 120) -> None:
         assert self.arrived.acquire(timeout=timeout_s), "no request came"
 
     def close(self) -> None:
