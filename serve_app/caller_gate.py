@@ -1,7 +1,7 @@
 """Who is calling, checked from the headers before a byte of the body is read.
 
 FastAPI reads and parses a JSON body before a route's dependencies run, so without this gate
-an anonymous client could make the Gateway buffer and parse up to 32 MB (69 MB on
+an anonymous client could make the Gateway buffer and parse up to 35 MB (69 MB on
 `/video/queue`) only to be told 401. Here, in the ASGI layer, before the route:
 
 * for a request with a body, a Bearer key is looked up (one cached hash lookup,
@@ -13,7 +13,8 @@ an anonymous client could make the Gateway buffer and parse up to 32 MB (69 MB o
   here (401), a missing one by the route itself from the headers alone (401, or the x402
   402) while it sees an empty body;
 * a caller not known yet (public routes) may send at most `ANONYMOUS_BODY_BYTES`; known
-  callers the route's cap (middleware.body_cap); 413 past either;
+  callers the route's cap (middleware.body_cap: the reference's 35 MB for JSON, more on the
+  routes that take media files); 413 past either;
 * a body must arrive within `body_timeout_s` of the request (408), and one client address
   may have at most `large_bodies_per_client` bodies over `LARGE_BODY_BYTES` on their way at
   once (429).
@@ -33,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.accounts.key_store import KeyStore
 from serve_app.errors import ApiError, authentication_failed, error_response, payload_too_large
-from serve_app.middleware import body_cap
+from serve_app.middleware import body_cap, body_too_large_message
 from serve_app.pipeline.context import RequestContext
 from serve_app.wallets.siwx import decode_header
 
@@ -135,7 +136,7 @@ class CallerGate:
             cap = min(cap, self.anonymous_body_bytes)
         if declared > cap:
             await error_response(payload_too_large(
-                f"Request body exceeds {cap} bytes"))(scope, _no_body, send)
+                body_too_large_message(cap)))(scope, _no_body, send)
             return
         await self._guarded(scope, receive, send, cap, declared)
 
@@ -205,7 +206,7 @@ class CallerGate:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > cap:
-                    raise refuse(payload_too_large(f"Request body exceeds {cap} bytes"))
+                    raise refuse(payload_too_large(body_too_large_message(cap)))
                 if received > LARGE_BODY_BYTES and not large:
                     take_upload_slot()
                 finished = not message.get("more_body", False)

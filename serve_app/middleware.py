@@ -35,8 +35,9 @@ from serve_app.version import service_version
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
-# Largest request body accepted by any route but those that take media files.
-MAX_BODY_BYTES = 32 * 1024 * 1024
+# Largest request body a known caller may send to any route but those that take media files:
+# the reference's 35 MB JSON cap (a caller not known yet: caller_gate.ANONYMOUS_BODY_BYTES).
+MAX_BODY_BYTES = 35 * 1024 * 1024
 # One file of just under 25 MB, base64 in JSON (4/3 the size), and the other fields; each
 # file is then checked against the spec's 25 MB on its own.
 ONE_IMAGE_BODY_BYTES = 25 * 1024 * 1024 * 4 // 3 + 1024 * 1024
@@ -49,6 +50,11 @@ MEDIA_ROUTES = {"/image/upscale": 1, "/image/background-remove": 1, "/image/edit
 REQUEST_TIMESTAMP = b"x-service-request-timestamp-ms"
 _MILLISECONDS = re.compile(rb"\d{1,16}(\.\d{1,6})?")
 
+
+
+def body_too_large_message(cap: int) -> str:
+    """The 413's message: the reference's sentence, with the cap in bytes."""
+    return f"Request body exceeds the maximum allowed size ({cap} bytes)."
 
 
 def body_cap(path: str, default: int = MAX_BODY_BYTES) -> int:
@@ -149,7 +155,7 @@ class ServiceHeadersMiddleware:
             if self._declared_length(scope) > cap:
                 for message in _json_error(413, {
                     "code": "PAYLOAD_TOO_LARGE",
-                    "error": f"Request body exceeds {cap} bytes",
+                    "error": body_too_large_message(cap),
                 }):
                     await send_with_headers(message)
                 return
