@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.errors import ApiError, invalid_request
+from serve_app.video.probe import open_clip
 
 CASCADE_NAME = "haarcascade_frontalface_default.xml"
 BUNDLED_CASCADE = Path(__file__).with_name("cascades") / CASCADE_NAME
@@ -105,7 +106,7 @@ class FaceDetector:
 
         decoded = 0
         try:
-            with av.open(io.BytesIO(data), mode="r") as container:
+            with open_clip(data, field) as container:
                 stream = container.streams.video[0]
                 stream.codec_context.skip_frame = "NONKEY"
                 for frame in container.decode(stream):
