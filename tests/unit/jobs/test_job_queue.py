@@ -171,9 +171,10 @@ def test_a_runner_that_dies_mid_job_leaves_it_to_the_next_which_charges_once(
         working = _InProcess(speech, "synthesize")
         next_runner = JobRunner(queue, store, billing, CATALOG,
                                 ModelRouter(CATALOG, {"speech": _Handle(working)}))
+        # until its lease runs out (a renewal may still be landing)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until its lease runs out (a renewal may still
-            await next_runner.fill()        # be landing)
+        while time.monotonic() < deadline:
+            await next_runner.fill()
             if next_runner._running["speech"]:
                 break
             await asyncio.sleep(0.1)
