@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -97,6 +98,47 @@ async def _flood(client: httpx.AsyncClient, base: str, key: str, model: str,
                     return
 
 
+async def _embed_flood(client: httpx.AsyncClient, base: str, key: str, model: str,
+                       until: float, refused: list[int]) -> None:
+    """One of A's embedding requests of `EMBED_BATCH` inputs, sent again as soon as it is
+    answered, until `until`."""
+    batch = [EMBED_SENTENCE.format(i) for i in range(EMBED_BATCH)]
+    while time.perf_counter() < until:
+        resp = await client.post(f"{base}/embeddings", json={"model": model, "input": batch},
+                                 headers={"Authorization": f"Bearer {key}"})
+        if resp.status_code == 503:
+            refused.append(1)
+            await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
+
+
+async def flood(kind: str, base: str, key: str, model: str, seconds: float) -> int:
+    """Account A's flood for `seconds` (chat: `FLOOD_STREAMS` streams; embeddings:
+    `EMBED_CONCURRENCY` requests of `EMBED_BATCH` inputs); how many were refused (503)."""
+    refused: list[int] = []
+    until = time.perf_counter() + seconds
+    one, count = (_flood, FLOOD_STREAMS) if kind == "chat" else (_embed_flood,
+                                                                 EMBED_CONCURRENCY)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(seconds + 120),
+                                 limits=httpx.Limits(max_connections=count + 2)) as client:
+        await asyncio.gather(*(one(client, base, key, model, until, refused)
+                               for _ in range(count)))
+    return len(refused)
+
+
+async def _flood_process(kind: str, base: str, key: str, model: str, seconds: float
+                         ) -> asyncio.subprocess.Process:
+    """A's flood in a process of its own: its clients' parsing must not delay B's, which this
+    process times."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "flood", kind, base, key, model, str(seconds),
+        stdout=asyncio.subprocess.PIPE)
+
+
+async def _flood_ended(process: asyncio.subprocess.Process) -> int:
+    out, _ = await process.communicate()
+    return int(out.decode().strip().splitlines()[-1])
+
+
 async def noisy_neighbour(base: str, keys: tuple[str, str], model: str, seconds: float,
                           served: Callable[[], Awaitable[float]], b_chats: int = 8
                           ) -> dict[str, float]:
@@ -108,12 +150,10 @@ async def noisy_neighbour(base: str, keys: tuple[str, str], model: str, seconds:
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         await _first_token_ms(client, base, key_b, model)  # warm-up
         alone = [await _first_token_ms(client, base, key_b, model) for _ in range(b_chats)]
-        refused: list[int] = []
         started = time.perf_counter()
         until = started + seconds
         before = await served()
-        flood = [asyncio.create_task(_flood(client, base, key_a, model, until, refused))
-                 for _ in range(FLOOD_STREAMS)]
+        flood = await _flood_process("chat", base, key_a, model, seconds)
         await asyncio.sleep(min(5.0, seconds / 4))  # A's streams are all open
         crowded = []
         while len(crowded) < b_chats and time.perf_counter() < until:
@@ -123,12 +163,11 @@ async def noisy_neighbour(base: str, keys: tuple[str, str], model: str, seconds:
                     timeout=max(1.0, until - time.perf_counter() + 60)))
             except TimeoutError:
                 break
-        await asyncio.gather(*flood)
+        refused = await _flood_ended(flood)
         tokens_per_s = (await served() - before) / (time.perf_counter() - started)
     return {"alone_ms": statistics.median(alone),
             "crowded_ms": statistics.median(crowded) if crowded else float("inf"),
-            "crowded_n": len(crowded), "tokens_per_s": tokens_per_s,
-            "refused": len(refused)}
+            "crowded_n": len(crowded), "tokens_per_s": tokens_per_s, "refused": refused}
 
 
 async def _embed_ms(client: httpx.AsyncClient, base: str, key: str, model: str,
@@ -147,36 +186,24 @@ async def embedding_neighbour(base: str, keys: tuple[str, str], model: str, seco
     """B's median latency of one input alone, then while A keeps `EMBED_CONCURRENCY`
     requests of `EMBED_BATCH` inputs in flight; texts/s the engine encoded meanwhile."""
     key_a, key_b = keys
-    batch = [EMBED_SENTENCE.format(i) for i in range(EMBED_BATCH)]
-    refused: list[int] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(seconds + 120)) as client:
         for _ in range(5):
             await _embed_ms(client, base, key_b, model, ["warm up"])
         alone = [await _embed_ms(client, base, key_b, model, [f"B alone {i}"])
                  for i in range(b_calls)]
-        until = time.perf_counter() + seconds
-
-        async def flood() -> None:
-            while time.perf_counter() < until:
-                resp = await client.post(f"{base}/embeddings",
-                                         json={"model": model, "input": batch},
-                                         headers={"Authorization": f"Bearer {key_a}"})
-                if resp.status_code == 503:
-                    refused.append(1)
-                    await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
-
         started = time.perf_counter()
+        until = started + seconds
         before = await served()
-        floods = [asyncio.create_task(flood()) for _ in range(EMBED_CONCURRENCY)]
+        flood = await _flood_process("embeddings", base, key_a, model, seconds)
         await asyncio.sleep(min(2.0, seconds / 4))
         crowded = []
         while len(crowded) < b_calls and time.perf_counter() < until:
             crowded.append(await _embed_ms(client, base, key_b, model, [f"B {len(crowded)}"]))
-        await asyncio.gather(*floods)
+        refused = await _flood_ended(flood)
         texts_per_s = (await served() - before) / (time.perf_counter() - started)
     return {"alone_ms": statistics.median(alone),
             "crowded_ms": statistics.median(crowded) if crowded else float("inf"),
-            "crowded_n": len(crowded), "tokens_per_s": texts_per_s, "refused": len(refused)}
+            "crowded_n": len(crowded), "tokens_per_s": texts_per_s, "refused": refused}
 
 
 def embeddings_served(model: str) -> Callable[[], Awaitable[float]]:
@@ -243,3 +270,9 @@ def measure_fairness(start_platform: Callable[[Path], object], catalog: Path,
                         on["embeddings"]["alone_ms"], 1.5),
         rate_figure("flood_throughput_embeddings", "texts/s",
                     on["embeddings"]["tokens_per_s"], off["embeddings"]["tokens_per_s"], 0.95)]
+
+
+if __name__ == "__main__":  # the flood's own process: flood KIND BASE KEY MODEL SECONDS
+    _, role, kind, base, key, model, seconds = sys.argv
+    assert role == "flood", role
+    print(asyncio.run(flood(kind, base, key, model, float(seconds))), flush=True)
