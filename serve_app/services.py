@@ -47,6 +47,7 @@ from serve_app.pipeline.admission import Admission
 from serve_app.settings import Settings
 from serve_app.video.probe import probe as probe_video
 from serve_app.video.serving import VideoService
+from serve_app.wallets.limits import SignInsPerClient
 from serve_app.wallets.sign_in import WalletAuth, sign_in_domains
 from serve_app.wallets.topups import TopUps, listening_hosts
 from serve_app.wallets.x402.requirements import PaymentConfig
@@ -171,7 +172,8 @@ class GatewayServices:
                                  limits=limits, database=engine,
                                  clock=billing.clock),
             wallets=WalletAuth(engine, sign_in_domains(settings),
-                               settings.x402_requests_in_flight_per_wallet),
+                               settings.x402_requests_in_flight_per_wallet,
+                               SignInsPerClient(settings.siwx_sign_ins_per_client_per_minute)),
             payments=payments,
             top_ups=TopUps(billing, payments, settings.x402_facilitator_url,
                            listen_hosts=listening_hosts(settings), database=engine,

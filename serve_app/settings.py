@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     # Requests of one signed-in wallet in flight at once on each Gateway replica (429
     # X402_CONCURRENCY_LIMIT past them).
     x402_requests_in_flight_per_wallet: int = Field(default=5, ge=1)
+    # Wallet sign-ins (SIGN-IN-WITH-X headers) a minute from one client address on each
+    # Gateway replica, counted before the signature is checked and the nonce written (429).
+    siwx_sign_ins_per_client_per_minute: int = Field(default=300, ge=1)
     # The web console's built files (console/dist, `npm run build`), served under /console.
     console_dir: Path = PROJECT_ROOT / "console" / "dist"
     # Where queued jobs keep their inputs and results: unset, DATA_DIR/results; a directory;

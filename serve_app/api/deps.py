@@ -117,7 +117,9 @@ async def signed_in_caller(request: Request, state: GatewayServices,
     verify), with its balance headers."""
     ctx = context_of(request)
     with ctx.step("auth"):
-        wallet = await state.wallets.authenticate(header, request.headers.get("host", ""))
+        wallet = await state.wallets.authenticate(
+            header, request.headers.get("host", ""),
+            client=request.client.host if request.client else None)
         key = ctx.caller = wallet.caller
         state.limits.check_failed_budget(key)
         respond.balance_headers(ctx, await remaining_credit(ctx, state, wallet))

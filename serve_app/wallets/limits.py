@@ -4,6 +4,10 @@
   each Gateway replica (X402_REQUESTS_IN_FLIGHT_PER_WALLET); the next is refused with 429
   `X402_CONCURRENCY_LIMIT` before anything is held or charged, and its slot is freed when its
   answer has ended (streams included).
+* Sign-ins (SIGN-IN-WITH-X headers) per minute from one client address
+  (`SIGN_INS_PER_CLIENT_PER_MINUTE`, SIWX_SIGN_INS_PER_CLIENT_PER_MINUTE) on each Gateway
+  replica, counted before the signature is checked and its nonce written: a client making
+  fresh wallets to sign in with writes at most that many nonces a minute (429 past it).
 * Reads of a wallet's balance (`BALANCE_READS_PER_MINUTE`) and transactions
   (`TRANSACTION_READS_PER_MINUTE`) per minute, counted per reader (the wallet signed in, or
   the operator's account), in the limiter's backend (shared across replicas on Redis or Ray):
@@ -13,7 +17,10 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
+
+from cachetools import TTLCache
 
 from serve_app.errors import ApiError
 from serve_app.limits.core import OK
@@ -21,6 +28,7 @@ from serve_app.limits.policy import WINDOW_MS
 from serve_app.limits.rate_limits import RateLimits
 
 WALLET_REQUESTS_IN_FLIGHT = 5
+SIGN_INS_PER_CLIENT_PER_MINUTE = 300
 BALANCE_READS_PER_MINUTE = 30
 TRANSACTION_READS_PER_MINUTE = 20
 # How soon a wallet refused for too many requests at once may try again.
@@ -65,6 +73,34 @@ class WalletsInFlight:
                 del self._open[address]
 
         return release
+
+
+class SignInsPerClient:
+    """Sign-ins per minute of each client address on this replica (a fixed window per
+    address; at most 100,000 addresses remembered, each for a minute)."""
+
+    def __init__(self, per_minute: int = SIGN_INS_PER_CLIENT_PER_MINUTE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._windows: TTLCache[str, list[float]] = TTLCache(maxsize=100_000, ttl=60.0,
+                                                             timer=clock)
+
+    def count(self, client: str | None) -> None:
+        """One sign-in from `client` (None: an address the server was not told, counted
+        together); 429 with Retry-After past the cap."""
+        key = client or "-"
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is None or now - window[0] >= 60.0:
+            window = self._windows[key] = [now, 0]
+        if window[1] >= self.per_minute:
+            retry_after = max(1, math.ceil(60.0 - (now - window[0])))
+            raise ApiError(429, f"Rate limit exceeded. Please try again later (at most "
+                                f"{self.per_minute} wallet sign-ins a minute from one "
+                                f"address; retry after {retry_after} seconds).",
+                           code="RATE_LIMIT_EXCEEDED", headers={"Retry-After": str(retry_after)})
+        window[1] += 1
 
 
 async def count_read(limits: RateLimits, reader: str, route: str, per_minute: int) -> None:

@@ -28,7 +28,11 @@ from serve_app.errors import ApiError
 from serve_app.net_guard import is_loopback
 from serve_app.settings import Settings
 from serve_app.wallets import siwx
-from serve_app.wallets.limits import WALLET_REQUESTS_IN_FLIGHT, WalletsInFlight
+from serve_app.wallets.limits import (
+    WALLET_REQUESTS_IN_FLIGHT,
+    SignInsPerClient,
+    WalletsInFlight,
+)
 from serve_app.wallets.nonces import run_nonce_sweeper, sweep_nonces, use_nonce
 
 logger = logging.getLogger("serve_app.auth")
@@ -101,10 +105,12 @@ class WalletAuth:
     only; an account that exists is cached per replica)."""
 
     def __init__(self, engine: Engine, accepted_domains: frozenset[str],
-                 requests_in_flight: int = WALLET_REQUESTS_IN_FLIGHT) -> None:
+                 requests_in_flight: int = WALLET_REQUESTS_IN_FLIGHT,
+                 sign_ins: SignInsPerClient | None = None) -> None:
         self.engine = engine
         self.accepted_domains = accepted_domains
         self.in_flight = WalletsInFlight(requests_in_flight)
+        self.sign_ins = sign_ins or SignInsPerClient()
         self._accounts: TTLCache[str, WalletAccount] = TTLCache(maxsize=100_000, ttl=60.0)
 
     def domain_for(self, request_host: str) -> str:
@@ -115,11 +121,16 @@ class WalletAuth:
         return sorted(self.accepted_domains)[0]
 
     async def authenticate(self, header_value: str, request_host: str,
-                           now: datetime | None = None) -> SignedInWallet:
+                           now: datetime | None = None, *,
+                           client: str | None = None) -> SignedInWallet:
+        """The wallet of a SIGN-IN-WITH-X header; `client`: the address it came from, whose
+        sign-ins a minute are counted first (before any signature is checked or nonce
+        written)."""
         if not self.accepted_domains:
             raise ApiError(401, "Wallet sign-in is not configured on this server: the operator "
                                 "sets SIWX_DOMAINS to the host names clients sign in to",
                            code="AUTHENTICATION_FAILED")
+        self.sign_ins.count(client)
         payload = siwx.decode_header(header_value)
         sign_in = siwx.verify(payload, accepted_domains=self.accepted_domains,
                               request_host=request_host.lower(), now=now or utcnow())

@@ -112,3 +112,39 @@ def test_one_client_address_makes_10_top_up_attempts_a_minute(gw: Gateway) -> No
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     # Discovery (no payment header) is not an attempt.
     assert gw.client.post(TOP_UP).status_code == 402
+
+
+def test_sign_ins_from_one_client_address_are_capped_before_a_nonce_is_written(
+        gw: Gateway) -> None:
+    """A client making fresh wallets to sign in with: past its address's sign-ins a minute,
+    429 before the signature is checked or a nonce written; a minute later it signs in
+    again."""
+    from sqlalchemy import func
+    from sqlmodel import Session, select
+
+    from serve_app.db.tables import SiwxNonce
+    from serve_app.wallets.limits import SignInsPerClient
+
+    now = [1000.0]
+    gw.state.wallets.sign_ins = SignInsPerClient(3, clock=lambda: now[0])
+
+    def nonces() -> int:
+        with Session(gw.state.engine) as session:
+            return session.exec(select(func.count()).select_from(SiwxNonce)).one()
+
+    def balance(wallet: Wallet):
+        return gw.client.get(f"/api/v1/x402/balance/{wallet.address}",
+                             headers=signed_in(gw.client, wallet, RPC_URL, CHAT_URL))
+
+    for _ in range(3):
+        assert balance(Wallet()).status_code == 200
+    written = nonces()
+
+    refused = balance(Wallet())
+
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "RATE_LIMIT_EXCEEDED"
+    assert int(refused.headers["Retry-After"]) == 60
+    assert nonces() == written  # nothing written for it
+    now[0] += 60
+    assert balance(Wallet()).status_code == 200
