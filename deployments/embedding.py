@@ -21,7 +21,14 @@ from deployments.base import ModelDeployment
 from deployments.engines.embedding import ENGINES, EmbeddingEngine, Encoded
 from deployments.fair_batches import FairBatches
 from deployments.fair_share import AtCapacity
-from deployments.protocol import Embeddings, EngineError, Tenant, at_capacity, not_served
+from deployments.protocol import (
+    MAX_INPUT_TOKENS,
+    Embeddings,
+    EngineError,
+    Tenant,
+    at_capacity,
+    not_served,
+)
 from deployments.spec import DEFAULT_MAX_QUEUE_WAIT_S, ModelSpec
 
 # A text's vector, its token count, and the ms of the forward pass that encoded it.
@@ -88,9 +95,7 @@ class _ModelPasses:
             options = spec["engine_options"] if spec else {}
 
             async def run(texts: list[str]) -> list[_Row]:
-                done, engine_ms = await asyncio.to_thread(_timed, engine, texts)
-                return [(vector, tokens, engine_ms)
-                        for vector, tokens in zip(done.vectors, done.tokens, strict=True)]
+                return await asyncio.to_thread(_encoded_within_limit, engine, texts)
 
             passes = self._passes[model_id] = FairBatches(
                 run, max_texts=int(options.get("max_batch_texts", DEFAULT_PASS_TEXTS)),
@@ -107,6 +112,28 @@ class _ModelPasses:
 
     def stats(self) -> dict[str, dict[str, float | int]]:
         return {model_id: passes.stats() for model_id, passes in self._passes.items()}
+
+
+def _encoded_within_limit(engine: EmbeddingEngine, texts: list[str]) -> list[_Row]:
+    """Each text's row of one forward pass, which skips the texts over MAX_INPUT_TOKENS: they
+    are only counted (a zero vector, their token count), and the Gateway refuses their
+    request. Only a text with more UTF-8 bytes than the limit (less its two special tokens)
+    can hold that many tokens, so only such a text is tokenised first."""
+    long = [i for i, text in enumerate(texts) if len(text.encode()) + 2 > MAX_INPUT_TOKENS]
+    over = {i: count for i, count in zip(long, engine.count_tokens([texts[i] for i in long]),
+                                         strict=True) if count > MAX_INPUT_TOKENS}
+    kept = [text for i, text in enumerate(texts) if i not in over]
+    done, engine_ms = _timed(engine, kept) if kept else (None, 0.0)
+    rows: list[_Row] = []
+    at = 0
+    for i in range(len(texts)):
+        if i in over:
+            rows.append((np.zeros(engine.dimensions, dtype=np.float32), over[i], engine_ms))
+        else:
+            assert done is not None
+            rows.append((done.vectors[at], done.tokens[at], engine_ms))
+            at += 1
+    return rows
 
 
 def _timed(engine: EmbeddingEngine, texts: list[str]) -> tuple[Encoded, float]:

@@ -183,6 +183,10 @@ TextEvent = Chunk | Usage | EngineError
 
 # ---- embeddings --------------------------------------------------------------------------
 
+# The most tokens one embeddings input may have: the replica encodes no input over it (its
+# token count comes back, and the Gateway refuses the request: nothing is charged).
+MAX_INPUT_TOKENS = 8192
+
 @dataclass(frozen=True, slots=True)
 class Embeddings:
     """Unit vectors of the texts of one call, each input's whole token count (the model read

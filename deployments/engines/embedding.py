@@ -19,6 +19,8 @@ class EmbeddingEngine(Protocol):
 
     def embed(self, texts: list[str]) -> Encoded: ...
 
+    def count_tokens(self, texts: list[str]) -> list[int]: ...
+
 
 class SentenceTransformersEngine:
     """sentence-transformers on CPU or GPU, from a local model folder."""

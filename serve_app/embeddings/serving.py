@@ -9,15 +9,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from deployments.protocol import PLATFORM_TENANT, Embeddings, Tenant
+from deployments.protocol import MAX_INPUT_TOKENS, PLATFORM_TENANT, Embeddings, Tenant
 from serve_app.embeddings.batcher import CallBatcher
 from serve_app.errors import invalid_request
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
-
-# The most tokens one input may have (the model reads the first `max_seq_length` of them).
-MAX_INPUT_TOKENS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +45,8 @@ def check_input_lengths(texts: list[str]) -> None:
     """A 400 for an input that has more than MAX_INPUT_TOKENS tokens whatever the tokenizer,
     before the model runs: more whitespace-separated words than that (every tokenizer makes
     at least one token of each; a cheap count that never says more than the model would).
-    An input over the limit by fewer words is refused once the model counted it."""
+    An input over the limit by fewer words is refused once the replica counted its tokens,
+    which it does before its forward pass and instead of it (deployments/embedding.py)."""
     for index, text in enumerate(texts):
         if len(text) <= 2 * MAX_INPUT_TOKENS:  # too short to hold that many words
             continue
