@@ -40,6 +40,7 @@ from serve_app.errors import ApiError
 from serve_app.jobs import downloads
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import JobQueue, JobView, result_key
+from serve_app.jobs.wake import until_woken
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
@@ -101,8 +102,7 @@ class JobRunner:
             except Exception:
                 logger.exception("the job runner's round failed")
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+            await until_woken(self._wake, self.poll_interval_s)
 
     async def fill(self) -> None:
         """Claim jobs until every served deployment has its slots busy or nothing waits."""

@@ -41,6 +41,7 @@ from serve_app.db.tables import (
     utcnow,
 )
 from serve_app.errors import invalid_request
+from serve_app.jobs.wake import until_woken
 from serve_app.net_guard import BlockedAddress, GuardedFetcher
 
 logger = logging.getLogger("serve_app.jobs")
@@ -160,8 +161,7 @@ class WebhookDeliveries:
             except Exception:
                 logger.exception("the webhook delivery round failed")
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+            await until_woken(self._wake, self.poll_interval_s)
 
     async def enqueue_ended(self, limit: int = 100) -> int:
         """A delivery row for each ended job that names a callback; returns how many."""
