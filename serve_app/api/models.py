@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from serve_app.api.deps import State
 from serve_app.errors import ApiError
+from serve_app.models.records import model_record
 
 router = APIRouter(tags=["Models"])
 
@@ -23,7 +24,7 @@ async def list_models(state: State, type: TypeFilter = Query("all")) -> dict:
     return {
         "object": "list",
         "type": type,
-        "data": [m.public_record(offline=not state.router.is_online(m)) for m in models],
+        "data": [model_record(m, offline=not state.router.is_online(m)) for m in models],
     }
 
 
@@ -52,4 +53,4 @@ async def get_model(model_id: str, state: State) -> dict:
     if model is None:
         raise ApiError(404, f"Model {model_id!r} not found; GET /models lists the models",
                        code="MODEL_NOT_FOUND")
-    return model.public_record(offline=not state.router.is_online(model))
+    return model_record(model, offline=not state.router.is_online(model))

@@ -16,8 +16,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serve_app.models.records import model_record
-
 ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
                     "music"]
 MODEL_TYPES: tuple[str, ...] = ModelType.__args__  # type: ignore[attr-defined]
@@ -129,10 +127,6 @@ class CatalogModel(BaseModel):
         if not self.weights:
             return None
         return os.path.expandvars(self.weights.replace("${DATA_DIR}", str(data_dir)))
-
-    def public_record(self, *, offline: bool) -> dict[str, Any]:
-        """The published model record of `GET /models` (records.py)."""
-        return model_record(self, offline=offline)
 
     def deprecation_headers(self) -> dict[str, str]:
         if not self.deprecation:

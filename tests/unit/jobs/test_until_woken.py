@@ -31,6 +31,9 @@ def test_the_pause_ends_on_its_wake_up_or_its_timeout() -> None:
         await asyncio.sleep(0)
         wake.set()
         await waiting  # woken, long before the hour
-        await until_woken(asyncio.Event(), 0)  # nothing wakes it: its timeout ends it
+        assert waiting.done() and not waiting.cancelled()
+        timed_out = asyncio.create_task(until_woken(asyncio.Event(), 0))
+        await timed_out  # nothing wakes it: its timeout ends it, without an error
+        assert timed_out.exception() is None
 
     asyncio.run(scenario())

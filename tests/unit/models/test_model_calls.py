@@ -12,6 +12,7 @@ from deployments.protocol import Chunk, EngineError, Usage
 from serve_app.errors import ApiError
 from serve_app.models.calls import ModelFailed, call_model, complete_model
 from serve_app.models.catalog import CatalogModel
+from serve_app.models.records import model_record
 
 
 class _Method:
@@ -78,5 +79,5 @@ def test_deprecated_models_carry_the_warning_headers():
     headers = model.deprecation_headers()
     assert headers["x-service-model-deprecation-date"] == "2026-03-01T00:00:00Z"
     assert "new" in headers["x-service-model-deprecation-warning"]
-    assert model.public_record(offline=False)["model_spec"]["deprecation"]["date"].startswith(
+    assert model_record(model, offline=False)["model_spec"]["deprecation"]["date"].startswith(
         datetime(2026, 3, 1, tzinfo=UTC).strftime("%Y-%m-%d"))
