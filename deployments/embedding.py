@@ -29,7 +29,7 @@ from deployments.protocol import (
     at_capacity,
     not_served,
 )
-from deployments.spec import DEFAULT_MAX_QUEUE_WAIT_S, ModelSpec
+from deployments.spec import ModelSpec, max_queue_wait_of
 
 # A text's vector, its token count, and the ms of the forward pass that encoded it.
 _Row = tuple[np.ndarray, int, float]
@@ -99,8 +99,7 @@ class _ModelPasses:
 
             passes = self._passes[model_id] = FairBatches(
                 run, max_texts=int(options.get("max_batch_texts", DEFAULT_PASS_TEXTS)),
-                max_wait_s=spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec
-                else DEFAULT_MAX_QUEUE_WAIT_S)
+                max_wait_s=max_queue_wait_of(spec))
         return passes
 
     def fair(self, model_id: str) -> bool:

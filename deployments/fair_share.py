@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from deployments.protocol import PLATFORM_TENANT, Tenant
-from deployments.spec import DEFAULT_MAX_QUEUE_WAIT_S, ModelSpec
+from deployments.spec import DEFAULT_MAX_QUEUE_WAIT_S, ModelSpec, max_queue_wait_of
 
 # A request without a tenant (a call made by the platform itself) shares one.
 PLATFORM = PLATFORM_TENANT
@@ -259,8 +259,7 @@ class FairShareGates:
             gate = self._gates[model_id] = FairShare(
                 int(getattr(engine, "max_num_seqs", 1)) if fair else UNGATED_SLOTS,
                 reserved=options.get("reserved_slots") if fair else 0,
-                max_wait_s=spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec
-                else DEFAULT_MAX_QUEUE_WAIT_S)
+                max_wait_s=max_queue_wait_of(spec))
         return gate
 
 

@@ -42,6 +42,13 @@ class ModelSpec(TypedDict):
     max_queue_wait_s: NotRequired[float]
 
 
+def max_queue_wait_of(spec: ModelSpec | None) -> float:
+    """The longest a request for this model may wait for its turn (the default for a spec
+    that does not say, or none)."""
+    return spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec \
+        else DEFAULT_MAX_QUEUE_WAIT_S
+
+
 def model_specs(models: list[ServedModel], settings: dict[str, Any]) -> list[ModelSpec]:
     """What a deployment's replicas need of each of its catalog models, as plain data (it
     crosses Ray): id, engine, weights (with DATA_DIR filled in), engine options and the

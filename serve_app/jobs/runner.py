@@ -40,7 +40,7 @@ from serve_app.errors import ApiError
 from serve_app.jobs import downloads
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.table import JobQueue, JobView, result_key
-from serve_app.jobs.wake import until_woken
+from serve_app.jobs.wake import run_rounds
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
@@ -92,17 +92,9 @@ class JobRunner:
         return served
 
     async def run(self) -> None:
-        last_sweep = 0.0
-        while True:
-            try:
-                if time.monotonic() - last_sweep > SWEEP_INTERVAL_S:
-                    last_sweep = time.monotonic()
-                    await self.sweep()
-                await self.fill()
-            except Exception:
-                logger.exception("the job runner's round failed")
-            self._wake.clear()
-            await until_woken(self._wake, self.poll_interval_s)
+        await run_rounds(self.fill, self.sweep, wake=self._wake,
+                         poll_interval_s=self.poll_interval_s,
+                         sweep_interval_s=SWEEP_INTERVAL_S, name="job runner")
 
     async def fill(self) -> None:
         """Claim jobs until every served deployment has its slots busy or nothing waits."""

@@ -21,7 +21,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -41,7 +40,7 @@ from serve_app.db.tables import (
     utcnow,
 )
 from serve_app.errors import invalid_request
-from serve_app.jobs.wake import until_woken
+from serve_app.jobs.wake import run_rounds
 from serve_app.net_guard import BlockedAddress, GuardedFetcher
 
 logger = logging.getLogger("serve_app.jobs")
@@ -150,18 +149,13 @@ class WebhookDeliveries:
         return await run_in_session(self.database, run)
 
     async def run(self) -> None:
-        last_sweep = 0.0
-        while True:
-            try:
-                if time.monotonic() - last_sweep > SWEEP_INTERVAL_S:
-                    last_sweep = time.monotonic()
-                    await self.sweep()
-                await self.enqueue_ended()
-                await self.deliver_due()
-            except Exception:
-                logger.exception("the webhook delivery round failed")
-            self._wake.clear()
-            await until_woken(self._wake, self.poll_interval_s)
+        async def deliver() -> None:
+            await self.enqueue_ended()
+            await self.deliver_due()
+
+        await run_rounds(deliver, self.sweep, wake=self._wake,
+                         poll_interval_s=self.poll_interval_s,
+                         sweep_interval_s=SWEEP_INTERVAL_S, name="webhook delivery")
 
     async def enqueue_ended(self, limit: int = 100) -> int:
         """A delivery row for each ended job that names a callback; returns how many."""
