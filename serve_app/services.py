@@ -17,6 +17,10 @@ from serve_app.accounts.key_events import KeyEvents, LocalKeyEvents
 from serve_app.accounts.key_store import KeyStore
 from serve_app.audio.jobs import QueuedAudio
 from serve_app.audio.serving import AudioService
+from serve_app.audio.sources import FETCH_TIMEOUT_S, MAX_AUDIO_BYTES
+from serve_app.audio.voice_change import KIND as VOICE_CHANGE
+from serve_app.audio.voice_change import VoiceChanger
+from serve_app.audio.voice_pipeline import VoicePipeline
 from serve_app.billing.holds import Billing
 from serve_app.chat.audio_parts import AudioReader
 from serve_app.chat.extraction import Extractor
@@ -107,6 +111,7 @@ class GatewayServices:
     audio: AudioService
     job_service: JobService
     queued_audio: QueuedAudio
+    voice_changer: VoiceChanger
     video: VideoService
     webhooks: WebhookDeliveries
     _tasks: list[asyncio.Task] = field(default_factory=list)
@@ -138,7 +143,8 @@ class GatewayServices:
         image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
         image_inspector = ImageInspector(limits, timeout_s=settings.image_inspect_timeout_s)
         job_runner = JobRunner(jobs, results, billing, catalog, router,
-                               slots_per_deployment=settings.job_slots_per_deployment)
+                               slots_per_deployment=settings.job_slots_per_deployment,
+                               makers={VOICE_CHANGE: VoicePipeline(catalog, router).make})
         fetch_slots = FetchSlots(settings.media_fetches_per_account)  # chat's media too
         callbacks = GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts,
                                    max_bytes=64 * 1024)
@@ -191,6 +197,11 @@ class GatewayServices:
             audio=AudioService(router, catalog, admission),
             job_service=job_service,
             queued_audio=QueuedAudio(router, job_service),
+            voice_changer=VoiceChanger(router, job_service, ImageSourceReader(
+                GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts,
+                               timeout_s=FETCH_TIMEOUT_S, deadline_s=FETCH_TIMEOUT_S,
+                               max_bytes=MAX_AUDIO_BYTES - 1),
+                total_timeout_s=FETCH_TIMEOUT_S)),
             video=VideoService(router, image_sources, job_service, settings.public_api_url,
                                inspector=image_inspector),
             webhooks=webhooks,

@@ -5,6 +5,7 @@ multipart with a `file`), and the voices of the speech models (`GET /audio/voice
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -16,16 +17,21 @@ from starlette.types import Receive, Scope, Send
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.audio import serving as service
+from serve_app.audio.voice_change import KIND as VOICE_CHANGE
+from serve_app.audio.voice_change import check_not_voice_changer
 from serve_app.errors import ApiError, invalid_request, payload_too_large
+from serve_app.json_bodies import parse_json
 from serve_app.pipeline.respond import json_response
 from serve_app.schemas.audio import (
     QueueAudioRequest,
     QuoteAudioRequest,
     SpeechRequest,
     TranscriptionRequest,
+    VoiceChangerQueueRequest,
     VoiceChangerQuoteRequest,
 )
 from serve_app.schemas.video import JobRequest, RetrieveRequest
+from serve_app.services import GatewayServices
 
 router = APIRouter(tags=["Audio"])
 
@@ -64,8 +70,10 @@ class _SpeechStream(StreamingResponse):
             await self.speech.close()
 
 
-async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
-    """The form's plain fields and the bytes of its `file` (under 25 MB)."""
+async def _upload(request: Request, *, required: bool = True
+                  ) -> tuple[dict[str, Any], bytes | None]:
+    """The form's plain fields and the bytes of its `file` (under 25 MB); None for no file
+    when it is not `required`."""
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise ApiError(415, f"Invalid content type {content_type or '(none)'!r}: send "
@@ -80,6 +88,9 @@ async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
         raise invalid_request(f"Invalid multipart body: {getattr(exc, 'detail', exc)}") from exc
     try:
         upload = form.get("file")
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        if upload is None and not required:
+            return fields, None
         if not isinstance(upload, UploadFile):
             raise invalid_request("file is required: the audio as a file upload", "file")
         if upload.size is not None and upload.size >= MAX_AUDIO_BYTES:
@@ -88,7 +99,6 @@ async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
         data = await upload.read()
         if not data:
             raise invalid_request("file is empty", "file")
-        fields = {k: v for k, v in form.items() if isinstance(v, str)}
         return fields, data
     finally:
         await form.close()
@@ -104,6 +114,7 @@ async def _upload(request: Request) -> tuple[dict[str, Any], bytes]:
 async def create_transcription(request: Request, ctx: Context, key: InferenceCaller,
                                state: State) -> Response:
     fields, audio = await _upload(request)
+    assert audio is not None  # required
     body = TranscriptionRequest.model_validate(fields)
     out = await state.audio.transcribe(ctx, key, body, audio)
     if body.response_format == "text":
@@ -124,11 +135,6 @@ async def quote_audio(body: QuoteAudioRequest, ctx: Context, key: InferenceCalle
     return json_response(ctx, state.queued_audio.quote(body))
 
 
-@router.post("/audio/voice-changer/quote", dependencies=[JsonBody],
-             summary="Price of a voice change")
-async def quote_voice_change(body: VoiceChangerQuoteRequest, ctx: Context,
-                             key: InferenceCaller, state: State) -> Response:
-    return json_response(ctx, state.queued_audio.voice_changer_quote(body))
 
 
 @router.post("/audio/queue", dependencies=[JsonBody], summary="Queue an audio job")
@@ -144,10 +150,86 @@ async def queue_audio(body: QueueAudioRequest, ctx: Context, key: InferenceCalle
                  for t in ("audio/mpeg", "audio/wav", "audio/flac")}}})
 async def retrieve_audio(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
+    _not_voice_changer(state, body.model, "retrieve")
     return await state.job_service.retrieve(ctx, key, body, "audio")
 
 
 @router.post("/audio/complete", dependencies=[JsonBody], summary="Delete a job's audio")
 async def complete_audio(body: JobRequest, ctx: Context, key: InferenceCaller,
                          state: State) -> Response:
+    _not_voice_changer(state, body.model, "complete")
     return json_response(ctx, await state.job_service.complete(key, body, "audio"))
+
+
+def _not_voice_changer(state: GatewayServices, name: str, endpoint: str) -> None:
+    """A voice changer named on a queued-audio route: 400 naming its own endpoint (a name the
+    catalog does not know is left to the route's answer for an unknown job)."""
+    model = state.catalog.find(name, "music")
+    if model is not None:
+        check_not_voice_changer(model, endpoint)
+
+
+def _voice_changer_only(state: GatewayServices, name: str, endpoint: str) -> None:
+    """Another music model named on a voice-changer route: 400 naming its endpoint."""
+    model = state.catalog.find(name, "music")
+    if model is not None and model.type == "music" and model.voice_changer is None:
+        state.voice_changer.model(name, endpoint)
+
+
+# ---- voice changer (speech to speech) ------------------------------------------------------
+
+@router.post("/audio/voice-changer/quote", dependencies=[JsonBody],
+             summary="Price of a voice change")
+async def quote_voice_change(body: VoiceChangerQuoteRequest, ctx: Context,
+                             key: InferenceCaller, state: State) -> Response:
+    return json_response(ctx, state.voice_changer.quote(body))
+
+
+@router.post("/audio/voice-changer/queue", summary="Queue a voice change",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": VoiceChangerQueueRequest.model_json_schema()},
+                 "multipart/form-data": {"schema": {
+                     **VoiceChangerQueueRequest.model_json_schema(),
+                     "properties": {"file": {"type": "string", "format": "binary"},
+                                    **VoiceChangerQueueRequest.model_json_schema()[
+                                        "properties"]}}}}}})
+async def queue_voice_change(request: Request, ctx: Context, key: InferenceCaller,
+                             state: State,
+                             idempotency_key: str | None = Header(None)) -> Response:
+    """The source once: a multipart `file`, or a JSON `audio_url` fetched by the server."""
+    upload: bytes | None = None
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type == "multipart/form-data":
+        fields, upload = await _upload(request, required=False)
+    elif media_type == "application/json" or media_type.endswith("+json"):
+        fields = await parse_json(await request.body())
+        if not isinstance(fields, dict):
+            raise invalid_request("The request body must be a JSON object")
+    else:
+        raise ApiError(415, f"Invalid content type {media_type or '(none)'!r}: send "
+                            "application/json with an audio_url, or multipart/form-data with "
+                            "the audio as `file`", code="INVALID_CONTENT_TYPE")
+    body = VoiceChangerQueueRequest.model_validate(fields)
+    digested = {"file_sha256": hashlib.sha256(upload).hexdigest()} if upload else None
+    return await state.job_service.queued(
+        ctx, key, "audio/voice-changer/queue", body, idempotency_key,
+        lambda: state.voice_changer.queue(ctx, key, body, upload), digested)
+
+
+@router.post("/audio/voice-changer/retrieve", dependencies=[JsonBody],
+             summary="Status or audio of a voice change", response_class=Response,
+             responses={200: {"content": {
+                 t: {"schema": {"type": "string", "format": "binary"}}
+                 for t in ("audio/mpeg", "audio/wav", "audio/flac")}}})
+async def retrieve_voice_change(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
+                                state: State) -> Response:
+    _voice_changer_only(state, body.model, "retrieve")
+    return await state.job_service.retrieve(ctx, key, body, VOICE_CHANGE)
+
+
+@router.post("/audio/voice-changer/complete", dependencies=[JsonBody],
+             summary="Delete a voice change's audio")
+async def complete_voice_change(body: JobRequest, ctx: Context, key: InferenceCaller,
+                                state: State) -> Response:
+    _voice_changer_only(state, body.model, "complete")
+    return json_response(ctx, await state.job_service.complete(key, body, VOICE_CHANGE))

@@ -1,22 +1,20 @@
-"""Queued audio (`/audio/quote`, `/audio/voice-changer/quote`, `/audio/queue`): the price from
-the model's catalog table (quotes.py), and a job that holds it and is made by the model's
-deployment (a Piper voice reads the prompt for speech models)."""
+"""Queued audio (`/audio/quote`, `/audio/queue`): the price from the model's catalog table
+(pricing/audio.py), and a job that holds it and is made by the model's deployment (a Piper
+voice reads the prompt for speech models). Voice changers have their own endpoints
+(voice_change.py) and are refused here."""
 
 from __future__ import annotations
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.audio.serving import pick_voice
-from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd, voice_change_cost
+from serve_app.audio.voice_change import check_not_voice_changer
+from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd
 from serve_app.errors import invalid_request
 from serve_app.jobs.requests import JobService
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext
-from serve_app.schemas.audio import (
-    QueueAudioRequest,
-    QuoteAudioRequest,
-    VoiceChangerQuoteRequest,
-)
+from serve_app.schemas.audio import QueueAudioRequest, QuoteAudioRequest
 
 DEFAULT_PROMPT_LIMIT = 5000
 
@@ -34,18 +32,11 @@ class QueuedAudio:
                           character_count=body.character_count)
         return {"quote": quote_usd(cost)}
 
-    def voice_changer_quote(self, body: VoiceChangerQuoteRequest
-                            ) -> dict[str, float]:
-        model = self.router.resolve(body.model, "music").model
-        return {"quote": quote_usd(voice_change_cost(model, parse_seconds(body.duration_seconds)))}
-
     async def queue(self, ctx: RequestContext, key: KeyRecord,
                     body: QueueAudioRequest) -> dict[str, str]:
         routed = self.router.resolve(body.model, "music")
         model = routed.model
-        if model.operation == "voice-change":
-            raise invalid_request(f"{model.id} is a voice-changer model; it is not queued here",
-                                  "model")
+        check_not_voice_changer(model, "queue")
         self.router.handle(model)
         limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
         if len(body.prompt) > limit:

@@ -82,7 +82,7 @@ class JobIntake:
         503 when the model is offline, 429, 403, 402; then 429 when the account has its most
         open jobs or stored bytes."""
         model = self.routed.model
-        self.router.handle(model)  # 503 MODEL_OFFLINE before anything is held
+        self.router.require_online(model)  # 503 MODEL_OFFLINE before anything is held
         held = least_hold(cost)
         self._charge = await self.admission.admit(self.ctx, self.key, model, 0, held)
         self._held = held.nanos

@@ -36,7 +36,11 @@ from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.video import JobRequest, RetrieveRequest
 
 # The catalog type of each kind of job's models (`default` means that type's default).
-MODEL_TYPE_OF_KIND = {"video": "video", "audio": "music"}
+MODEL_TYPE_OF_KIND = {"video": "video", "audio": "music", "voice-change": "music"}
+# Kinds whose finished media is audio: retrieve names its format and the time it took.
+AUDIO_KINDS = frozenset({"audio", "voice-change"})
+# Kinds whose failure says whether the credits held for the job went back.
+REFUND_TOLD_KINDS = frozenset({"voice-change"})
 # Until a model has finished a job, this is its estimated run time (the P80 of its jobs).
 DEFAULT_EXECUTION_MS = 60_000.0
 
@@ -65,13 +69,16 @@ class JobService:
 
     async def queued(self, ctx: RequestContext, key: KeyRecord, route: str, body: BaseModel,
                      idempotency_key: str | None,
-                     work: Callable[[], Awaitable[dict]]) -> Response:
+                     work: Callable[[], Awaitable[dict]],
+                     digested: dict[str, str] | None = None) -> Response:
         """A queue route's answer: its `callback_url` checked (400 before anything is held),
-        then `work` run once per `Idempotency-Key` (idempotency.py)."""
+        then `work` run once per `Idempotency-Key` (idempotency.py). `digested`: what else
+        makes two requests the same besides their fields (an uploaded file's hash)."""
         callback_url = getattr(body, "callback_url", None)
         if callback_url is not None:
             await check_callback_url(self.callback_guard, callback_url)
-        digest = request_digest(route, body.model_dump(mode="json", exclude_unset=True))
+        digest = request_digest(route, {**body.model_dump(mode="json", exclude_unset=True),
+                                        **(digested or {})})
 
         async def answer() -> Response:
             return respond.json_response(ctx, await work())
@@ -151,10 +158,14 @@ class JobService:
         if job.status in OPEN_STATUSES:
             return respond.json_response(ctx, await self._status(job, "PROCESSING"))
         if job.status == JobStatus.FAILED:
+            extra = ({"credits_refunded": not await self.jobs.charged(job.request_id)}
+                     if kind in REFUND_TOLD_KINDS else None)
             raise ApiError(job.error_status or 500, job.error or "The generation failed",
-                           code=job.error_code or "INFERENCE_FAILED")
+                           code=job.error_code or "INFERENCE_FAILED", extra=extra)
         if job.media_deleted or not job.result_key:
             raise _media_deleted(kind, job)
+        if kind in AUDIO_KINDS:
+            _audio_headers(ctx, job)
         if kind == "video" and (model.delivery == "download_url"
                                 or not accepts(accept, job.media_type or "video/mp4")):
             return respond.json_response(ctx, await self._status(job, "COMPLETED"))
@@ -239,6 +250,16 @@ def accepts(accept: str | None, media_type: str) -> bool:
     return best is not None and best[1] > 0
 
 
+def _audio_headers(ctx: RequestContext, job: JobView) -> None:
+    """A finished audio job's format (`mp3`, ...) and the time it took to make, in ms."""
+    fmt = AUDIO_FORMAT_OF.get(job.media_type or "")
+    if fmt:
+        ctx.headers["x-service-audio-format"] = fmt
+    if job.started_at is not None and job.finished_at is not None:
+        ctx.headers["x-service-inference-time"] = str(round(_ms_since(job.started_at,
+                                                                      job.finished_at)))
+
+
 def _media_deleted(kind: str, job: JobView) -> ApiError:
     return ApiError(404, f"The media of {kind} request {job.queue_id!r} was deleted",
                     code="MEDIA_NOT_FOUND")
@@ -246,6 +267,10 @@ def _media_deleted(kind: str, job: JobView) -> ApiError:
 
 def _ms_since(start: datetime, end: datetime | None = None) -> float:
     return max(0.0, ((end or utcnow()) - start).total_seconds() * 1000)
+
+
+AUDIO_FORMAT_OF = {"audio/mpeg": "mp3", "audio/wav": "wav", "audio/flac": "flac",
+                   "audio/opus": "opus", "audio/aac": "aac", "audio/pcm": "pcm"}
 
 
 def _suffix(job: JobView) -> str:

@@ -2,7 +2,8 @@
 them. Every Gateway replica runs one; they share the table, never a job (leases).
 
 One job: claim it (a lease, renewed while it runs), read its inputs from the result store,
-one call to its model's deployment, the media into the result store, the job marked COMPLETED
+one call to its model's deployment (or, for a kind made by several models, its maker: a
+voice change is heard, then spoken), the media into the result store, the job marked COMPLETED
 (only while the lease is still this runner's), then the quoted price settled against the hold
 taken when it was queued. A failure marks it FAILED, then releases the hold. Every path
 changes the job's state first and the money second, so the money follows the state:
@@ -26,6 +27,7 @@ import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -50,6 +52,9 @@ logger = logging.getLogger("serve_app.jobs")
 # Catalog types whose models take queued jobs, and the deployment method of each job kind.
 QUEUED_MODEL_TYPES = ("video", "music")
 METHOD_OF_KIND = {"video": "generate", "audio": "synthesize"}
+# How a job of a kind no single deployment makes is made (a voice change: transcription,
+# then speech): its model and the job -> the media. Given by the composition root.
+JobMaker = Callable[[CatalogModel, MediaJob], Awaitable[MediaResult]]
 POLL_INTERVAL_S = 1.0
 SWEEP_INTERVAL_S = 10.0
 # A deployment whose queue was full gets no new job from this runner for this long.
@@ -69,9 +74,12 @@ def job_cost(model: CatalogModel, job: JobView) -> Cost:
 class JobRunner:
     def __init__(self, queue: JobQueue, results: ResultStore, billing: Billing,
                  catalog: Catalog, router: ModelRouter, *, slots_per_deployment: int = 2,
-                 poll_interval_s: float = POLL_INTERVAL_S) -> None:
+                 poll_interval_s: float = POLL_INTERVAL_S,
+                 makers: Mapping[str, JobMaker] | None = None) -> None:
         self.queue, self.results, self.billing = queue, results, billing
         self.catalog, self.router = catalog, router
+        # Job kinds made by a maker rather than by one call to the model's deployment.
+        self.makers: dict[str, JobMaker] = dict(makers or {})
         self.slots = slots_per_deployment
         self.poll_interval_s = poll_interval_s
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -227,9 +235,13 @@ class JobRunner:
                 raise ApiError(500, f"The job's input {name!r} is missing from the store",
                                code="INFERENCE_FAILED")
             inputs[name] = data
-        method: Any = getattr(self.router.handle(model), METHOD_OF_KIND[job.kind])
-        out: MediaResult = await call_model(method, model.id, model.id,
-                                            MediaJob(dict(job.params), inputs))
+        work = MediaJob(dict(job.params), inputs)
+        maker = self.makers.get(job.kind)
+        if maker is not None:
+            out = await maker(model, work)
+        else:
+            method: Any = getattr(self.router.handle(model), METHOD_OF_KIND[job.kind])
+            out = await call_model(method, model.id, model.id, work)
         key = result_key(job.queue_id)
         storing = asyncio.ensure_future(self.results.put(key, out.media, out.media_type))
         try:

@@ -24,6 +24,7 @@ from sqlmodel import Session, col, select
 from serve_app.db.tables import (
     OPEN_STATUSES,
     JobStatus,
+    LedgerEntry,
     MediaJob,
     Reservation,
     as_utc,
@@ -262,6 +263,13 @@ class JobQueue:
                 col(MediaJob.status) == JobStatus.COMPLETED,
                 col(MediaJob.request_id).in_(select(Reservation.request_id)))).all()
             return [JobView.of(row) for row in rows]
+        return await self._run(read)
+
+    async def charged(self, request_id: str) -> bool:
+        """Whether the job of `request_id` was charged (its ledger entry was written)."""
+        def read(session: Session) -> bool:
+            return session.exec(select(LedgerEntry.request_id).where(
+                col(LedgerEntry.request_id) == request_id)).first() is not None
         return await self._run(read)
 
     async def mark_deleted(self, queue_id: str) -> bool:

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.models.chains import VoiceChangerSpec
+
 ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
                     "music"]
 MODEL_TYPES: tuple[str, ...] = ModelType.__args__  # type: ignore[attr-defined]
@@ -81,6 +83,26 @@ class CatalogModel(BaseModel):
     voices: list[str] = Field(default_factory=list)
     supported_formats: list[str] = Field(default_factory=list)
     default_format: str | None = None
+    # Voice changers (`operation: voice-change`): the models they chain and what they accept.
+    voice_changer: VoiceChangerSpec | None = None
+
+    @model_validator(mode="after")
+    def _voice_changer_is_whole(self) -> CatalogModel:
+        spec = self.voice_changer
+        if (spec is not None) != (self.operation == "voice-change"):
+            raise ValueError(f"model {self.id!r}: a voice-change model needs `voice_changer:` "
+                             "(the models it chains), and only it has one")
+        if spec is not None:
+            if spec.default_voice not in self.voices:
+                raise ValueError(f"voice changer {self.id!r}: default_voice "
+                                 f"{spec.default_voice!r} is not one of its voices")
+            tiers = self.pricing.get("durations", {})
+            minutes = -(-spec.max_source_audio_duration_seconds // 60)
+            missing = [m for m in range(1, minutes + 1) if str(m) not in tiers]
+            if missing:
+                raise ValueError(f"voice changer {self.id!r}: pricing.durations needs a tier "
+                                 f"per minute up to {minutes}; missing {missing}")
+        return self
 
     @model_validator(mode="after")
     def _text_needs_size(self) -> CatalogModel:
@@ -168,7 +190,32 @@ class Catalog(BaseModel):
                     if target not in known:
                         raise ValueError(f"{section_name}.{model_type}.{alias} names unknown "
                                          f"model {target!r}")
+        for model in self.models:
+            if model.voice_changer is not None:
+                self._check_chain(model, model.voice_changer)
         return self
+
+    def _check_chain(self, model: CatalogModel, spec: VoiceChangerSpec) -> None:
+        """A voice changer's models exist, are of the right types, and can do its work."""
+        by_id = {m.id: m for m in self.models}
+        hearing, speaking = by_id.get(spec.transcription), by_id.get(spec.speech)
+        if hearing is None or hearing.type != "asr":
+            raise ValueError(f"voice changer {model.id!r}: transcription "
+                             f"{spec.transcription!r} is not an asr model of the catalog")
+        if speaking is None or speaking.type != "tts":
+            raise ValueError(f"voice changer {model.id!r}: speech {spec.speech!r} is not a "
+                             "tts model of the catalog")
+        unknown = [v for v in model.voices if v not in speaking.voices]
+        if unknown:
+            raise ValueError(f"voice changer {model.id!r}: voices {unknown} are not voices "
+                             f"of {speaking.id}")
+        if speaking.supported_formats and spec.output_format not in speaking.supported_formats:
+            raise ValueError(f"voice changer {model.id!r}: {speaking.id} does not answer in "
+                             f"{spec.output_format}")
+        heard = float(hearing.engine_options.get("max_seconds", 1800))
+        if spec.max_source_audio_duration_seconds > heard:
+            raise ValueError(f"voice changer {model.id!r}: its sources may be longer than "
+                             f"{hearing.id} hears ({heard:g} s)")
 
     @cached_property
     def by_id(self) -> dict[str, CatalogModel]:

@@ -17,7 +17,8 @@ reference's clients look:
   one of the reference's pricing shapes, so it is published as `video_pricing` (the rates
   `/video/quote` applies) instead of `pricing`;
 - a queued audio model's settings (speed range, prompt limit) sit on `model_spec` itself, as
-  the reference's music fields do;
+  the reference's music fields do; so do a voice changer's (`voice_changer: true`, its
+  accepted formats, longest source, options, voices and default voice);
 - a deprecation always names `removesAt` (its date when the catalog gives no later one).
 """
 
@@ -84,6 +85,8 @@ def model_record(model: CatalogModel, *, offline: bool) -> dict[str, Any]:
         spec["constraints"] = constraints
     if model.voices:
         spec["voices"] = list(model.voices)
+    if model.voice_changer is not None:  # what it accepts, in the reference's names
+        spec.update(model.voice_changer.public_fields(model.voices))
     if model.supported_formats:
         spec["supported_formats"] = list(model.supported_formats)
         spec["default_format"] = model.default_format or model.supported_formats[0]

@@ -49,8 +49,24 @@ class ModelRouter:
         self.catalog = catalog
         self._handles = dict(handles)
 
+    def deployments_of(self, model: CatalogModel) -> list[str]:
+        """The deployments that run `model`: its own, or those of the models it chains (a
+        voice changer: its transcription and speech models')."""
+        spec = model.voice_changer
+        if spec is None:
+            return [model.deployment]
+        return [self.catalog.by_id[stage].deployment
+                for stage in (spec.transcription, spec.speech)]
+
     def is_online(self, model: CatalogModel) -> bool:
-        return model.deployment in self._handles
+        return all(d in self._handles for d in self.deployments_of(model))
+
+    def require_online(self, model: CatalogModel) -> None:
+        """503 MODEL_OFFLINE unless every deployment that runs `model` is running."""
+        for deployment in self.deployments_of(model):
+            if deployment not in self._handles:
+                raise ApiError(503, f"Model {model.id!r} is offline: its deployment "
+                                    f"{deployment!r} is not running", code="MODEL_OFFLINE")
 
     def resolve(self, name: str, model_type: str | None = None) -> RoutedModel:
         base, params = split_model_suffix(name)

@@ -88,3 +88,19 @@ class QueueAudioRequest(BaseModel):
         if not value.strip():
             raise ValueError("prompt must contain text, not only spaces")
         return value
+
+
+class VoiceChangerQueueRequest(BaseModel):
+    """`POST /audio/voice-changer/queue`: the fields of a JSON body, or the plain fields of a
+    multipart form beside its `file` (booleans and the seed then come as text). Strict: an
+    unknown field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    audio_url: str | None = Field(default=None, min_length=1, max_length=2048)
+    voice: str | None = Field(default=None, min_length=1, max_length=60)
+    remove_background_noise: bool | None = None
+    seed: int | None = Field(default=None, ge=0)
+    callback_url: str | None = Field(default=None, min_length=1, max_length=2048, description=(
+        "Where the signed job event is POSTed once the job ends (docs: Completion webhooks)"))

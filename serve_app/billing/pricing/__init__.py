@@ -45,6 +45,8 @@ LINE_TYPES: dict[str, tuple[str, int, str, str]] = {
     "queued_characters": ("per_thousand_characters", 1_000, "chars", "Characters"),
     "audio_output_seconds": ("per_second", 1, "seconds", "Seconds"),
     "audio_generations": ("generation", 1, "generations", "Generation"),
+    # Voice changes (pricing/audio.py): whole minutes of source audio, priced by tier.
+    "audio_minutes": ("durations", 1, "minutes", "Minutes"),
 }
 
 # `modelType` of the analytics answer, per catalog model type.

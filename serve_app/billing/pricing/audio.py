@@ -2,7 +2,8 @@
 published shapes): `per_thousand_characters` (speech read from the prompt), `per_second` (by
 the duration asked, or the model's default), `durations` (tiers of `min_seconds` to
 `max_seconds`, one price each), or `generation` (one price per job). Voice-changer models are
-priced per second of the audio they change, on their own quote endpoint.
+priced by the whole minutes of the source audio they change (rounded up), one `durations`
+tier per number of minutes, on their own endpoints.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from serve_app.billing.pricing import Cost, PricedLine, nanos_of
-from serve_app.errors import ApiError, invalid_request
+from serve_app.errors import ApiError, invalid_request, nest_errors
 from serve_app.models.catalog import CatalogModel
 from serve_app.money import NANOS_PER_UNIT
 
@@ -92,18 +93,43 @@ def audio_cost(model: CatalogModel, *, duration_seconds: float | None,
     return Cost(model, (line,))
 
 
+def voice_change_minutes(seconds: float) -> int:
+    """The whole minutes a voice change of `seconds` of source audio is billed: rounded up,
+    at least one."""
+    return max(1, math.ceil(seconds / 60))
+
+
+def source_too_long(model: CatalogModel, seconds: float) -> ApiError:
+    spec = model.voice_changer
+    most = spec.max_source_audio_duration_seconds if spec else 0
+    return ApiError(422, f"The source audio lasts {seconds:g} s; {model.id} changes at most "
+                         f"{most} s", code="AUDIO_DURATION_TOO_LONG",
+                    details=nest_errors([(("duration_seconds",),
+                                          f"at most {most} seconds")]))
+
+
 def voice_change_cost(model: CatalogModel, duration_seconds: float | None) -> Cost:
-    """A voice-changer job: per second of the audio changed."""
-    if model.operation != "voice-change":
+    """A voice change of `duration_seconds` of source audio: the `durations` tier of its whole
+    minutes (rounded up), keyed by the number of minutes. 422 past the model's longest
+    source."""
+    spec = model.voice_changer
+    if model.operation != "voice-change" or spec is None:
         raise invalid_request(f"{model.id} is not a voice-changer model: quote it with "
                               "POST /audio/quote", "model")
     if duration_seconds is None:
         raise invalid_request("duration_seconds is required: the length of the audio to "
                               "change", "duration_seconds")
-    rate = _usd(model.pricing["per_second"])
-    return Cost(model, (PricedLine("audio_output_seconds", max(1, math.ceil(duration_seconds)),
-                                   nanos_of(rate * Decimal(str(duration_seconds))),
-                                   float(rate)),))
+    if duration_seconds > spec.max_source_audio_duration_seconds:
+        raise source_too_long(model, duration_seconds)
+    minutes = voice_change_minutes(duration_seconds)
+    rate = _usd(model.pricing["durations"][str(minutes)])
+    return Cost(model, (PricedLine("audio_minutes", minutes, nanos_of(rate),
+                                   float(rate / minutes)),))
+
+
+def voice_change_floor(model: CatalogModel) -> Cost:
+    """The least a voice change costs: its first minute (held before the source is read)."""
+    return voice_change_cost(model, 1.0)
 
 
 def quote_usd(cost: Cost) -> float:

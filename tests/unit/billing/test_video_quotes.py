@@ -124,13 +124,19 @@ def test_audio_track_and_per_generation_tables():
 
 
 def test_audio_quotes_per_table():
-    narrator, changer = CATALOG.by_id["piper-narrator"], CATALOG.by_id["voice-changer-test"]
+    narrator, changer = CATALOG.by_id["piper-narrator"], CATALOG.by_id["voice-changer"]
     assert audio_cost(narrator, duration_seconds=None,
                       character_count=1500).nanos == _usd("0.0225")
     tiers = TEST_CATALOG.by_id["music-tiers-test"]
     assert audio_cost(tiers, duration_seconds=61, character_count=None).nanos == _usd("0.05")
     assert audio_cost(tiers, duration_seconds=None, character_count=None).nanos == _usd("0.03")
-    assert voice_change_cost(changer, 10.5).nanos == _usd("0.0315")
+    # whole minutes of the source, rounded up: one tier per number of minutes
+    assert voice_change_cost(changer, 10.5).nanos == _usd("0.03")
+    assert voice_change_cost(changer, 60).nanos == _usd("0.03")
+    assert voice_change_cost(changer, 60.2).nanos == _usd("0.06")
+    assert voice_change_cost(changer, 60.2).units == {"audio_minutes": 2}
+    with pytest.raises(ApiError, match="at most 300"):
+        voice_change_cost(changer, 300.5)
     with pytest.raises(ApiError, match="voice-changer/quote"):
         audio_cost(changer, duration_seconds=10, character_count=None)
     assert parse_seconds("42") == 42.0 and parse_seconds(7) == 7.0

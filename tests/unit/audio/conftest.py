@@ -1,0 +1,117 @@
+"""The voice-changer tests: the gateway in process with a voice changer whose transcription
+and speech models are served by fakes (what they heard and were asked to say is recorded), a
+media server on loopback for `audio_url`s (let through the private-address guard), and the
+books of the gateway's database."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deployments.protocol import MediaJob, MediaResult, Transcription, TranscriptionRequest
+from serve_app.settings import Settings
+from tests.fakes import FakeDeployment
+from tests.unit.conftest import Gateway, make_gateway
+from tests.unit.pipeline.books import Books
+from tests.unit.video.media_server import MediaServer
+
+CATALOG = Path(__file__).with_name("voice_catalog.yaml")
+RATE = 8000
+
+
+class FakeTranscription(FakeDeployment):
+    """`transcribe(model_id, TranscriptionRequest)`: hears `said` (empty: silence)."""
+
+    METHODS = ("transcribe",)
+
+    def __init__(self) -> None:
+        super().__init__("transcription", ["hearing"])
+        self.said = "Hello there, how are you?"
+        self.heard: list[bytes] = []
+
+    async def _transcribe(self, model_id: str, request: TranscriptionRequest) -> Transcription:
+        self.heard.append(request.audio)
+        return Transcription(self.said, 1.0, "en", [], None, 2.0)
+
+
+class FakeSpeech(FakeDeployment):
+    """`synthesize(model_id, MediaJob)`: an MP3-typed file of the text (as queued speech)."""
+
+    METHODS = ("synthesize",)
+
+    def __init__(self) -> None:
+        super().__init__("speech", ["speaking", "narrator"])
+        self.asked: list[dict] = []
+
+    async def _synthesize(self, model_id: str, job: MediaJob) -> MediaResult:
+        self.asked.append(dict(job.params))
+        return MediaResult(b"ID3" + job.params["prompt"].encode(), "audio/mpeg", 3.0)
+
+
+@pytest.fixture
+def media() -> Iterator[MediaServer]:
+    server = MediaServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def fakes() -> dict[str, FakeDeployment]:
+    return {"transcription": FakeTranscription(), "speech": FakeSpeech()}
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, media: MediaServer, fakes) -> Iterator[Gateway]:
+    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
+                                     model_catalog=CATALOG,
+                                     web_fetch_allowed_hosts=media.host), handles=fakes)
+
+
+@pytest.fixture
+def key(gateway: Gateway) -> str:
+    """An INFERENCE key of the gateway's account ($10 of credit)."""
+    return gateway.create_key()["apiKey"]
+
+
+@pytest.fixture
+def books(gateway: Gateway) -> Iterator[Books]:
+    books = Books(gateway)
+    yield books
+    books.close()
+
+
+def account_key(gateway: Gateway, usd: str) -> tuple[str, str]:
+    """An INFERENCE key of a new account with `usd` of credit; and that account's id."""
+    account = gateway.cli("create-account", "--usd", usd)
+    resp = gateway.client.post("/api/v1/api_keys", headers=gateway.auth(account["apiKey"]),
+                               json={"apiKeyType": "INFERENCE", "description": "other"})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["data"]["apiKey"], account["accountId"]
+
+
+def wav(seconds: float, rate: int = RATE) -> bytes:
+    """A mono 16-bit WAV of a quiet tone lasting `seconds`."""
+    samples = (np.sin(np.arange(round(seconds * rate)) / 5) * 800).astype("<i2").tobytes()
+    return (b"RIFF" + struct.pack("<I", 36 + len(samples)) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", len(samples)) + samples)
+
+
+def encoded(seconds: float, fmt: str) -> bytes:
+    """A tone of `seconds` in `fmt` (mp3, flac, opus: an Ogg file)."""
+    from deployments.engines.audio import encode_audio
+
+    pcm = (np.sin(np.arange(round(seconds * 16000)) / 5) * 800).astype(np.int16)
+    return b"".join(encode_audio([pcm], 16000, fmt))
+
+
+def mp4_clip() -> bytes:
+    """A short MP4 with a video track."""
+    from tests.fakes.deployments import encode_mp4
+
+    return encode_mp4(64, 64, 4, 8.0)
+
