@@ -44,6 +44,7 @@ from serve_app.jobs.webhooks import WebhookDeliveries, WebhookSecrets
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.rate_limits import RateLimits
+from serve_app.models.calls import bound_cold_starts
 from serve_app.models.catalog import Catalog, load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.net_guard import GuardedFetcher
@@ -128,6 +129,7 @@ class GatewayServices:
         catalog = catalog or load_catalog(settings.model_catalog)
         engine = make_engine(settings.resolved_database_url)
         router = ModelRouter(catalog, handles or {})
+        bound_cold_starts(settings.cold_start_wait_s)
         billing = Billing(settings.resolved_database_url)
         payments = PaymentConfig.from_settings(
             settings, default_solana_fee_payer=dev_solana_fee_payer(settings))

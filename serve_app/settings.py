@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     # The longest a request may wait for its turn at a busy engine: one whose expected wait
     # is longer gets 503 MODEL_AT_CAPACITY with Retry-After (deployments/fair_share.py).
     max_queue_wait_s: float = Field(default=30.0, gt=0)
+    # The longest a request waits for a model deployment scaled to zero to start a replica
+    # (`min_replicas: 0`); past it, 503 MODEL_AT_CAPACITY with Retry-After while the replica
+    # keeps starting (serve_app/models/calls.py).
+    cold_start_wait_s: float = Field(default=120.0, gt=0)
     # Per-account caps on queued video and audio jobs: jobs queued or running at once, and
     # the megabytes their inputs and finished media keep in the result store (429 past them).
     job_open_per_account: int = Field(default=20, ge=1)

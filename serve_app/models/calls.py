@@ -5,10 +5,18 @@ queueing without bound, and an engine's fair-share gate refuses a request that w
 long for its turn, with the wait as `Retry-After` (deployments/fair_share.py); a dead deployment
 is 503 `MODEL_OFFLINE`; an engine's own report of a failure arrives as an `EngineError` value
 (deployments/protocol.py) and becomes that status.
+
+A deployment scaled to zero (`min_replicas: 0`) is started by the call itself: Serve's handle
+queues it and reports the queue, and the autoscaler starts a replica. The call waits for that
+cold start, but not without end: one that no replica has taken after `COLD_START_WAIT_S`
+while its deployment has no running replica is withdrawn and answered 503
+`MODEL_AT_CAPACITY` with `Retry-After` (the replica keeps starting for the retry). A call
+queued behind running but busy replicas waits as before: that queue has its own bounds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -59,6 +67,58 @@ def _translate(exc: BaseException, model_id: str) -> ApiError:
     return ModelFailed(500, "Inference failed", code="INFERENCE_FAILED")
 
 
+COLD_START_RETRY_AFTER_S = 15  # Retry-After of a call withdrawn while its replica starts
+
+
+class ColdStarts:
+    """How long a call waits for a replica of a deployment that has none running
+    (`cold_start_wait_s`, set once per Gateway replica from the settings)."""
+
+    wait_s: float = 120.0
+
+
+def bound_cold_starts(wait_s: float) -> None:
+    ColdStarts.wait_s = wait_s
+
+
+def running_replicas(method: Any) -> int:
+    """The RUNNING replicas of `method`'s deployment, as the Serve controller reports them
+    (a call to the controller: only for a call that has waited long already)."""
+    from ray import serve
+
+    app = serve.status().applications.get(method.app_name)
+    deployment = app.deployments.get(method.deployment_name) if app else None
+    return deployment.replica_states.get("RUNNING", 0) if deployment else 0
+
+
+async def wait_for_a_replica(response: Any, method: Any, model_id: str) -> None:
+    """Until a replica has taken the call (`response`, a Serve handle call's). Past
+    `ColdStarts.wait_s` with no replica of the deployment running: the call is withdrawn and
+    ApiError 503 MODEL_AT_CAPACITY raised, with Retry-After."""
+    fetch = getattr(response, "_fetch_future_result_async", None)
+    if fetch is None:  # not a Serve handle's call (a test's stand-in): nothing to wait for
+        return
+    taken = asyncio.ensure_future(fetch())
+    try:
+        done, _ = await asyncio.wait({taken}, timeout=ColdStarts.wait_s)
+        if not done:
+            try:
+                running = await asyncio.to_thread(running_replicas, method)
+            except Exception:  # the controller does not answer: no replica to count on
+                logger.exception("reading the replicas of %s failed", model_id)
+                running = 0
+            if running == 0 and not taken.done():
+                taken.cancel()  # leaves the handle's queue; the replica keeps starting
+                raise ModelFailed(
+                    503, f"Model {model_id} is starting; try again in "
+                         f"{COLD_START_RETRY_AFTER_S} seconds", code="MODEL_AT_CAPACITY",
+                    headers={"Retry-After": str(COLD_START_RETRY_AFTER_S)})
+        await taken
+    finally:
+        if not taken.done():  # this request was cancelled (its client left)
+            taken.cancel()
+
+
 class _Timed:
     """A call's time on its deployment (queue and engine, as this replica waits for it) and
     the calls in flight, for the metrics."""
@@ -84,7 +144,9 @@ async def call_model(method: Any, model_id: str, *args: Any) -> Any:
     raising ApiError for any failure."""
     try:
         with _Timed(method, model_id):
-            result = await method.remote(*args)
+            response = method.remote(*args)
+            await wait_for_a_replica(response, method, model_id)
+            result = await response
     except ApiError:
         raise
     except Exception as exc:
@@ -107,7 +169,9 @@ async def stream_model(method: Any, model_id: str, *args: Any) -> AsyncIterator[
     deployments/streaming.py); an EngineError or a failure raises ApiError."""
     try:
         with _Timed(method, model_id):
-            async for piece in method.options(stream=True).remote(*args):
+            pieces = method.options(stream=True).remote(*args)
+            await wait_for_a_replica(pieces, method, model_id)
+            async for piece in pieces:
                 for chunk in piece if isinstance(piece, list) else (piece,):
                     raise_if_reported(chunk)
                     yield chunk

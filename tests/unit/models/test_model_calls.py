@@ -10,7 +10,8 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from deployments.protocol import Chunk, EngineError, Usage
 from serve_app.errors import ApiError
-from serve_app.models.calls import ModelFailed, call_model, complete_model
+from serve_app.models import calls
+from serve_app.models.calls import ColdStarts, ModelFailed, call_model, complete_model
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.records import model_record
 
@@ -69,6 +70,75 @@ def test_a_unary_answer_comes_back_whole_and_its_error_chunk_is_the_clients_erro
             400, "too long", code="TOO_MANY_TOKENS", field="max_tokens")]), "m1", "m1", None))
     assert (err.value.status, err.value.code) == (400, "TOO_MANY_TOKENS")
     assert not isinstance(err.value, ModelFailed)
+
+
+class _Unassigned:
+    """A Serve handle call that no replica takes until `take()` (a deployment at zero)."""
+
+    def __init__(self) -> None:
+        self.taken = asyncio.Event()
+        self.withdrawn = False
+
+    def take(self) -> None:
+        self.taken.set()
+
+    async def _fetch_future_result_async(self) -> str:
+        try:
+            await self.taken.wait()
+        except asyncio.CancelledError:
+            self.withdrawn = True
+            raise
+        return "replica"
+
+    def __await__(self):
+        async def answer():
+            await self._fetch_future_result_async()
+            return ["vectors"]
+
+        return answer().__await__()
+
+
+class _ColdMethod:
+    deployment_name, app_name = "image-matting", "inference"
+
+    def __init__(self, response: _Unassigned) -> None:
+        self.response = response
+
+    def remote(self, *args):
+        return self.response
+
+
+def _cold_call(response: _Unassigned, take_after_s: float | None = None):
+    async def run():
+        if take_after_s is not None:
+            asyncio.get_running_loop().call_later(take_after_s, response.take)
+        return await call_model(_ColdMethod(response), "m1", "m1")
+
+    return asyncio.run(run())
+
+
+def test_a_call_no_replica_takes_while_none_runs_is_503_with_retry_after(monkeypatch):
+    monkeypatch.setattr(ColdStarts, "wait_s", 0.05)
+    monkeypatch.setattr(calls, "running_replicas", lambda method: 0)
+    response = _Unassigned()
+    with pytest.raises(ModelFailed) as err:
+        _cold_call(response)
+    assert (err.value.status, err.value.code) == (503, "MODEL_AT_CAPACITY")
+    assert int(err.value.headers["Retry-After"]) > 0
+    assert response.withdrawn  # out of the handle's queue: it is not run later
+
+
+def test_a_call_waits_on_for_a_replica_that_runs_and_for_one_that_starts_in_time(monkeypatch):
+    monkeypatch.setattr(ColdStarts, "wait_s", 0.05)
+    monkeypatch.setattr(calls, "running_replicas", lambda method: 1)  # busy, not absent
+    assert _cold_call(_Unassigned(), take_after_s=0.3) == ["vectors"]
+
+    def unexpected(method):
+        raise AssertionError("no replica count is read for a call taken in time")
+
+    monkeypatch.setattr(ColdStarts, "wait_s", 5.0)
+    monkeypatch.setattr(calls, "running_replicas", unexpected)
+    assert _cold_call(_Unassigned(), take_after_s=0.1) == ["vectors"]
 
 
 def test_deprecated_models_carry_the_warning_headers():
