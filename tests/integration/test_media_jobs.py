@@ -171,9 +171,11 @@ def test_audio_quotes_by_characters_duration_and_generation(account):
         resp = account.post("/audio/quote", json=body)
         assert resp.status_code == 200, (body, resp.text)
         assert nanos(resp.json()["quote"]) == nanos(quote), (body, resp.json())
-    resp = account.post("/audio/voice-changer/quote",
-                        json={"model": "voice-changer-test", "duration_seconds": 30})
-    assert resp.status_code == 200 and nanos(resp.json()["quote"]) == nanos("0.09")
+    for seconds, usd in ((30, "0.03"), (61, "0.05")):  # whole minutes, rounded up
+        resp = account.post("/audio/voice-changer/quote",
+                            json={"model": "voice-changer", "duration_seconds": seconds})
+        assert resp.status_code == 200 and nanos(resp.json()["quote"]) == nanos(usd)
+        assert resp.json()["duration_seconds"] == seconds
 
     refusals = [
         ("/audio/quote", {"model": "piper-narrator"}, "character_count is required"),
@@ -184,11 +186,11 @@ def test_audio_quotes_by_characters_duration_and_generation(account):
         ("/audio/quote", {"model": "sound-effects-test", "duration_seconds": "ten"},
          "duration_seconds"),
         ("/audio/quote", {"model": "jingle-test", "duration_seconds": 30}, "takes no duration"),
-        ("/audio/quote", {"model": "voice-changer-test", "duration_seconds": 30},
+        ("/audio/quote", {"model": "voice-changer", "duration_seconds": 30},
          "/audio/voice-changer/quote"),
         ("/audio/voice-changer/quote", {"model": "piper-narrator", "duration_seconds": 30},
          "/audio/quote"),
-        ("/audio/voice-changer/quote", {"model": "voice-changer-test"}, "duration_seconds"),
+        ("/audio/voice-changer/quote", {"model": "voice-changer"}, "duration_seconds"),
         ("/audio/quote", {"model": "tts-piper-joe"}, "INVALID_MODEL"),
     ]
     for path, body, words in refusals:
@@ -457,11 +459,77 @@ def test_audio_queue_refusals_charge_nothing(account):
         ({"model": "piper-narrator", "prompt": "hi", "voice": "nobody"}, 400, "joe"),
         ({"model": "piper-narrator", "prompt": "hi", "loop": True}, 400, "loop"),
         ({"model": "piper-narrator", "prompt": "hi", "speed": 9}, 400, "speed"),
-        ({"model": "voice-changer-test", "prompt": "hi"}, 400, "voice-changer"),
+        ({"model": "voice-changer", "prompt": "hi"}, 400, "voice-changer"),
         ({"model": "jingle-test", "prompt": "hi"}, 503, "MODEL_OFFLINE"),
     ]
     for body, status, words in cases:
         resp = account.post("/audio/queue", json=body)
         assert resp.status_code == status, (body, resp.text)
         assert words.lower() in resp.text.lower(), resp.text
+    assert account.spent() == 0
+
+
+# ---- voice changes -----------------------------------------------------------------------
+
+def _tone_wav(seconds: float, rate: int = 16_000) -> bytes:
+    """A quiet hum with no words in it (Whisper hears nothing; digital silence it may not)."""
+    pcm = (np.sin(np.arange(round(seconds * rate)) / 5) * 800).astype("<i2").tobytes()
+    return (b"RIFF" + (36 + len(pcm)).to_bytes(4, "little") + b"WAVE" + b"fmt "
+            + (16).to_bytes(4, "little") + (1).to_bytes(2, "little") + (1).to_bytes(2, "little")
+            + rate.to_bytes(4, "little") + (2 * rate).to_bytes(4, "little")
+            + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+            + b"data" + len(pcm).to_bytes(4, "little") + pcm)
+
+
+def test_voice_change_speaks_the_words_in_the_target_voice_for_a_whole_minute(account):
+    text = "The quick brown fox jumps over the lazy dog."
+    spoken = account.post("/audio/speech", json={"input": text, "model": "tts-piper-joe",
+                                                 "response_format": "wav"})
+    assert spoken.status_code == 200, spoken.text
+    before = account.spent()
+    started = time.monotonic()
+    resp = account.post("/audio/voice-changer/queue", data={"model": "voice-changer",
+                                                            "voice": "joe"},
+                        files={"file": ("words.wav", spoken.content, "audio/wav")})
+    assert resp.status_code == 200, resp.text
+    queued = resp.json()
+    assert queued["status"] == "QUEUED" and queued["model"] == "voice-changer"
+    assert 1.0 < queued["duration_seconds"] < 10.0
+    audio = _wait(account, "audio/voice-changer", "voice-changer", queued["queue_id"])
+    elapsed = time.monotonic() - started
+
+    assert audio.status_code == 200, audio.text
+    assert audio.headers["content-type"] == "audio/mpeg"
+    assert audio.headers["x-service-audio-format"] == "mp3"
+    with av.open(io.BytesIO(audio.content)) as container:  # an MP3 of the voice's speech
+        assert container.format.name == "mp3"
+        samples = sum(f.samples for f in container.decode(audio=0))
+        rate = container.streams.audio[0].sample_rate
+    assert samples / rate > 1.0
+    assert account.spent() - before == nanos("0.03")  # one whole minute, exactly
+    assert "voice-changer-music-audio-minutes-unit" in account.skus()
+    heard = account.post("/audio/transcriptions", data={"model": "whisper-base"},
+                         files={"file": ("changed.mp3", audio.content, "audio/mpeg")})
+    words = heard.json()["text"].lower()
+    # heard twice by Whisper-base and spoken once more: most of the words make it through
+    assert len([w for w in ("quick", "brown", "fox", "lazy", "dog") if w in words]) >= 3, words
+    print(f"voice change of {queued['duration_seconds']} s made in {elapsed:.1f} s")
+    done = account.post("/audio/voice-changer/complete",
+                        json={"model": "voice-changer", "queue_id": queued["queue_id"]})
+    assert done.status_code == 200 and done.json() == {"success": True}
+
+
+def test_voice_change_too_long_or_without_words_charges_nothing(account):
+    too_long = account.post("/audio/voice-changer/queue", data={"model": "voice-changer"},
+                            files={"file": ("long.wav", _tone_wav(121), "audio/wav")})
+    assert too_long.status_code == 422, too_long.text
+    assert too_long.json()["code"] == "AUDIO_DURATION_TOO_LONG"
+
+    hum = account.post("/audio/voice-changer/queue", data={"model": "voice-changer"},
+                       files={"file": ("hum.wav", _tone_wav(3), "audio/wav")})
+    assert hum.status_code == 200, hum.text
+    failed = _wait(account, "audio/voice-changer", "voice-changer", hum.json()["queue_id"])
+    assert failed.status_code == 422, failed.text
+    assert failed.json()["code"] == "NO_SPEECH_HEARD"
+    assert failed.json()["credits_refunded"] is True
     assert account.spent() == 0
