@@ -101,6 +101,8 @@ def test_a_wav_that_cannot_be_measured_is_refused(gateway, key, books):
     ({"audio_url": "https://example.com/a.wav", "voice": "x" * 61}, "voice"),
     ({"audio_url": "https://example.com/a.wav", "model": "narrator"},
      "/audio/queue"),
+    ({"audio_url": "https://example.com/a.wav", "callback_url": "http://10.0.0.1/hook"},
+     "callback_url"),
 ])
 def test_json_field_refusals_are_400s_before_anything_is_held(gateway, key, books, fields,
                                                               words):
@@ -295,3 +297,20 @@ def test_the_model_record_says_what_the_voice_changer_takes(gateway):
     assert spec["supports_custom_voice_id"] is False
     assert spec["voices"] == ["joe", "amy"] and spec["default_voice"] == "joe"
     assert spec["pricing"]["durations"]["2"]["usd"] == 0.05
+
+
+def test_a_voice_changer_whose_speech_deployment_is_down_is_offline_and_holds_nothing(
+        tmp_path, fakes):
+    from serve_app.settings import Settings
+    from tests.unit.audio.conftest import CATALOG
+    from tests.unit.conftest import make_gateway
+
+    for gateway in make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
+                                         model_catalog=CATALOG),
+                                handles={"transcription": fakes["transcription"]}):
+        record = gateway.client.get("/api/v1/models/changer").json()
+        assert record["model_spec"]["offline"] is True
+        resp = queue_file(gateway, gateway.admin_key, wav(3))
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["code"] == "MODEL_OFFLINE" and "'speech'" in resp.json()["error"]
+        assert fakes["transcription"].heard == [] and job_rows(gateway) == []
