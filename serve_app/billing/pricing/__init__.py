@@ -102,7 +102,10 @@ _UNIT_TYPES = {"image": "images", "upscale": "images", "inpaint": "images", "tts
 
 
 def unit_type(model: CatalogModel) -> str:
-    """The unit of the analytics answer: tokens, images, chars, seconds, minutes, credits."""
+    """The unit of the analytics answer: tokens, images, chars, seconds, minutes, credits (a
+    voice changer bills whole minutes of its source)."""
+    if model.voice_changer is not None:
+        return "minutes"
     return unit_type_of(model.type)
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.audio.conftest import account_key, encoded, mp4_clip, wav
-from tests.unit.audio.voice_api import call, job_rows, queue_file, queue_json, wait
+from tests.unit.audio.voice_api import (
+    call,
+    job_rows,
+    ledger_entry,
+    queue_file,
+    queue_json,
+    wait,
+)
 from tests.unit.pipeline.books import nanos
 from tests.unit.video.api import stored, stored_when
 
@@ -38,6 +45,9 @@ def test_an_upload_is_heard_then_spoken_and_charged_its_whole_minutes(gateway, k
     charge = books.only_charge(queued.headers["cf-ray"])
     assert charge.total_nanos == nanos("0.05")
     assert charge.lines == {"audio_minutes": (2, nanos("0.05"))}
+    entry = ledger_entry(gateway, queued.headers["cf-ray"])
+    assert entry is not None and entry.unit_type == "minutes" and entry.units == {
+        "audio_minutes": 2}
     assert stored_when(gateway, ["result"]) == ["result"]  # the source went once it served
     for _ in range(2):  # safe to call twice
         done = call(gateway, key, "voice-changer/complete",

@@ -8,7 +8,7 @@ import time
 import httpx
 
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import MediaJob
+from serve_app.db.tables import LedgerEntry, MediaJob
 
 VC = "/api/v1/audio/voice-changer"
 
@@ -50,5 +50,16 @@ def job_rows(gateway) -> list[MediaJob]:
     try:
         with Session(engine) as session:
             return list(session.exec(select(MediaJob)).all())
+    finally:
+        engine.dispose()
+
+
+def ledger_entry(gateway, request_id: str) -> LedgerEntry | None:
+    from sqlmodel import Session
+
+    engine = make_engine(gateway.settings.resolved_database_url)
+    try:
+        with Session(engine) as session:
+            return session.get(LedgerEntry, request_id)
     finally:
         engine.dispose()
