@@ -31,7 +31,7 @@ from serve_app.api import (
     x402,
 )
 from serve_app.api.deps import (
-    current_key,
+    caller_key,
     inference_caller,
     key_or_wallet,
     release_wallet_slot,
@@ -132,7 +132,7 @@ def create_app(state: GatewayServices) -> FastAPI:
     # Inside the outcome middleware, so that its answers are counted like any other.
     app.add_middleware(CallerGate, keys=state.keys,
                        needs_caller=route_needs_caller(
-                           app.router.routes, {current_key, inference_caller, key_or_wallet}),
+                           app.router.routes, {caller_key, inference_caller, key_or_wallet}),
                        body_timeout_s=state.settings.body_timeout_s,
                        large_bodies_per_client=state.settings.large_bodies_per_client)
     app.add_middleware(RequestOutcomeMiddleware, on_finished=finished)

@@ -18,11 +18,11 @@ import asyncio
 import contextvars
 import json
 import logging
+import os
 import re
 import socket
 import time
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 
 from starlette.datastructures import MutableHeaders
@@ -104,6 +104,7 @@ class ServiceHeadersMiddleware:
         self.version = service_version().encode()
         self.on_start = on_start
         self.host_name = host_name or socket.gethostname()
+        self.host_name_bytes = self.host_name.encode("latin-1")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope.setdefault("state", {})
@@ -112,7 +113,7 @@ class ServiceHeadersMiddleware:
             await self.app(scope, receive, send)
             return
 
-        request_id = uuid.uuid4().hex
+        request_id = os.urandom(16).hex()  # 32 hex digits, as uuid4().hex, cheaper
         token = request_id_var.set(request_id)
         accept_encoding = ""
         client_timestamp = None
@@ -131,23 +132,14 @@ class ServiceHeadersMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                headers = MutableHeaders(scope=message)
                 if self.on_start is not None:
                     try:
-                        await self.on_start(scope, ctx, headers)
+                        await self.on_start(scope, ctx, MutableHeaders(scope=message))
                     except Exception:  # a header left out must not break the answer
                         logging.getLogger("serve_app.middleware").exception(
                             "completing the answer's headers failed")
-                headers["CF-RAY"] = request_id
-                headers["x-service-version"] = self.version.decode()
-                headers["x-service-timestamp"] = datetime.now(UTC).isoformat(
-                    timespec="milliseconds").replace("+00:00", "Z")
-                headers["x-service-host-name"] = self.host_name
-                if client_timestamp and _MILLISECONDS.fullmatch(client_timestamp):
-                    headers["x-service-request-timestamp-ms"] = client_timestamp.decode()
-                for name, value in ctx.header_items():
-                    headers[name] = value
-                headers["Server-Timing"] = ctx.times.header()
+                message["headers"] = self._stamped(message.get("headers", ()), request_id,
+                                                   client_timestamp, ctx)
             await send(message)
 
         try:
@@ -169,6 +161,24 @@ class ServiceHeadersMiddleware:
                     await send_with_headers(message)
         finally:
             request_id_var.reset(token)
+
+    def _stamped(self, raw: Iterable[tuple[bytes, bytes]], request_id: str,
+                 client_timestamp: bytes | None, ctx: RequestContext
+                 ) -> list[tuple[bytes, bytes]]:
+        """The answer's raw headers with the service headers and the context's: each replaces
+        a header of its name the answer has (one pass over the list, not one per header)."""
+        ours = {b"cf-ray": request_id.encode(), b"x-service-version": self.version,
+                b"x-service-timestamp": datetime.now(UTC).isoformat(
+                    timespec="milliseconds").replace("+00:00", "Z").encode(),
+                b"x-service-host-name": self.host_name_bytes}
+        if client_timestamp and _MILLISECONDS.fullmatch(client_timestamp):
+            ours[REQUEST_TIMESTAMP] = client_timestamp
+        for name, value in ctx.header_items():
+            ours[name.lower().encode("latin-1")] = value.encode("latin-1")
+        ours[b"server-timing"] = ctx.times.header().encode()
+        stamped = [(name, value) for name, value in raw if name not in ours]
+        stamped.extend(ours.items())
+        return stamped
 
     @staticmethod
     def _declared_length(scope: Scope) -> int:

@@ -22,6 +22,7 @@ from serve_app.limits.policy import api_tier_id
 from serve_app.money import as_number
 from serve_app.pipeline import respond
 from serve_app.schemas.api_keys import CreateApiKeyRequest, UpdateApiKeyRequest
+from serve_app.services import GatewayServices
 
 router = APIRouter(tags=["API Keys"])
 
@@ -49,7 +50,8 @@ async def list_api_keys(key: AdminKey, state: State) -> dict:
 
 # Registered before `/api_keys/{key_id}`, which would otherwise take these paths.
 @router.get("/api_keys/rate_limits", summary="Rate limits, tier and balances of this key")
-async def rate_limits(request: Request, key: CurrentKey, state: State) -> Response:
+async def rate_limits(request: Request, key: CurrentKey) -> Response:
+    state: GatewayServices = request.app.state.gateway  # not a dependency: the polled route
     balances = await state.billing.balances(key.account_id)
     tier, _ = state.limits.tiers.resolve(key.rate_limit_tier)
     # Serialised here (orjson), not through FastAPI's validation of a returned dict: this is

@@ -72,7 +72,13 @@ async def current_key(request: Request, state: State) -> KeyRecord:
     return key
 
 
-CurrentKey = Annotated[KeyRecord, Depends(current_key)]
+async def caller_key(request: Request) -> KeyRecord:
+    """`current_key` as a dependency of its own: the services read from the app, not solved
+    as a second dependency (each one FastAPI solves costs every request of the route)."""
+    return await current_key(request, request.app.state.gateway)
+
+
+CurrentKey = Annotated[KeyRecord, Depends(caller_key)]
 
 async def inference_caller(request: Request, state: State) -> KeyRecord:
     """The caller of an inference endpoint: a wallet signed in with SIGN-IN-WITH-X, or else a

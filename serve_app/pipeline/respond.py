@@ -111,7 +111,7 @@ async def key_rate_limit_headers(ctx: RequestContext, key: KeyRecord, limits: Ra
     anything."""
     try:
         with ctx.step("limits-read"):
-            state = await asyncio.wait_for(limits.current(key, models), KEY_WINDOWS_TIMEOUT_S)
+            state = await limits.current(key, models, timeout_s=KEY_WINDOWS_TIMEOUT_S)
     except Exception as exc:  # the count is out of reach: the answer goes without them
         logger.warning("rate-limit headers left out: the key's counts could not be read (%s)",
                        exc)

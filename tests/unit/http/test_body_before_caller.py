@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fastapi.routing import APIRoute
 
-from serve_app.api.deps import current_key, inference_caller, key_or_wallet
+from serve_app.api.deps import caller_key, inference_caller, key_or_wallet
 from serve_app.caller_gate import route_needs_caller
 from serve_app.gateway import create_app
 from serve_app.json_bodies import LARGE_JSON_BYTES, MAX_CONTAINERS
@@ -258,7 +258,7 @@ def test_the_only_route_taking_a_body_from_anyone_is_the_top_up(gateway: Gateway
     the top-up reads none (its payment comes in a header): 1 MB is plenty."""
     app = create_app(gateway.state)
     needs_caller = route_needs_caller(app.router.routes,
-                                      {current_key, inference_caller, key_or_wallet})
+                                      {caller_key, inference_caller, key_or_wallet})
     public = []
     for route in app.router.routes:
         if not isinstance(route, APIRoute):
