@@ -1,10 +1,15 @@
 """Audio endpoints of the chat-completion convention, as published: speech
 (`POST /audio/speech`, streamed or whole), transcription (`POST /audio/transcriptions`,
 multipart with a `file`), and the voices of the speech models (`GET /audio/voices`). The
-`openai` SDK's `audio.speech.create` and `audio.transcriptions.create` work unchanged."""
+`openai` SDK's `audio.speech.create` and `audio.transcriptions.create` work unchanged.
+
+Queued audio (`/audio/quote|queue|retrieve|complete`) and the voice changer
+(`/audio/voice-changer/quote|queue|retrieve|complete`, a multipart `file` or a JSON
+`audio_url`) follow; each refuses the other's models with a 400 naming its endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
@@ -210,7 +215,10 @@ async def queue_voice_change(request: Request, ctx: Context, key: InferenceCalle
                             "application/json with an audio_url, or multipart/form-data with "
                             "the audio as `file`", code="INVALID_CONTENT_TYPE")
     body = VoiceChangerQueueRequest.model_validate(fields)
-    digested = {"file_sha256": hashlib.sha256(upload).hexdigest()} if upload else None
+    digested = None  # a retry is the same request only with the same file
+    if upload is not None and idempotency_key is not None:
+        digest = await asyncio.to_thread(hashlib.sha256, upload)  # up to 25 MB: off the loop
+        digested = {"file_sha256": digest.hexdigest()}
     return await state.job_service.queued(
         ctx, key, "audio/voice-changer/queue", body, idempotency_key,
         lambda: state.voice_changer.queue(ctx, key, body, upload), digested)
