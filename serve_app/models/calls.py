@@ -109,6 +109,8 @@ async def wait_for_a_replica(response: Any, method: Any, model_id: str) -> None:
                 running = 0
             if running == 0 and not taken.done():
                 taken.cancel()  # leaves the handle's queue; the replica keeps starting
+                logger.warning("a call to %s withdrawn: no replica took it in %.0f s and its "
+                               "deployment has none running", model_id, ColdStarts.wait_s)
                 raise ModelFailed(
                     503, f"Model {model_id} is starting; try again in "
                          f"{COLD_START_RETRY_AFTER_S} seconds", code="MODEL_AT_CAPACITY",

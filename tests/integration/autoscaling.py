@@ -204,6 +204,19 @@ def send(client: httpx.Client, url: str, auth: dict[str, str], route: str,
     return answer
 
 
+def logged(text: str) -> int:
+    """Log lines of this cluster's processes (every node's, on this machine) with `text`."""
+    import ray
+
+    logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+    found = 0
+    for path in logs.rglob("*"):
+        if path.is_file() and path.suffix in (".log", ".err", ".out"):
+            with path.open(encoding="utf-8", errors="replace") as lines:
+                found += sum(text in line for line in lines)
+    return found
+
+
 def _png(side: int = 256) -> str:
     from PIL import Image, ImageDraw
 
@@ -271,6 +284,9 @@ def main(address: str, port: int, data_dir: str, database_url: str, redis_url: s
             load.add(send(client, f"{base}/image/upscale", {"Authorization": f"Bearer {key}"},
                           "upscale", {"image": _png(), "scale": 2}))
         seconds["cold_start_refused"] = round(time.monotonic() - began, 1)
+        # the Gateway read the replica count before refusing (a failed read is logged)
+        failed_reads = logged("reading the replicas of")
+        refusals_logged = logged("withdrawn: no replica took it")
         timeline.mark("end")
     finally:
         timeline.stop()
@@ -295,6 +311,7 @@ def main(address: str, port: int, data_dir: str, database_url: str, redis_url: s
         "cold_start_wait_s": COLD_START_WAIT_S,
         "cold_start": next(a for a in load.answers if a["route"] == "background-remove"),
         "cold_start_refused": next(a for a in load.answers if a["route"] == "upscale"),
+        "replica_count_read_failures": failed_reads, "refusals_logged": refusals_logged,
         "reconciliation": reconcile(account_id, str(record), start_nanos),
     }
 

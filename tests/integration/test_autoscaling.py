@@ -72,6 +72,8 @@ def test_gateway_and_embeddings_scale_up_and_down_and_media_from_zero(tmp_path):
     assert (refused["status"], refused["code"]) == (503, "MODEL_AT_CAPACITY"), refused
     assert int(refused["retry_after"]) > 0
     assert seconds["cold_start_refused"] >= found["cold_start_wait_s"]
+    # the Gateway read the replica count (serve.status() in its replica) and logged why
+    assert found["replica_count_read_failures"] == 0 and found["refusals_logged"] >= 1
     # one ledger entry per 200 and none for a failure, the units the answers reported, the
     # balance moved by the ledger's total, no hold left open
     reconciliation = found["reconciliation"]
