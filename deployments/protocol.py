@@ -10,7 +10,7 @@ Calls (deployment method: arguments -> answer):
 
     text          generate(model_id, TextRequest) -> stream of lists of TextEvent
                   complete(model_id, TextRequest) -> list[TextEvent] (merged per choice)
-    embedding     embed(model_id, texts: list[str]) -> Embeddings | EngineError
+    embedding     embed(model_id, texts: list[str], owners) -> Embeddings | EngineError
     image-*       run(model_id, ImageRequest) -> ImageResult | EngineError
     speech        speak(model_id, SpeechRequest) -> stream: SpeechStart | EngineError first,
                                                     then SpeechPiece, an EngineError on failure
@@ -18,13 +18,16 @@ Calls (deployment method: arguments -> answer):
     transcription transcribe(model_id, TranscriptionRequest) -> Transcription | EngineError
     video-*       generate(model_id, MediaJob) -> MediaResult | EngineError (queued)
 
+The Protocols at the end name these calls per family, for the Gateway's typed handles.
+
 This module imports nothing of serve_app and nothing heavy (numpy only for type checking).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -287,3 +290,53 @@ class MediaResult:
     media: bytes
     media_type: str
     replica_ms: float
+
+
+# ---- the calls, per deployment family ------------------------------------------------------
+# What the Gateway may call on each family's deployment: its handle is typed with these
+# (serve_app/models/router.py), and a test holds every deployment class and every fake of
+# tests/fakes to them (tests/unit/deployments/test_protocols.py).
+
+
+class TextServer(Protocol):
+    """text-* deployments (deployments/text.py)."""
+
+    def generate(self, model_id: str, request: TextRequest
+                 ) -> AsyncIterator[list[TextEvent] | TextEvent]: ...
+
+    async def complete(self, model_id: str, request: TextRequest) -> list[TextEvent]: ...
+
+
+class EmbeddingServer(Protocol):
+    """The embedding deployment (deployments/embedding.py)."""
+
+    async def embed(self, model_id: str, texts: list[str],
+                    owners: Sequence[tuple[Tenant, int]] = ()) -> Embeddings | EngineError: ...
+
+
+class ImageServer(Protocol):
+    """image-* deployments (deployments/image.py)."""
+
+    async def run(self, model_id: str, request: ImageRequest) -> ImageResult | EngineError: ...
+
+
+class SpeechServer(Protocol):
+    """The speech deployment (deployments/audio.py)."""
+
+    def speak(self, model_id: str, request: SpeechRequest
+              ) -> AsyncIterator[SpeechStart | SpeechPiece | EngineError]: ...
+
+    async def synthesize(self, model_id: str, job: MediaJob) -> MediaResult | EngineError: ...
+
+
+class TranscriptionServer(Protocol):
+    """The transcription deployment (deployments/audio.py)."""
+
+    async def transcribe(self, model_id: str, request: TranscriptionRequest
+                         ) -> Transcription | EngineError: ...
+
+
+class JobServer(Protocol):
+    """video-* deployments (deployments/video.py): one queued job a call."""
+
+    async def generate(self, model_id: str, job: MediaJob) -> MediaResult | EngineError: ...

@@ -38,7 +38,7 @@ async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: Inference
         raise
     charge = await pending.hold([model], lambda _m: {"input": max_tokens(texts)})
     try:
-        state.router.handle(model)  # 503 before anything else when the model is offline
+        state.router.require_online(model)  # 503 before anything else
         respond.model_headers(ctx, model, routed.router)
         with ctx.step("model"):
             embedded = await state.embedder.embed(model, texts, state.admission.tenant(key))

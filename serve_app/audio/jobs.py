@@ -37,7 +37,7 @@ class QueuedAudio:
         routed = self.router.resolve(body.model, "music")
         model = routed.model
         check_not_voice_changer(model, "queue")
-        self.router.handle(model)
+        self.router.require_online(model)
         limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
         if len(body.prompt) > limit:
             raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} takes at "

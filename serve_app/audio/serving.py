@@ -134,7 +134,7 @@ class AudioService:
         cost = price(model, {"speech_characters": len(body.input)})
         charge = await self.admission.admit(ctx, key, model, 0, cost)
         try:
-            handle = self.router.handle(model)
+            handle = self.router.speech(model)
             respond.model_headers(ctx, model, routed.router)
             with ctx.step("model"):
                 stream = stream_model(handle.speak, model.id, model.id,
@@ -155,7 +155,7 @@ class AudioService:
         charge = await self.admission.admit(ctx, key, model, 0,
                                              price(model, {"audio_seconds": most}))
         try:
-            handle = self.router.handle(model)
+            handle = self.router.transcription(model)
             respond.model_headers(ctx, model, routed.router)
             with ctx.step("model"):
                 out: protocol.Transcription = await call_model(

@@ -33,7 +33,7 @@ class VoicePipeline:
         hearing = self.catalog.by_id[spec.transcription]
         speaking = self.catalog.by_id[spec.speech]
         heard: Transcription = await call_model(
-            self.router.handle(hearing).transcribe, hearing.id, hearing.id,
+            self.router.transcription(hearing).transcribe, hearing.id, hearing.id,
             TranscriptionRequest(job.inputs[SOURCE_INPUT], None, False))
         text = " ".join(heard.text.split())
         if not text:
@@ -41,7 +41,7 @@ class VoicePipeline:
                                 "to say in another voice; nothing was charged",
                            code="NO_SPEECH_HEARD")
         spoken: MediaResult = await call_model(
-            self.router.handle(speaking).synthesize, speaking.id, speaking.id,
+            self.router.speech(speaking).synthesize, speaking.id, speaking.id,
             MediaJob({"prompt": text, "voice": job.params["voice"],
                       "format": job.params["format"], "speed": 1.0}))
         return MediaResult(spoken.media, spoken.media_type,

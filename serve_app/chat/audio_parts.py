@@ -88,7 +88,7 @@ class AudioReader:
 
     async def _hear(self, model: CatalogModel, audio: bytes) -> Transcription:
         heard: Transcription = await call_model(
-            self.router.handle(model).transcribe, model.id, model.id,
+            self.router.transcription(model).transcribe, model.id, model.id,
             TranscriptionRequest(audio, None, False))
         return heard
 

@@ -90,9 +90,9 @@ class ChatService:
         """503 MODEL_OFFLINE when none of the models (the first and its fallbacks) runs, or
         the model that hears audio parts does not."""
         if not any(self.router.is_online(model) for model in models):
-            self.router.handle(models[0])
+            self.router.require_online(models[0])
         if transcriber is not None:
-            self.router.handle(transcriber)
+            self.router.require_online(transcriber)
 
     async def _web_context(self, plan: ChatPlan, account_id: str) -> None:
         params, text = plan.params, plan.query
@@ -259,7 +259,7 @@ class ChatService:
                             raise
                         last_error = refused
                         continue
-                handle = self.router.handle(routed.model)
+                handle = self.router.text(routed.model)
                 request = dataclasses.replace(plan.engine_request,
                                               sampling=sampling(plan.req, routed))
                 return routed, await call(handle, routed, request)

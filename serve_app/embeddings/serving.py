@@ -96,7 +96,7 @@ class Embedder:
     def _batcher(self, model: CatalogModel) -> CallBatcher:
         batcher = self._batchers.get(model.id)
         if batcher is None:
-            handle = self._router.handle(model)
+            handle = self._router.embedding(model)
 
             async def send(items: list[tuple[Tenant | None, str]]) -> list[_Row]:
                 texts = [text for _, text in items]

@@ -98,7 +98,7 @@ class ImageService:
         model = routed.model
         charge = await self.admission.admit(ctx, key, model, 0, max_cost)
         try:
-            self.router.handle(model)  # 503 before reading anything when the model is offline
+            self.router.require_online(model)  # 503 before reading anything
             respond.model_headers(ctx, model, routed.router)
             produced, cost = await work()
         except BaseException:
@@ -109,7 +109,7 @@ class ImageService:
 
     async def _run(self, ctx: RequestContext, model: CatalogModel,
                    inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
-        handle = self.router.handle(model)
+        handle = self.router.image(model)
         request = ImageRequest(images=[i.data for i in inputs], fields=[i.field for i in inputs],
                                params=params, format=fmt,
                                tenant=self.admission.tenant(ctx.caller) if ctx.caller else None)
@@ -172,7 +172,7 @@ class ImageService:
         engine), or None when no text model answers (then nothing is charged for it)."""
         try:
             routed = self.router.resolve("default", "text")
-            handle = self.router.handle(routed.model)
+            handle = self.router.text(routed.model)
         except ApiError:
             return None
         engine_request = TextRequest(

@@ -49,9 +49,9 @@ from serve_app.models.router import ModelRouter
 
 logger = logging.getLogger("serve_app.jobs")
 
-# Catalog types whose models take queued jobs, and the deployment method of each job kind.
+# Catalog types whose models take queued jobs (a video job is made by its video deployment, a
+# queued speech job by its speech deployment, other kinds by a JobMaker).
 QUEUED_MODEL_TYPES = ("video", "music")
-METHOD_OF_KIND = {"video": "generate", "audio": "synthesize"}
 # How a job of a kind no single deployment makes is made (a voice change: transcription,
 # then speech): its model and the job -> the media. Given by the composition root.
 JobMaker = Callable[[CatalogModel, MediaJob], Awaitable[MediaResult]]
@@ -239,9 +239,11 @@ class JobRunner:
         maker = self.makers.get(job.kind)
         if maker is not None:
             out = await maker(model, work)
-        else:
-            method: Any = getattr(self.router.handle(model), METHOD_OF_KIND[job.kind])
-            out = await call_model(method, model.id, model.id, work)
+        elif job.kind == "video":
+            out = await call_model(self.router.video(model).generate, model.id, model.id, work)
+        else:  # queued speech
+            out = await call_model(self.router.speech(model).synthesize, model.id, model.id,
+                                   work)
         key = result_key(job.queue_id)
         storing = asyncio.ensure_future(self.results.put(key, out.media, out.media_type))
         try:

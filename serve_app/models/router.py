@@ -7,10 +7,22 @@ catalog resolves ids, compatibility aliases (`gpt-4o-mini`) and traits (`default
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serve_app.errors import ApiError
 from serve_app.models.catalog import Catalog, CatalogModel
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
+    from deployments.protocol import (
+        EmbeddingServer,
+        ImageServer,
+        JobServer,
+        SpeechServer,
+        TextServer,
+        TranscriptionServer,
+    )
 
 
 @dataclass(frozen=True)
@@ -80,8 +92,31 @@ class ModelRouter:
                            router="direct" if base == model.id else "alias")
 
     def handle(self, model: CatalogModel) -> Any:
+        """The handle of the deployment that runs `model` (503 MODEL_OFFLINE when it is not
+        running). Callers take it typed by family, through the accessors below."""
         handle = self._handles.get(model.deployment)
         if handle is None:
             raise ApiError(503, f"Model {model.id!r} is offline: its deployment "
                                 f"{model.deployment!r} is not running", code="MODEL_OFFLINE")
         return handle
+
+    # Typed handles, one per deployment family (deployments/protocol.py): what may be called
+    # on each. The catalog decides which family a model's deployment is.
+
+    def text(self, model: CatalogModel) -> DeploymentHandle[TextServer]:
+        return self.handle(model)
+
+    def embedding(self, model: CatalogModel) -> DeploymentHandle[EmbeddingServer]:
+        return self.handle(model)
+
+    def image(self, model: CatalogModel) -> DeploymentHandle[ImageServer]:
+        return self.handle(model)
+
+    def speech(self, model: CatalogModel) -> DeploymentHandle[SpeechServer]:
+        return self.handle(model)
+
+    def transcription(self, model: CatalogModel) -> DeploymentHandle[TranscriptionServer]:
+        return self.handle(model)
+
+    def video(self, model: CatalogModel) -> DeploymentHandle[JobServer]:
+        return self.handle(model)

@@ -146,7 +146,7 @@ class VideoService:
         caller is held) unless consent was given: a face without it is a 409."""
         routed = self.video_model(body.model)
         model = routed.model
-        self.router.handle(model)  # 503 before anything is held or fetched
+        self.router.require_online(model)  # 503 before anything is held or fetched
         _check_prompt(model, body)
         _check_media_fields(model, body)
         policy = policy_of(model)

@@ -1,0 +1,106 @@
+"""The calls across Ray, held to their Protocols (deployments/protocol.py): every deployment
+class answers its family's calls with the Protocol's parameters, every model deployment of the
+registry belongs to a family, and every fake of the in-process tier answers only calls its
+real deployment class has, with the same parameters, so a flow test cannot pass against a call
+no deployment answers."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import pytest
+
+from deployments.audio import SpeechDeployment, TranscriptionDeployment
+from deployments.embedding import EmbeddingDeployment
+from deployments.image import ImageDeployment
+from deployments.protocol import (
+    EmbeddingServer,
+    ImageServer,
+    JobServer,
+    SpeechServer,
+    TextServer,
+    TranscriptionServer,
+)
+from deployments.registry import MODEL_DEPLOYMENTS
+from deployments.text import TextDeployment
+from deployments.video import VideoDeployment
+from tests.fakes.deployments import FakeDeployment
+
+FAMILIES: list[tuple[type, Any]] = [
+    (TextServer, TextDeployment), (EmbeddingServer, EmbeddingDeployment),
+    (ImageServer, ImageDeployment), (SpeechServer, SpeechDeployment),
+    (TranscriptionServer, TranscriptionDeployment), (JobServer, VideoDeployment)]
+# Modules of the in-process tier that define fakes of their own.
+FAKE_MODULES = ("tests.fakes.deployments", "tests.unit.audio.conftest",
+                "tests.unit.video.conftest", "tests.unit.pipeline.test_chat_audio",
+                "tests.unit.chat.test_vision_chat")
+
+
+def _class(deployment: Any) -> type:
+    """The class behind a Serve deployment."""
+    return getattr(deployment, "func_or_class", deployment)
+
+
+def _calls(protocol: type) -> list[str]:
+    return [name for name, value in vars(protocol).items()
+            if callable(value) and not name.startswith("_")]
+
+
+def _parameters(function: Any) -> list[tuple[str, bool]]:
+    """(name, has a default) of each parameter but `self`."""
+    return [(p.name, p.default is not inspect.Parameter.empty)
+            for p in list(inspect.signature(function).parameters.values())[1:]]
+
+
+def _kind(function: Any) -> str:
+    if inspect.isasyncgenfunction(function):
+        return "stream"
+    return "unary" if inspect.iscoroutinefunction(function) else "plain"
+
+
+@pytest.mark.parametrize(("protocol", "deployment"), FAMILIES,
+                         ids=[p.__name__ for p, _ in FAMILIES])
+def test_each_deployment_class_answers_its_protocol(protocol, deployment):
+    cls = _class(deployment)
+    for name in _calls(protocol):
+        wanted, real = getattr(protocol, name), getattr(cls, name, None)
+        assert real is not None, f"{cls.__name__} has no {name}"
+        assert _parameters(real) == _parameters(wanted), (cls.__name__, name)
+        # A Protocol's `def ... -> AsyncIterator` is a stream: the class yields its pieces.
+        expected = "unary" if inspect.iscoroutinefunction(wanted) else "stream"
+        assert _kind(real) == expected, (cls.__name__, name)
+
+
+def test_every_model_deployment_belongs_to_a_family():
+    families = {_class(deployment) for _, deployment in FAMILIES}
+    for name, deployment in MODEL_DEPLOYMENTS.items():
+        assert _class(deployment) in families, f"{name} has no Protocol"
+
+
+def _fakes() -> list[type[FakeDeployment]]:
+    for module in FAKE_MODULES:
+        importlib.import_module(module)
+    found, todo = [], list(FakeDeployment.__subclasses__())
+    while todo:
+        fake = todo.pop()
+        found.append(fake)
+        todo += fake.__subclasses__()
+    return found
+
+
+def _answers_as(fake: type[FakeDeployment], cls: type) -> bool:
+    return all(callable(getattr(cls, name, None))
+               and _parameters(getattr(fake, f"_{name}")) == _parameters(getattr(cls, name))
+               for name in fake.METHODS)
+
+
+def test_every_fake_answers_only_what_a_deployment_class_answers():
+    fakes = _fakes()
+    assert len(fakes) >= 8  # the shared fakes and those of the flow tests' own folders
+    classes = [_class(deployment) for _, deployment in FAMILIES]
+    for fake in fakes:
+        assert fake.METHODS, fake.__name__
+        assert any(_answers_as(fake, cls) for cls in classes), (
+            f"{fake.__name__}: {fake.METHODS} is not what any deployment class answers")
