@@ -1,4 +1,5 @@
-"""Error bodies of the spec and the exception handlers that produce them.
+"""Error bodies of the spec: `ApiError` and the builders of each error the Gateway answers.
+The handlers that turn exceptions into these bodies are in serve_app/error_handlers.py.
 
 Every error leaves the gateway as a standard error `{error[, code]}` or a detailed error
 `{error, details}` whose `details` nest field names to `{_errors: [...]}`.
@@ -6,19 +7,10 @@ Every error leaves the gateway as a standard error `{error[, code]}` or a detail
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from serve_app.db.engine import is_database_outage
-
-logger = logging.getLogger("serve_app.errors")
 
 
 class ApiError(Exception):
@@ -137,76 +129,3 @@ def validation_error_response(errors: Sequence[Mapping[str, Any]]) -> ApiError:
 
 def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-_STATUS_MESSAGES = {
-    404: "Not found",
-    405: "Method not allowed",
-    413: "Request body too large",
-}
-
-
-UNKNOWN_ERROR_BODY = {"error": "An unknown error occurred", "code": "UNKNOWN_ERROR"}
-DATABASE_OUTAGE_BODY = {"error": "The service's database is unreachable; try again shortly",
-                        "code": "SERVICE_UNAVAILABLE"}
-DATABASE_OUTAGE_RETRY_AFTER_S = "5"
-
-
-def log_unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> None:
-    """Log once, with the request id, whichever layer meets the exception first."""
-    if getattr(exc, "_serve_app_logged", False):
-        return
-    request_id = scope.get("state", {}).get("request_id", "-")
-    logger.error("unhandled error in %s %s [request %s]", scope.get("method"),
-                 scope.get("path"), request_id, exc_info=exc)
-    exc._serve_app_logged = True  # type: ignore[attr-defined]
-
-
-def unexpected_error_body(exc: BaseException, scope: Mapping[str, Any]
-                          ) -> tuple[int, dict[str, str], dict[str, str]]:
-    """Status, body and headers for an exception no handler expected: a 503 with Retry-After
-    while the database is unreachable (the client may retry), else a 500. No stack trace or
-    message of ours reaches the client; either is logged once."""
-    if not is_database_outage(exc):
-        log_unexpected_error(exc, scope)
-        return 500, UNKNOWN_ERROR_BODY, {}
-    if not getattr(exc, "_serve_app_logged", False):
-        exc._serve_app_logged = True  # type: ignore[attr-defined]
-        logger.warning("database unreachable in %s %s [request %s]: %s", scope.get("method"),
-                       scope.get("path"), scope.get("state", {}).get("request_id", "-"),
-                       type(exc.__cause__ or exc).__name__)
-    return 503, DATABASE_OUTAGE_BODY, {"Retry-After": DATABASE_OUTAGE_RETRY_AFTER_S}
-
-
-def unexpected_error_response(exc: BaseException, scope: Mapping[str, Any]) -> JSONResponse:
-    status, body, headers = unexpected_error_body(exc, scope)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if not exc.blames_caller:
-            context = request.scope.get("state", {}).get("context")
-            if context is not None:  # read when the request's outcome is counted
-                context.caller_failure = False
-        return error_response(exc)
-
-    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error_response(exc.errors()))
-
-    async def on_pydantic_error(_: Request, exc: ValidationError) -> JSONResponse:
-        return error_response(validation_error_response(exc.errors()))
-
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = _STATUS_MESSAGES.get(exc.status_code) or str(exc.detail)
-        return JSONResponse({"error": message}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
-
-    async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        return unexpected_error_response(exc, request.scope)
-
-    app.add_exception_handler(ApiError, on_api_error)
-    app.add_exception_handler(Exception, on_unexpected_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(ValidationError, on_pydantic_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)

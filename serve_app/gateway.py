@@ -39,7 +39,8 @@ from serve_app.api.deps import (
 from serve_app.billing.ledger import InsufficientBalance
 from serve_app.caller_gate import CallerGate, bearer_secret_of, route_needs_caller
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
-from serve_app.errors import ApiError, error_response, install_error_handlers
+from serve_app.error_handlers import install_error_handlers
+from serve_app.errors import ApiError, error_response
 from serve_app.json_bodies import parse_large_bodies_off_loop
 from serve_app.metrics import record_request
 from serve_app.middleware import (

@@ -29,7 +29,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST
-from serve_app.errors import unexpected_error_body
+from serve_app.error_handlers import unexpected_error_body
 from serve_app.pipeline.context import RequestContext
 from serve_app.version import service_version
 

@@ -17,7 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from PIL import Image, ImageFile
 
-from serve_app.errors import ApiError, install_error_handlers
+from serve_app.error_handlers import install_error_handlers
+from serve_app.errors import ApiError
 from serve_app.images import inputs, rules
 from serve_app.images.inputs import (
     ImageSourceReader,

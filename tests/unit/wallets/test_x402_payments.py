@@ -809,7 +809,7 @@ def test_refusal_leaves_the_gateway_in_the_reference_shape():
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from serve_app.errors import install_error_handlers
+    from serve_app.error_handlers import install_error_handlers
 
     app = FastAPI()
     install_error_handlers(app)
