@@ -15,7 +15,8 @@ engine (so it holds across Gateway replicas and nodes) and decides who runs next
   engines this serves do not preempt a running request for a newcomer).
 - **Honest backpressure**: a request that would wait longer than `max_wait_s` for its turn is
   refused at once with the wait it would have had (`AtCapacity.retry_after`), estimated from the
-  requests ahead of it in this order and the measured time a request holds a slot.
+  requests that start before it (its tenant's earlier ones, and the turns the other waiting
+  tenants take meanwhile) and the measured time a request holds a slot.
 
 The weights come from the tenant's rate-limit tier (configs/rate_limit_tiers.yaml). Everything
 here runs on the replica's event loop: no locks.
@@ -221,11 +222,17 @@ class FairShare:
 
     def expected_wait(self, state: _TenantState) -> tuple[float, int]:
         """Seconds until the newest waiting request of `state`'s tenant would start, and how
-        many requests are ahead of it: its own tenant's earlier ones and those of tenants
-        served less."""
-        ahead = len(state.waiting) - 1 + sum(
-            len(t.waiting) for t in self._tenants.values()
-            if t is not state and t.served < state.served)
+        many requests start before it: its own tenant's earlier ones, and of every other
+        waiting tenant the turns its weight gives it while those run (the order takes turns
+        among tenants whose counters are level, so a tenant as backlogged as this one starts
+        about as many requests meanwhile; one served less, one turn more first)."""
+        own = len(state.waiting) - 1
+        ahead = own
+        for other in self._tenants.values():
+            if other is state or not other.waiting:
+                continue
+            turns = math.ceil((own + 1) * other.weight / state.weight)
+            ahead += min(len(other.waiting), turns + (other.served < state.served))
         held = self._slot_seconds()
         # Slots free up at about `slots / held` a second; the requests ahead take theirs first.
         return (ahead + 1) * held / self.slots, ahead

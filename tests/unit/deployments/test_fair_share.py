@@ -161,6 +161,46 @@ def test_a_wait_longer_than_the_bound_is_refused_with_the_wait_it_would_have_had
     asyncio.run(scenario())
 
 
+def test_a_request_behind_its_own_queue_counts_the_turns_another_backlogged_tenant_takes() -> None:
+    """Two tenants with long queues take turns: the newest request of one starts only after
+    its own earlier ones and about as many of the other's, and its wait is told so."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        gate = FairShare(2, reserved=0, max_wait_s=30.0, clock=clock)
+        r = Requests(gate, served_each=0.0)  # the counters stay level
+        r.send("x0", HEAVY)
+        r.send("x1", LIGHT)
+        await settle()
+        clock.now = 10.0  # each held its slot 10 s: a slot frees up every 5 s
+        await r.finish("x0")
+        await r.finish("x1")
+        r.send("h0", HEAVY)
+        r.send("l0", LIGHT)  # both slots taken
+        for i in range(4):
+            r.send(f"hw{i}", HEAVY)
+        for i in range(3):
+            r.send(f"lw{i}", LIGHT)
+        await settle()
+        # LIGHT's fourth: its three earlier ones, and as many of HEAVY's four meanwhile (their
+        # counters are level: turns alternate); seven start first, a slot frees every 5 s.
+        # Counting LIGHT's own queue alone, it would have been told 20 s and waited 40.
+        with pytest.raises(AtCapacity) as refused:
+            async with gate.turn(LIGHT):
+                pass
+        assert refused.value.ahead == 7
+        assert refused.value.retry_after == 40.0
+        # The order it would have waited in: turns alternate between the two tenants.
+        for name in ("h0", "l0", "hw0", "lw0"):
+            await r.finish(name)
+        assert r.started[-4:] == ["hw0", "lw0", "hw1", "lw1"]
+        for name in r.tasks:
+            r._done[name].set()
+        await asyncio.gather(*r.tasks.values(), return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 def test_a_request_that_leaves_while_waiting_gives_its_place_back() -> None:
     async def scenario() -> None:
         gate = FairShare(1, reserved=0)
