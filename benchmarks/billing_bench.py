@@ -32,9 +32,9 @@ from sqlalchemy import func, text  # noqa: E402
 from sqlmodel import Session, select  # noqa: E402
 
 from serve_app.billing.analytics import usage_analytics  # noqa: E402
-from serve_app.billing.holds import Billing  # noqa: E402
 from serve_app.billing.ledger import Payer  # noqa: E402
 from serve_app.billing.pricing import price  # noqa: E402
+from serve_app.billing.service import Billing  # noqa: E402
 from serve_app.db.engine import make_engine, migrate  # noqa: E402
 from serve_app.db.tables import Account, LedgerEntry, LedgerLine, UsageDaily  # noqa: E402
 from serve_app.models.catalog import load_catalog  # noqa: E402

@@ -31,9 +31,9 @@ def durable_charge_ms(catalog_path: Path, model_id: str, count: int = 200) -> fl
     """p50 of one settle (the charge written and committed before the answer)."""
     from sqlmodel import Session
 
-    from serve_app.billing.holds import Billing
     from serve_app.billing.ledger import Payer
     from serve_app.billing.pricing import price
+    from serve_app.billing.service import Billing
     from serve_app.db.engine import make_engine, migrate
     from serve_app.db.tables import Account
     from serve_app.models.catalog import load_catalog

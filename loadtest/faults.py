@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from loadtest.reconcile import reconcile  # noqa: E402
-from serve_app.billing.holds import (  # noqa: E402
+from serve_app.billing.service import (  # noqa: E402
     HEARTBEAT_S,
     HOLDER_TIMEOUT,
     SWEEP_INTERVAL_S,

@@ -21,7 +21,7 @@ from serve_app.audio.sources import FETCH_TIMEOUT_S, MAX_AUDIO_BYTES
 from serve_app.audio.voice_change import KIND as VOICE_CHANGE
 from serve_app.audio.voice_change import VoiceChanger
 from serve_app.audio.voice_pipeline import VoicePipeline
-from serve_app.billing.holds import Billing
+from serve_app.billing.service import Billing
 from serve_app.chat.audio_parts import AudioReader
 from serve_app.chat.extraction import Extractor
 from serve_app.chat.files import FileReader
@@ -36,10 +36,10 @@ from serve_app.images.inputs import ImageInspector, ImageSourceReader, image_fet
 from serve_app.images.serving import ImageService
 from serve_app.jobs.caps import FetchSlots, JobCaps
 from serve_app.jobs.idempotency import QueueKeys
-from serve_app.jobs.requests import JobService
+from serve_app.jobs.job_queue import JobQueue
 from serve_app.jobs.runner import JobRunner
+from serve_app.jobs.service import JobService
 from serve_app.jobs.store import ResultStore, open_result_store
-from serve_app.jobs.table import JobQueue
 from serve_app.jobs.webhooks import WebhookDeliveries, WebhookSecrets
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers

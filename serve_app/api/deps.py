@@ -13,8 +13,8 @@ from sqlmodel import Session
 from starlette.types import Scope
 
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.holds import RemainingCredit
 from serve_app.billing.ledger import Balances
+from serve_app.billing.service import RemainingCredit
 from serve_app.caller_gate import bearer_secret_of
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed

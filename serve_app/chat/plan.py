@@ -35,7 +35,7 @@ _UNREAD = (FilePart, AudioPart, ImagePart, VideoPart)  # parts the server reads 
 
 
 @dataclass
-class Usage:
+class ProducedTokens:
     """What the engine produced for one request, kept current while it streams."""
 
     prompt_tokens: int = 0
@@ -81,7 +81,7 @@ class ChatPlan:
     audio_data: list[bytes] | None = None  # the audio parts' bytes, decoded until heard
     heard_seconds: int = 0
     media: ChatMedia | None = None  # image and video parts, for a vision model
-    usage: Usage = field(default_factory=Usage)
+    usage: ProducedTokens = field(default_factory=ProducedTokens)
     answered_by: RoutedModel | None = None
     charge: Charge | None = None  # the hold and the rate-limit count, settled once
     key: KeyRecord | None = None  # the caller (its limits count the fallbacks too)

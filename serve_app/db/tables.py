@@ -341,7 +341,7 @@ class JobStatus(StrEnum):
 OPEN_STATUSES = (JobStatus.QUEUED.value, JobStatus.PROCESSING.value)
 
 
-class MediaJob(SQLModel, table=True):
+class JobRow(SQLModel, table=True):
     """One queued video or audio generation (`/video/queue`, `/audio/queue`).
 
     The money for it is held under `request_id` when it is queued, and settled with the
@@ -435,4 +435,4 @@ class WebhookDelivery(SQLModel, table=True):
 
 def open_job_request_ids():
     """A subquery of the reservations that open jobs hold: the hold sweeper leaves them."""
-    return select(MediaJob.request_id).where(col(MediaJob.status).in_(OPEN_STATUSES))
+    return select(JobRow.request_id).where(col(JobRow.status).in_(OPEN_STATUSES))

@@ -24,11 +24,11 @@ from types import TracebackType
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost, PricedLine
-from serve_app.db.tables import MediaJob
+from serve_app.db.tables import JobRow
 from serve_app.jobs.caps import JobCaps, PendingIntakes, over_cap
+from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
-from serve_app.jobs.table import JobQueue, JobView, input_key, result_key
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission, payer_of
@@ -60,7 +60,7 @@ class JobIntake:
         self.pending = pending
         self.ctx, self.key, self.routed = ctx, key, routed
         model = routed.model
-        self.job = MediaJob(kind=kind, model_id=model.id, request_id=ctx.request_id,
+        self.job = JobRow(kind=kind, model_id=model.id, request_id=ctx.request_id,
                             account_id=key.account_id,
                             api_key_id=key.id if not key.wallet_address else None,
                             wallet_address=key.wallet_address, callback_url=callback_url)
@@ -141,7 +141,7 @@ class JobIntake:
         self.runner.wake()
         return view
 
-    async def _write(self, job: MediaJob) -> JobView:
+    async def _write(self, job: JobRow) -> JobView:
         """The row, written only if the account's caps still hold (another replica may have
         taken the last place meanwhile: 429). The write finishes even when the client leaves
         meanwhile; a job written for a client that left is withdrawn."""

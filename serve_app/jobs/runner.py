@@ -34,14 +34,14 @@ from typing import Any
 from sqlalchemy import true
 
 from deployments.protocol import MediaJob, MediaResult
-from serve_app.billing.holds import Billing, Hold
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost, PricedLine
+from serve_app.billing.service import Billing, Hold
 from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError
 from serve_app.jobs import downloads
+from serve_app.jobs.job_queue import JobQueue, JobView, result_key
 from serve_app.jobs.store import ResultStore
-from serve_app.jobs.table import JobQueue, JobView, result_key
 from serve_app.jobs.wake import run_rounds
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import Catalog, CatalogModel

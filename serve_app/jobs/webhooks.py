@@ -32,8 +32,8 @@ from sqlmodel import Session, col
 
 from serve_app.db.engine import dialect_insert, run_in_session
 from serve_app.db.tables import (
+    JobRow,
     JobStatus,
-    MediaJob,
     WebhookDelivery,
     WebhookSecret,
     as_utc,
@@ -76,7 +76,7 @@ async def check_callback_url(guard: GuardedFetcher, url: str) -> None:
                               f"({exc})", "callback_url") from exc
 
 
-def event_of(job: MediaJob, delivery_id: str, now: datetime) -> dict[str, Any]:
+def event_of(job: JobRow, delivery_id: str, now: datetime) -> dict[str, Any]:
     """The event of an ended job."""
     event: dict[str, Any] = {
         "id": delivery_id, "type": EVENT_TYPES[job.status], "queue_id": job.queue_id,
@@ -162,9 +162,9 @@ class WebhookDeliveries:
         now = self.clock()
 
         def write(session: Session) -> int:
-            jobs = session.execute(select(MediaJob).where(
-                col(MediaJob.callback_url).is_not(None),
-                col(MediaJob.status).in_(list(EVENT_TYPES))).limit(limit)).scalars().all()
+            jobs = session.execute(select(JobRow).where(
+                col(JobRow.callback_url).is_not(None),
+                col(JobRow.status).in_(list(EVENT_TYPES))).limit(limit)).scalars().all()
             for job in jobs:
                 delivery = WebhookDelivery(queue_id=job.queue_id, account_id=job.account_id,
                                            url=job.callback_url or "", payload="",
@@ -174,7 +174,7 @@ class WebhookDeliveries:
                 values = delivery.model_dump()
                 session.execute(dialect_insert(session)(WebhookDelivery).values(**values)
                                 .on_conflict_do_nothing(index_elements=["queue_id"]))
-                session.execute(update(MediaJob).where(col(MediaJob.queue_id) == job.queue_id)
+                session.execute(update(JobRow).where(col(JobRow.queue_id) == job.queue_id)
                                 .values(callback_url=None)
                                 .execution_options(synchronize_session=False))
             return len(jobs)

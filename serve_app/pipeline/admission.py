@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from deployments.protocol import Tenant
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.holds import Billing, Hold
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import Cost, price
+from serve_app.billing.service import Billing, Hold
 from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.limits.rate_limits import RateLimited, RateLimits, Ticket
 from serve_app.models.catalog import CatalogModel

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve_app.billing.holds import Hold
 from serve_app.billing.ledger import Balances
 from serve_app.billing.pricing import Cost
+from serve_app.billing.service import Hold
 from serve_app.limits.rate_limits import Ticket
 from serve_app.pipeline.context import RequestContext
 

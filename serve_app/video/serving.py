@@ -20,7 +20,7 @@ from serve_app.billing.pricing.video import SourceVideo, VideoAsk, floor_plan, p
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images.inputs import ImageInspector, ImageSourceReader
 from serve_app.jobs.intake import JobIntake
-from serve_app.jobs.requests import JobService, delivery_url
+from serve_app.jobs.service import JobService, delivery_url
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext

@@ -35,8 +35,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Balances
+from serve_app.billing.service import Billing
 from serve_app.billing.wallet_accounts import find_or_create_wallet_account
 from serve_app.db.engine import dialect_insert, run_in_session
 from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow

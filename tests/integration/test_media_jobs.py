@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 from deployments.engines.video import encode_mp4
 from serve_app.billing import ledger
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import LedgerEntry, MediaJob, utcnow
+from serve_app.db.tables import JobRow, LedgerEntry, utcnow
 from tests.fakes.faces import drawn_face_png
 from tests.integration.accounts import Account, nanos
 
@@ -378,7 +378,7 @@ def test_concurrent_jobs_are_each_charged_once(account, platform):
     assert account.spent() == 4 * nanos("0.01")
     engine = make_engine(platform.sqlite_url)
     with Session(engine) as session:
-        jobs = [session.get(MediaJob, queue_id) for queue_id in ids]
+        jobs = [session.get(JobRow, queue_id) for queue_id in ids]
         entries = session.exec(select(LedgerEntry.request_id).where(
             col(LedgerEntry.request_id).in_([j.request_id for j in jobs]))).all()
     engine.dispose()
@@ -394,7 +394,7 @@ def test_a_job_left_running_by_a_stopped_platform_is_finished_or_released(accoun
     now = utcnow()
     jobs = {}
     for name, attempts in (("retry", 1), ("worn", 2)):
-        job = MediaJob(kind="video", model_id="wan-text-to-video-test",
+        job = JobRow(kind="video", model_id="wan-text-to-video-test",
                        request_id=f"restart-{name}-{uuid.uuid4().hex[:8]}",
                        account_id=account.account_id, api_key_id=None, status="PROCESSING",
                        params={"prompt": "left behind", "seconds": 1.0, "width": 256,

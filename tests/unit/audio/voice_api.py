@@ -8,7 +8,7 @@ import time
 import httpx
 
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import LedgerEntry, MediaJob
+from serve_app.db.tables import JobRow, LedgerEntry
 
 VC = "/api/v1/audio/voice-changer"
 
@@ -43,13 +43,13 @@ def wait(gateway, key: str, queue_id: str, timeout_s: float = 120) -> httpx.Resp
         time.sleep(0.05)
 
 
-def job_rows(gateway) -> list[MediaJob]:
+def job_rows(gateway) -> list[JobRow]:
     from sqlmodel import Session, select
 
     engine = make_engine(gateway.settings.resolved_database_url)
     try:
         with Session(engine) as session:
-            return list(session.exec(select(MediaJob)).all())
+            return list(session.exec(select(JobRow)).all())
     finally:
         engine.dispose()
 

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
+from serve_app.billing.service import Billing
 from serve_app.cli import run as cli
 from serve_app.errors import ApiError
 from serve_app.models.catalog import CatalogModel

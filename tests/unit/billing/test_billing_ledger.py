@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import func
 from sqlmodel import Session, select
 
-from serve_app.billing.holds import HOLDER_TIMEOUT, Billing
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
+from serve_app.billing.service import HOLDER_TIMEOUT, Billing
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import (
     Account,

@@ -14,9 +14,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
-from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import price
+from serve_app.billing.service import Billing
 from serve_app.db.engine import is_database_outage, make_engine, migrate
 from serve_app.db.tables import LedgerEntry, Reservation
 from serve_app.models.catalog import CatalogModel

@@ -15,15 +15,15 @@ from sqlmodel import Session, col, select
 
 from serve_app.accounts.provisioning import bootstrap
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import OPEN_STATUSES, Account, MediaJob
-from serve_app.jobs.table import JobQueue
+from serve_app.db.tables import OPEN_STATUSES, Account, JobRow
+from serve_app.jobs.job_queue import JobQueue
 from serve_app.settings import Settings
 
 CAP = 20
 
 
-def _job(account_id: str, stored_bytes: int = 0) -> MediaJob:
-    return MediaJob(kind="audio", model_id="piper-narrator", account_id=account_id,
+def _job(account_id: str, stored_bytes: int = 0) -> JobRow:
+    return JobRow(kind="audio", model_id="piper-narrator", account_id=account_id,
                     request_id=f"req-{uuid.uuid4().hex}", stored_bytes=stored_bytes,
                     params={"prompt": "Hello."}, inputs={"a": "jobs/x/input-a"},
                     cost_lines=[["queued_characters", 6, 90_000, 0.015]])
@@ -44,9 +44,9 @@ def account(database_url: str, tmp_path: Path):
 
 def _open_jobs(engine, account_id: str) -> int:
     with Session(engine) as session:
-        return session.exec(select(func.count()).select_from(MediaJob).where(
-            col(MediaJob.account_id) == account_id,
-            col(MediaJob.status).in_(OPEN_STATUSES))).one()
+        return session.exec(select(func.count()).select_from(JobRow).where(
+            col(JobRow.account_id) == account_id,
+            col(JobRow.status).in_(OPEN_STATUSES))).one()
 
 
 def test_two_replicas_racing_for_the_last_places_never_pass_the_open_jobs_cap(

@@ -15,13 +15,13 @@ import pytest
 from sqlmodel import Session, col, select
 
 from serve_app.accounts.provisioning import bootstrap
-from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Payer
+from serve_app.billing.service import Billing
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import Account, LedgerEntry, MediaJob, Reservation
+from serve_app.db.tables import Account, JobRow, LedgerEntry, Reservation
+from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
 from serve_app.jobs.runner import RESULT_LIFETIME_S, JobRunner
 from serve_app.jobs.store import DirectoryStore
-from serve_app.jobs.table import JobQueue, JobView, input_key, result_key
 from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.settings import Settings
@@ -39,9 +39,9 @@ class Clock:
         return self.now
 
 
-def _job(account_id: str, **fields: Any) -> MediaJob:
+def _job(account_id: str, **fields: Any) -> JobRow:
     fields.setdefault("request_id", f"req-{uuid.uuid4().hex}")
-    return MediaJob(kind="video", model_id=MODEL, account_id=account_id,
+    return JobRow(kind="video", model_id=MODEL, account_id=account_id,
                     params={"prompt": "rain", "seconds": 1.0, "width": 64, "height": 64,
                             "fps": 8.0}, cost_lines=[["video_seconds", 1, 10_000_000, 0.01]],
                     **fields)
@@ -135,7 +135,7 @@ def test_the_sweep_deletes_what_a_runner_that_died_left_of_a_failed_job(accounts
         queue = JobQueue(engine)
         job = await _queued_with_input(queue, store, billing, account_id)
         with Session(engine) as session:
-            row = session.get(MediaJob, job.queue_id)
+            row = session.get(JobRow, job.queue_id)
             row.status, row.finished_at = "FAILED", datetime.now(UTC)
             session.add(row)
             session.commit()
@@ -172,6 +172,6 @@ def test_accounts_take_turns_one_accounts_thousand_jobs_do_not_starve_anothers_o
     assert order[:2] in ([busy, other], [other, busy]), order  # the one waits one turn at most
     assert order.count(other) == 1 and order[2:] == [busy, busy]
     with Session(engine) as session:
-        first = session.exec(select(MediaJob).where(col(MediaJob.account_id) == busy)
-                             .order_by(col(MediaJob.created_at))).first()
+        first = session.exec(select(JobRow).where(col(JobRow.account_id) == busy)
+                             .order_by(col(JobRow.created_at))).first()
         assert first.status == "PROCESSING"  # within an account, the oldest first

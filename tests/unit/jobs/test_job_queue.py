@@ -15,13 +15,13 @@ import pytest
 from sqlmodel import Session, col, select
 
 from serve_app.accounts.provisioning import bootstrap
-from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Payer, stale_holds
+from serve_app.billing.service import Billing
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import Account, LedgerEntry, MediaJob, Reservation
+from serve_app.db.tables import Account, JobRow, LedgerEntry, Reservation
+from serve_app.jobs.job_queue import JobQueue, result_key
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import DirectoryStore, open_result_store
-from serve_app.jobs.table import JobQueue, result_key
 from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.settings import PROJECT_ROOT, Settings
@@ -37,9 +37,9 @@ class Clock:
         return self.now
 
 
-def _job(account_id: str, model_id: str = "piper-narrator", **fields: Any) -> MediaJob:
+def _job(account_id: str, model_id: str = "piper-narrator", **fields: Any) -> JobRow:
     fields.setdefault("request_id", f"req-{uuid.uuid4().hex}")
-    return MediaJob(kind="audio", model_id=model_id, account_id=account_id,
+    return JobRow(kind="audio", model_id=model_id, account_id=account_id,
                     params={"prompt": "Hello there.", "voice": "joe", "format": "wav"},
                     cost_lines=[["queued_characters", 12, 180_000, 0.015]], **fields)
 
@@ -295,7 +295,7 @@ def test_delivery_links_use_the_public_api_url_when_one_is_set():
     configured public base is what the client can reach."""
     from starlette.requests import Request
 
-    from serve_app.jobs.requests import delivery_url
+    from serve_app.jobs.service import delivery_url
 
     inner = Request({"type": "http", "method": "POST", "scheme": "http", "query_string": b"",
                      "server": ("10.0.0.7", 8000), "path": "/api/v1/video/queue",

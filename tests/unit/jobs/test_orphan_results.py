@@ -15,13 +15,13 @@ import pytest
 from sqlmodel import Session, col, select
 
 from serve_app.accounts.provisioning import bootstrap
-from serve_app.billing.holds import Billing
 from serve_app.billing.ledger import Payer
+from serve_app.billing.service import Billing
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import Account, LedgerEntry, MediaJob, Reservation
+from serve_app.db.tables import Account, JobRow, LedgerEntry, Reservation
+from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import DirectoryStore
-from serve_app.jobs.table import JobQueue, JobView, input_key, result_key
 from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.settings import Settings
@@ -55,7 +55,7 @@ def account(database_url: str, tmp_path: Path):
 async def _queued(queue: JobQueue, store: DirectoryStore, billing: Billing,
                   account_id: str) -> JobView:
     hold = await billing.hold(f"req-{uuid.uuid4().hex}", Payer(account_id), 10_000_000)
-    job = MediaJob(kind="video", model_id=MODEL, account_id=account_id,
+    job = JobRow(kind="video", model_id=MODEL, account_id=account_id,
                    request_id=hold.request_id, stored_bytes=4,
                    params={"prompt": "rain", "seconds": 1.0, "width": 64, "height": 64,
                            "fps": 8.0}, cost_lines=[["video_seconds", 1, 10_000_000, 0.01]])

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlmodel import Session
 
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import MediaJob, QueueIdempotency, utcnow
+from serve_app.db.tables import JobRow, QueueIdempotency, utcnow
 from serve_app.jobs import idempotency
 from tests.unit.pipeline.books import nanos
 
@@ -47,7 +47,7 @@ def test_the_same_key_and_body_answer_the_first_answer_and_queue_and_charge_once
     assert again.json() == first.json()
     assert again.headers["idempotent-replayed"] == "true"
     assert "idempotent-replayed" not in first.headers
-    assert _count(gateway, MediaJob) == 1
+    assert _count(gateway, JobRow) == 1
     assert books.balance_nanos() == before - nanos(JOB_USD)  # held once, whatever happens
 
 
@@ -57,7 +57,7 @@ def test_queued_audio_takes_the_key_too(gateway, key):
 
     assert first.status_code == again.status_code == 200, (first.text, again.text)
     assert again.json() == first.json()
-    assert _count(gateway, MediaJob) == 1
+    assert _count(gateway, JobRow) == 1
 
 
 def test_the_same_key_with_another_body_or_route_is_a_409(gateway, key, books):
@@ -71,7 +71,7 @@ def test_the_same_key_with_another_body_or_route_is_a_409(gateway, key, books):
         assert refused.status_code == 409, refused.text
         assert refused.json() == {"error": refused.json()["error"],
                                   "code": "IDEMPOTENCY_KEY_REUSED"}
-    assert _count(gateway, MediaJob) == 1
+    assert _count(gateway, JobRow) == 1
     assert books.balance_nanos() == held
 
 
@@ -103,7 +103,7 @@ def test_a_key_still_being_queued_is_a_409_in_progress_with_nothing_charged(gate
 
     assert twin.status_code == 409, twin.text
     assert twin.json()["code"] == "IDEMPOTENCY_KEY_IN_PROGRESS"
-    assert _count(gateway, MediaJob) == 0
+    assert _count(gateway, JobRow) == 0
     assert books.balance_nanos() == before
 
 
@@ -127,7 +127,7 @@ def test_two_requests_with_the_same_key_at_once_make_one_job(gateway, key, books
     assert len(made) == 1
     assert all(a.json()["code"] == "IDEMPOTENCY_KEY_IN_PROGRESS"
                for a in answers if a.status_code == 409)
-    assert _count(gateway, MediaJob) == 1
+    assert _count(gateway, JobRow) == 1
     assert books.balance_nanos() == before - nanos(JOB_USD)
 
 
@@ -144,7 +144,7 @@ def test_a_key_is_forgotten_after_24_hours_and_swept(gateway, key, books):
 
     assert fresh.status_code == 200, fresh.text
     assert fresh.json()["queue_id"] != first.json()["queue_id"]
-    assert _count(gateway, MediaJob) == 2
+    assert _count(gateway, JobRow) == 2
     assert _queue(gateway, key, JOB, "other").status_code == 200
     assert _count(gateway, QueueIdempotency) == 2
 
@@ -157,4 +157,4 @@ def test_a_malformed_key_is_a_400(gateway, key):
     resp = _queue(gateway, key, JOB, "not a key!")
 
     assert resp.status_code == 400
-    assert _count(gateway, MediaJob) == 0
+    assert _count(gateway, JobRow) == 0

@@ -14,7 +14,7 @@ from PIL import Image
 from sqlmodel import Session
 
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import MediaJob, utcnow
+from serve_app.db.tables import JobRow, utcnow
 from serve_app.jobs.runner import RESULT_LIFETIME_S
 from tests.fakes import crashed
 from tests.unit.pipeline.books import nanos
@@ -47,7 +47,7 @@ def test_inputs_go_when_a_job_is_made_or_fails_and_media_when_its_link_expires(
 
     engine = make_engine(gateway.settings.resolved_database_url)
     with Session(engine) as session:  # made a moment past its link's lifetime ago
-        job = session.get(MediaJob, queue_id)
+        job = session.get(JobRow, queue_id)
         job.finished_at = utcnow() - timedelta(seconds=RESULT_LIFETIME_S + 1)
         session.add(job)
         session.commit()

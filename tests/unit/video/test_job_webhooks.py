@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlmodel import Session
 
 from serve_app.db.engine import make_engine
-from serve_app.db.tables import MediaJob, WebhookDelivery, utcnow
+from serve_app.db.tables import JobRow, WebhookDelivery, utcnow
 from tests.fakes import crashed
 from tests.unit.video.conftest import CATALOG
 from tests.unit.video.media_server import MediaServer
@@ -234,5 +234,5 @@ def test_a_private_or_odd_callback_url_is_a_400_with_nothing_charged(gateway, ke
     assert books.balance_nanos() == before and books.open_holds() == 0
     engine = make_engine(gateway.settings.resolved_database_url)
     with Session(engine) as session:
-        assert session.execute(select(MediaJob)).first() is None
+        assert session.execute(select(JobRow)).first() is None
     engine.dispose()

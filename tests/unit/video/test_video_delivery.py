@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from serve_app.jobs.requests import accepts
+from serve_app.jobs.service import accepts
 from tests.reference_api import response_schema, schema_errors
 from tests.unit.video.api import post
 

@@ -23,9 +23,9 @@ from sqlmodel import Session, col, select
 
 from serve_app.db.tables import (
     OPEN_STATUSES,
+    JobRow,
     JobStatus,
     LedgerEntry,
-    MediaJob,
     Reservation,
     as_utc,
     utcnow,
@@ -69,7 +69,7 @@ class JobView:
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, row: MediaJob) -> JobView:
+    def of(cls, row: JobRow) -> JobView:
         return cls(row.queue_id, row.kind, row.model_id, row.status, row.request_id,
                    row.account_id, row.api_key_id, row.wallet_address, dict(row.params),
                    dict(row.inputs), list(row.cost_lines), row.attempts, row.result_key,
@@ -95,27 +95,27 @@ class JobQueue:
                 return out
         return await asyncio.to_thread(run)
 
-    async def add(self, job: MediaJob) -> JobView:
+    async def add(self, job: JobRow) -> JobView:
         def write(session: Session) -> JobView:
             session.add(job)
             session.flush()
             return JobView.of(job)
         return await self._run(write)
 
-    async def add_within(self, job: MediaJob, open_jobs: int, stored_bytes: int
+    async def add_within(self, job: JobRow, open_jobs: int, stored_bytes: int
                          ) -> JobView | None:
         """Write `job` only if its account then has fewer than `open_jobs` open jobs and
         keeps, with this job's bytes, at most `stored_bytes`; None when it would not. One
         conditional INSERT (SQLite runs it under its write lock), after a transaction lock
         on the account on PostgreSQL (whose INSERT would not see a concurrent one's row):
         replicas racing for an account's last place cannot both take it."""
-        table = MediaJob.__table__  # type: ignore[attr-defined]
+        table = JobRow.__table__  # type: ignore[attr-defined]
         values = {column.name: getattr(job, column.name) for column in table.columns}
-        account = col(MediaJob.account_id) == job.account_id
-        open_count = select(func.count()).select_from(MediaJob).where(
-            account, col(MediaJob.status).in_(OPEN_STATUSES)).scalar_subquery()
-        stored = select(func.coalesce(func.sum(MediaJob.stored_bytes), 0)).where(
-            account, col(MediaJob.media_deleted).is_(False)).scalar_subquery()
+        account = col(JobRow.account_id) == job.account_id
+        open_count = select(func.count()).select_from(JobRow).where(
+            account, col(JobRow.status).in_(OPEN_STATUSES)).scalar_subquery()
+        stored = select(func.coalesce(func.sum(JobRow.stored_bytes), 0)).where(
+            account, col(JobRow.media_deleted).is_(False)).scalar_subquery()
         row = select(*(literal(values[c.name], type_=c.type) for c in table.columns)).where(
             open_count < open_jobs, stored + job.stored_bytes <= stored_bytes)
 
@@ -130,7 +130,7 @@ class JobQueue:
 
     async def get(self, queue_id: str) -> JobView | None:
         def read(session: Session) -> JobView | None:
-            row = session.get(MediaJob, queue_id)
+            row = session.get(JobRow, queue_id)
             return JobView.of(row) if row is not None else None
         return await self._run(read)
 
@@ -142,28 +142,28 @@ class JobQueue:
         served first, then the one whose last job started longest ago), its oldest job first.
         One account's thousand queued jobs then wait beside another's one, not before it."""
         now = self.clock()
-        claimable = and_(col(MediaJob.model_id).in_(model_ids), or_(
-            col(MediaJob.status) == JobStatus.QUEUED,
-            and_(col(MediaJob.status) == JobStatus.PROCESSING,
-                 col(MediaJob.lease_expires_at) < now,
-                 col(MediaJob.attempts) < self.max_attempts)))
+        claimable = and_(col(JobRow.model_id).in_(model_ids), or_(
+            col(JobRow.status) == JobStatus.QUEUED,
+            and_(col(JobRow.status) == JobStatus.PROCESSING,
+                 col(JobRow.lease_expires_at) < now,
+                 col(JobRow.attempts) < self.max_attempts)))
 
         def take(session: Session) -> JobView | None:
             for account_id in _accounts_in_turn(session, claimable):
                 candidates = session.exec(
-                    select(MediaJob.queue_id).where(claimable,
-                                                    col(MediaJob.account_id) == account_id)
-                    .order_by(col(MediaJob.created_at)).limit(2)).all()
+                    select(JobRow.queue_id).where(claimable,
+                                                    col(JobRow.account_id) == account_id)
+                    .order_by(col(JobRow.created_at)).limit(2)).all()
                 for queue_id in candidates:
                     taken = session.execute(
-                        update(MediaJob).where(col(MediaJob.queue_id) == queue_id, claimable)
+                        update(JobRow).where(col(JobRow.queue_id) == queue_id, claimable)
                         .values(status=JobStatus.PROCESSING, lease_owner=owner,
                                 lease_expires_at=now + self.lease,
-                                attempts=MediaJob.attempts + 1,  # type: ignore[operator]
+                                attempts=JobRow.attempts + 1,  # type: ignore[operator]
                                 started_at=now))
                     if taken.rowcount == 1:  # type: ignore[attr-defined]
                         session.commit()
-                        row = session.get(MediaJob, queue_id)
+                        row = session.get(JobRow, queue_id)
                         assert row is not None
                         session.refresh(row)
                         return JobView.of(row)
@@ -181,7 +181,7 @@ class JobQueue:
         values: dict[str, Any] = {"status": JobStatus.QUEUED, "lease_owner": None,
                                   "lease_expires_at": None}
         if not count_try:
-            values["attempts"] = MediaJob.attempts - 1  # type: ignore[operator]
+            values["attempts"] = JobRow.attempts - 1  # type: ignore[operator]
         return await self._owned_update(queue_id, owner, **values)
 
     async def complete(self, queue_id: str, owner: str, result_key: str,
@@ -208,17 +208,17 @@ class JobQueue:
         values = self._failed(status, code, message)
 
         def write(session: Session) -> bool:
-            done = session.execute(update(MediaJob).where(
-                col(MediaJob.queue_id) == queue_id,
-                col(MediaJob.status).in_(OPEN_STATUSES), condition).values(**values))
+            done = session.execute(update(JobRow).where(
+                col(JobRow.queue_id) == queue_id,
+                col(JobRow.status).in_(OPEN_STATUSES), condition).values(**values))
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
 
     def worn_out_condition(self) -> Any:
         """Its runner died (the lease ran out) on its last try."""
-        return and_(col(MediaJob.status) == JobStatus.PROCESSING,
-                    col(MediaJob.lease_expires_at) < self.clock(),
-                    col(MediaJob.attempts) >= self.max_attempts)
+        return and_(col(JobRow.status) == JobStatus.PROCESSING,
+                    col(JobRow.lease_expires_at) < self.clock(),
+                    col(JobRow.attempts) >= self.max_attempts)
 
     async def withdraw(self, queue_id: str, message: str) -> bool:
         """Fail an open job whoever runs it (its client left before it learned the id)."""
@@ -226,10 +226,10 @@ class JobQueue:
 
     async def _owned_update(self, queue_id: str, owner: str, **values: Any) -> bool:
         def write(session: Session) -> bool:
-            done = session.execute(update(MediaJob).where(
-                col(MediaJob.queue_id) == queue_id,
-                col(MediaJob.status) == JobStatus.PROCESSING,
-                col(MediaJob.lease_owner) == owner).values(**values))
+            done = session.execute(update(JobRow).where(
+                col(JobRow.queue_id) == queue_id,
+                col(JobRow.status) == JobStatus.PROCESSING,
+                col(JobRow.lease_owner) == owner).values(**values))
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
 
@@ -237,8 +237,8 @@ class JobQueue:
         """Jobs whose runner died on their last attempt: to be failed and released."""
 
         def read(session: Session) -> list[JobView]:
-            rows = session.exec(select(MediaJob).where(
-                col(MediaJob.model_id).in_(model_ids), self.worn_out_condition())).all()
+            rows = session.exec(select(JobRow).where(
+                col(JobRow.model_id).in_(model_ids), self.worn_out_condition())).all()
             return [JobView.of(row) for row in rows]
         return await self._run(read)
 
@@ -247,11 +247,11 @@ class JobQueue:
         """Open jobs no runner will take: of a model no longer in the catalog, or queued
         before `queued_before` (their model's deployment never came back)."""
         def read(session: Session) -> list[JobView]:
-            rows = session.exec(select(MediaJob).where(
-                col(MediaJob.status).in_(OPEN_STATUSES),
-                or_(col(MediaJob.model_id).not_in(known_models),
-                    and_(col(MediaJob.status) == JobStatus.QUEUED,
-                         col(MediaJob.created_at) < queued_before)))).all()
+            rows = session.exec(select(JobRow).where(
+                col(JobRow.status).in_(OPEN_STATUSES),
+                or_(col(JobRow.model_id).not_in(known_models),
+                    and_(col(JobRow.status) == JobStatus.QUEUED,
+                         col(JobRow.created_at) < queued_before)))).all()
             return [JobView.of(row) for row in rows]
         return await self._run(read)
 
@@ -259,9 +259,9 @@ class JobQueue:
         """Completed jobs whose hold is still there: their runner died between marking the
         job complete and settling it."""
         def read(session: Session) -> list[JobView]:
-            rows = session.exec(select(MediaJob).where(
-                col(MediaJob.status) == JobStatus.COMPLETED,
-                col(MediaJob.request_id).in_(select(Reservation.request_id)))).all()
+            rows = session.exec(select(JobRow).where(
+                col(JobRow.status) == JobStatus.COMPLETED,
+                col(JobRow.request_id).in_(select(Reservation.request_id)))).all()
             return [JobView.of(row) for row in rows]
         return await self._run(read)
 
@@ -276,9 +276,9 @@ class JobQueue:
         """Note that the job keeps nothing in the store any more: its media was deleted
         (`complete`, retrieve with deletion, expiry), or it failed and its inputs went."""
         def write(session: Session) -> bool:
-            done = session.execute(update(MediaJob).where(
-                col(MediaJob.queue_id) == queue_id,
-                col(MediaJob.media_deleted).is_(False)).values(media_deleted=True,
+            done = session.execute(update(JobRow).where(
+                col(JobRow.queue_id) == queue_id,
+                col(JobRow.media_deleted).is_(False)).values(media_deleted=True,
                                                                stored_bytes=0))
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
@@ -286,20 +286,20 @@ class JobQueue:
     async def set_stored_bytes(self, queue_id: str, stored_bytes: int) -> None:
         """What a finished job keeps once its inputs were deleted (its media)."""
         def write(session: Session) -> None:
-            session.execute(update(MediaJob).where(
-                col(MediaJob.queue_id) == queue_id,
-                col(MediaJob.media_deleted).is_(False)).values(stored_bytes=stored_bytes))
+            session.execute(update(JobRow).where(
+                col(JobRow.queue_id) == queue_id,
+                col(JobRow.media_deleted).is_(False)).values(stored_bytes=stored_bytes))
         await self._run(write)
 
     async def account_usage(self, account_id: str) -> tuple[int, int]:
         """The account's open jobs, and the bytes its jobs keep in the store."""
         def read(session: Session) -> tuple[int, int]:
-            open_jobs = session.exec(select(func.count()).select_from(MediaJob).where(
-                col(MediaJob.account_id) == account_id,
-                col(MediaJob.status).in_(OPEN_STATUSES))).one()
-            stored = session.exec(select(func.coalesce(func.sum(MediaJob.stored_bytes), 0))
-                                  .where(col(MediaJob.account_id) == account_id,
-                                         col(MediaJob.media_deleted).is_(False))).one()
+            open_jobs = session.exec(select(func.count()).select_from(JobRow).where(
+                col(JobRow.account_id) == account_id,
+                col(JobRow.status).in_(OPEN_STATUSES))).one()
+            stored = session.exec(select(func.coalesce(func.sum(JobRow.stored_bytes), 0))
+                                  .where(col(JobRow.account_id) == account_id,
+                                         col(JobRow.media_deleted).is_(False))).one()
             return int(open_jobs), int(stored)
         return await self._run(read)
 
@@ -307,22 +307,22 @@ class JobQueue:
         """Ended jobs that still keep files: failed ones (their inputs), and completed ones
         made before `made_before` (their media, past its download link's lifetime)."""
         def read(session: Session) -> list[JobView]:
-            rows = session.exec(select(MediaJob).where(
-                col(MediaJob.media_deleted).is_(False),
-                or_(col(MediaJob.status) == JobStatus.FAILED,
-                    and_(col(MediaJob.status) == JobStatus.COMPLETED,
-                         col(MediaJob.finished_at) < made_before)))
-                .order_by(col(MediaJob.finished_at)).limit(limit)).all()
+            rows = session.exec(select(JobRow).where(
+                col(JobRow.media_deleted).is_(False),
+                or_(col(JobRow.status) == JobStatus.FAILED,
+                    and_(col(JobRow.status) == JobStatus.COMPLETED,
+                         col(JobRow.finished_at) < made_before)))
+                .order_by(col(JobRow.finished_at)).limit(limit)).all()
             return [JobView.of(row) for row in rows]
         return await self._run(read)
 
     async def p80_execution_ms(self, model_id: str) -> float | None:
         """The 80th percentile of the model's recent completed jobs' run times (ms)."""
         def read(session: Session) -> float | None:
-            rows = session.exec(select(MediaJob.started_at, MediaJob.finished_at).where(
-                col(MediaJob.model_id) == model_id,
-                col(MediaJob.status) == JobStatus.COMPLETED)
-                .order_by(col(MediaJob.finished_at).desc()).limit(TIMING_WINDOW)).all()
+            rows = session.exec(select(JobRow.started_at, JobRow.finished_at).where(
+                col(JobRow.model_id) == model_id,
+                col(JobRow.status) == JobStatus.COMPLETED)
+                .order_by(col(JobRow.finished_at).desc()).limit(TIMING_WINDOW)).all()
             times = sorted((as_utc(end) - as_utc(start)).total_seconds() * 1000
                            for start, end in rows if start and end)
             if not times:
@@ -334,14 +334,14 @@ class JobQueue:
 def _accounts_in_turn(session: Session, claimable: Any) -> list[str]:
     """The accounts with a claimable job, least recently served first (never served before
     served; then the oldest last start), ties to the one waiting longest."""
-    waiting = session.exec(select(MediaJob.account_id, func.min(MediaJob.created_at))
-                           .where(claimable).group_by(col(MediaJob.account_id))).all()
+    waiting = session.exec(select(JobRow.account_id, func.min(JobRow.created_at))
+                           .where(claimable).group_by(col(JobRow.account_id))).all()
     if not waiting:
         return []
     served = dict(session.exec(
-        select(MediaJob.account_id, func.max(MediaJob.started_at))
-        .where(col(MediaJob.account_id).in_([account for account, _ in waiting]))
-        .group_by(col(MediaJob.account_id))).all())
+        select(JobRow.account_id, func.max(JobRow.started_at))
+        .where(col(JobRow.account_id).in_([account for account, _ in waiting]))
+        .group_by(col(JobRow.account_id))).all())
 
     def turn(entry: tuple[str, datetime]) -> tuple[bool, datetime, datetime]:
         account, oldest = entry

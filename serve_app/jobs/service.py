@@ -23,9 +23,9 @@ from serve_app.jobs import downloads
 from serve_app.jobs.caps import FetchSlots, JobCaps, PendingIntakes
 from serve_app.jobs.idempotency import QueueKeys, request_digest
 from serve_app.jobs.intake import JobIntake, least_hold
+from serve_app.jobs.job_queue import OPEN_STATUSES, JobQueue, JobView, result_key
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
-from serve_app.jobs.table import OPEN_STATUSES, JobQueue, JobView, result_key
 from serve_app.jobs.webhooks import check_callback_url
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
