@@ -39,6 +39,7 @@ from serve_app.limits.policy import (
     RateLimitTiers,
     limits_for,
 )
+from serve_app.limits.shared_counts import SharedCountsRead
 from serve_app.metrics import metrics
 from serve_app.models.catalog import CatalogModel
 
@@ -49,11 +50,6 @@ _LOG_EVERY_S = 1.0
 # What the log keeps of an account: the newest events the route shows, none older than this.
 LOG_EVENTS_KEPT = 50
 LOG_EVENTS_DAYS = 30
-# A key's counts read for the rate-limit headers of a route without a model stay good this
-# long on this replica; a decision here about the key drops them sooner. A client polling
-# `GET /api_keys/rate_limits` then costs one read of the shared count a second, not one a poll
-# (a read of the Ray limiter actor costs the replica about a millisecond of CPU).
-PEEK_FRESH_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +90,7 @@ class Ticket:
         nor a round trip on every request."""
         delta, self.tokens = measured_tokens - self.tokens, measured_tokens
         if delta:
-            self.limiter.forget_counts(self.bucket.split("|", 1)[0])
+            self.limiter.counts_read.forget(self.bucket.split("|", 1)[0])
             with contextlib.suppress(Exception):
                 self.limiter.backend.adjust_soon(self.bucket, self.window_ms, delta)
 
@@ -111,13 +107,6 @@ def _limit_state(limits: Limits, outcome: Outcome, now: int, key: KeyRecord) -> 
         reset_at_ms=outcome.window_ms + WINDOW_MS,
         tokens_limit=tpm, tokens_remaining=max(0, tpm - outcome.tokens) if tpm else None,
         now_ms=now, caller_type="user" if key.wallet_address else "api_key")
-
-
-def _windows_running(counts: list[int], now: int) -> bool:
-    """Whether every window of a read of counts (`[start, requests, tokens]` per bucket) is
-    still running at `now`: a window that ended reads as empty now."""
-    starts = [start for start in counts[::3] if start]
-    return not starts or now < min(starts) + WINDOW_MS
 
 
 def _failed_key(owner: str, model_id: str) -> str:
@@ -157,10 +146,7 @@ class RateLimits:
         self._last_counts: dict[str, tuple[int, int, int]] = {}
         self._published: dict[tuple[str, bool], list[dict[str, Any]]] = {}
         self._classes: dict[tuple[str, bool], list[Limits]] = {}
-        # key id -> (monotonic time read, the read of its buckets' counts): one read in
-        # flight per key, shared by its concurrent requests, kept PEEK_FRESH_S
-        self._peeks: dict[str, tuple[float, asyncio.Future[list[int]]]] = {}
-        self.monotonic: Callable[[], float] = time.monotonic
+        self.counts_read = SharedCountsRead(backend)  # for the headers of model-less routes
 
     def published(self, models: list[CatalogModel], tier: str, is_partner: bool
                   ) -> list[dict[str, Any]]:
@@ -207,8 +193,8 @@ class RateLimits:
         if not classes:
             return None
         now = self._now_ms()
-        counts = await self._counts(key.id, [f"{key.id}|{c.bucket}" for c in classes], now,
-                                    timeout_s)
+        counts = await self.counts_read.counts(
+            key.id, [f"{key.id}|{c.bucket}" for c in classes], now, timeout_s)
         best: tuple[float, Limits, Outcome] | None = None
         for i, limits in enumerate(classes):
             start, requests, tokens = counts[3 * i:3 * i + 3]
@@ -220,36 +206,6 @@ class RateLimits:
                                               tokens=tokens))
         assert best is not None
         return _limit_state(best[1], best[2], now, key)
-
-    async def _counts(self, key_id: str, buckets: list[str], now: int,
-                      timeout_s: float | None) -> list[int]:
-        """The buckets' counts from the shared count, or from this replica's read of them
-        when it is fresh (read less than PEEK_FRESH_S ago, no decision here about the key
-        since, every window read still running)."""
-        found = self._peeks.get(key_id)
-        if found is not None and self.monotonic() - found[0] < PEEK_FRESH_S:
-            read = found[1]
-            if read.done() and not read.cancelled() and read.exception() is None:
-                if _windows_running(read.result(), now):
-                    return read.result()
-            elif not read.done():
-                async with asyncio.timeout(timeout_s):
-                    return await asyncio.shield(read)  # the read in flight, shared
-        if len(self._peeks) > 100_000:
-            self._peeks.clear()
-        read = asyncio.ensure_future(self.backend.peek(buckets, now))
-        self._peeks[key_id] = (self.monotonic(), read)
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await asyncio.shield(read)
-        except BaseException:
-            if self._peeks.get(key_id, (0.0, None))[1] is read:
-                del self._peeks[key_id]  # a read that failed or took too long is not kept
-            raise
-
-    def forget_counts(self, key_id: str) -> None:
-        """Drop this replica's read of the key's counts: a decision here changed them."""
-        self._peeks.pop(key_id, None)
 
     def _bucket(self, key: KeyRecord, model: CatalogModel) -> tuple[Limits, str]:
         limits = limits_for(model, is_partner=key.is_partner, tier=key.rate_limit_tier,
@@ -303,7 +259,7 @@ class RateLimits:
         now = self._now_ms()
         outcome = await self.backend.decide(bucket, limits.requests_per_minute,
                                             limits.tokens_per_minute or 0, tokens, budgets, now)
-        self.forget_counts(key.id)
+        self.counts_read.forget(key.id)
         if len(self._last_counts) > 100_000:
             self._last_counts.clear()
         if outcome.budget or outcome.code != OK:

@@ -13,7 +13,8 @@ from serve_app.accounts.key_store import KeyRecord
 from serve_app.db.engine import make_engine
 from serve_app.limits.backends import LocalLimiter
 from serve_app.limits.policy import WINDOW_MS
-from serve_app.limits.rate_limits import PEEK_FRESH_S, RateLimits
+from serve_app.limits.rate_limits import RateLimits
+from serve_app.limits.shared_counts import PEEK_FRESH_S
 from serve_app.models.catalog import load_catalog
 from serve_app.settings import PROJECT_ROOT
 
@@ -52,7 +53,7 @@ def setup(tmp_path):
     monotonic = [100.0]
     backend = CountingLimiter()
     limits = RateLimits(backend, engine, clock=lambda: wall[0])
-    limits.monotonic = lambda: monotonic[0]
+    limits.counts_read.monotonic = lambda: monotonic[0]
     models = load_catalog(PROJECT_ROOT / "configs" / "models.yaml").models
     chat = next(m for m in models if m.type == "text")
     yield limits, backend, models, chat, wall, monotonic
@@ -116,7 +117,7 @@ def test_a_failed_or_slow_read_is_not_kept(setup):
             await limits.current(_key(), models)
         assert (await limits.current(_key(), models)) is not None
         assert backend.peeks == 2
-        limits.forget_counts(_key().id)
+        limits.counts_read.forget(_key().id)
         backend.gate = asyncio.Event()  # never set: the read hangs
         with pytest.raises(TimeoutError):
             await limits.current(_key(), models, timeout_s=0.01)
