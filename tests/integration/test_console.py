@@ -58,6 +58,17 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
+def width_is(page, image, width: int, timeout_ms: int = 120_000) -> None:
+    """Wait until the shown image has loaded at `width` pixels. Polled from the test:
+    Playwright's `wait_for_function` polls by evaluating a string in the page, which the
+    console's CSP (no 'unsafe-eval') refuses as soon as the first check is false."""
+    waited = 0
+    while (found := image.evaluate("img => img.naturalWidth")) != width:
+        assert waited < timeout_ms, f"the image is {found} px wide, not {width}"
+        page.wait_for_timeout(100)
+        waited += 100
+
+
 def test_console_signs_in_charts_usage_manages_keys_and_streams_chat(platform, browser,
                                                                      account):
     from playwright.sync_api import expect
@@ -136,16 +147,13 @@ def test_console_signs_in_charts_usage_manages_keys_and_streams_chat(platform, b
     page.get_by_test_id("image-send").click()
     result = page.get_by_test_id("image-output")
     expect(result).to_be_visible(timeout=120_000)
-    page.wait_for_function(
-        "document.querySelector('[data-testid=image-output]').naturalWidth > 0")
-    assert result.evaluate("img => img.naturalWidth") == 512
+    width_is(page, result, 512)
     expect(page.get_by_test_id("response-headers")).to_contain_text("upscaler")
     page.get_by_test_id("image-op").select_option("background-remove")
     page.get_by_test_id("image-send").click()
     expect(page.get_by_test_id("response-headers")).to_contain_text("background-remover",
                                                                     timeout=120_000)
-    page.wait_for_function(
-        "document.querySelector('[data-testid=image-output]').naturalWidth === 256")
+    width_is(page, result, 256)
     shot(page, "playground-images")
 
     # A phone-width screen: nothing wider than the screen.
