@@ -41,6 +41,15 @@ class Gateway:
         return resp.json()["data"]
 
 
+def account_key(gateway: Gateway, usd: str) -> tuple[str, str]:
+    """An INFERENCE key of a new account with `usd` of credit; and that account's id."""
+    account = gateway.cli("create-account", "--usd", usd)
+    resp = gateway.client.post("/api/v1/api_keys", headers=gateway.auth(account["apiKey"]),
+                               json={"apiKeyType": "INFERENCE", "description": "other"})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["data"]["apiKey"], account["accountId"]
+
+
 def make_gateway(settings: Settings, handles: dict[str, Any] | None = None
                  ) -> Iterator[Gateway]:
     """The gateway on `settings`; `handles`: its model deployments by name (tests/fakes), none

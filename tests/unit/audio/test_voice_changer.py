@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.audio.conftest import account_key, encoded, mp4_clip, wav
+from tests.unit.audio.conftest import encoded, mp4_clip, wav
 from tests.unit.audio.voice_api import (
     call,
     job_rows,
@@ -16,6 +16,7 @@ from tests.unit.audio.voice_api import (
     queue_json,
     wait,
 )
+from tests.unit.conftest import account_key
 from tests.unit.pipeline.books import nanos
 from tests.unit.video.api import stored, stored_when
 

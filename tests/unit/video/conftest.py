@@ -78,11 +78,3 @@ def books(gateway: Gateway) -> Iterator[Books]:
     yield books
     books.close()
 
-
-def account_key(gateway: Gateway, usd: str) -> tuple[str, str]:
-    """An INFERENCE key of a new account with `usd` of credit; and that account's id."""
-    account = gateway.cli("create-account", "--usd", usd)
-    resp = gateway.client.post("/api/v1/api_keys", headers=gateway.auth(account["apiKey"]),
-                               json={"apiKeyType": "INFERENCE", "description": "other"})
-    assert resp.status_code == 200, resp.text
-    return resp.json()["data"]["apiKey"], account["accountId"]

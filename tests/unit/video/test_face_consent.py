@@ -11,10 +11,10 @@ import pytest
 from deployments.engines.video import encode_mp4
 from serve_app.video.faces import BUNDLED_CASCADE, FaceDetector, cascade_path
 from tests.fakes.faces import drawn_face, drawn_face_png
+from tests.unit.conftest import account_key
 from tests.unit.pipeline.books import nanos
 from tests.unit.video.api import post, stored, wait
 from tests.unit.video.clips import clip, data_url, png
-from tests.unit.video.conftest import account_key
 
 BODY = {"model": "face-animator", "prompt": "the wind picks up", "duration": "1s",
         "aspect_ratio": "1:1"}

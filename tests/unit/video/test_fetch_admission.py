@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import threading
 
+from tests.unit.conftest import account_key
 from tests.unit.pipeline.books import nanos
 from tests.unit.video.api import post, stored, wait
 from tests.unit.video.clips import clip, data_url, png
-from tests.unit.video.conftest import account_key
 
 UPSCALE = {"model": "clip-upscaler", "prompt": "sharper", "duration": "auto"}
 CONSENT = {"seedance": {"confirmed_terms_and_privacy": True, "confirmed_legal_right": True,

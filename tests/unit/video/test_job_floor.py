@@ -6,10 +6,10 @@ Gateway fetch, probe and store ten reference clips before the real price refused
 
 from __future__ import annotations
 
+from tests.unit.conftest import account_key
 from tests.unit.pipeline.books import nanos
 from tests.unit.video.api import post, stored, wait
 from tests.unit.video.clips import clip
-from tests.unit.video.conftest import account_key
 
 CLIPS = 10  # the most a request may name
 # clip-follower: 256x256 at 1:1 = 0.065536 MP, 0.1 USD per MP-second of references and output

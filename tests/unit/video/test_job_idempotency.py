@@ -76,7 +76,7 @@ def test_the_same_key_with_another_body_or_route_is_a_409(gateway, key, books):
 
 
 def test_keys_are_per_account(gateway, key):
-    from tests.unit.video.conftest import account_key
+    from tests.unit.conftest import account_key
 
     other_key, _ = account_key(gateway, "5")
     mine = _queue(gateway, key, JOB, "shared-name")
