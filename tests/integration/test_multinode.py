@@ -10,17 +10,12 @@ test, not a guarantee."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
-from tests.integration.conftest import RedisServer, _free_port_run
-from tests.integration.multinode import REQUESTS, cluster_env, kill_cluster, start_two_nodes
+from tests.integration.multinode import REQUESTS
+from tests.integration.two_nodes import run_on_two_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -28,28 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_platform_spreads_over_two_nodes_and_survives_losing_one(tmp_path):
-    if _PG_REASON:
-        pytest.skip(_PG_REASON)
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    base = _free_port_run(8) + 10_000  # above Ray's worker port range (10002-19999)
-    temp_dir = tempfile.mkdtemp(prefix="/tmp/raymn-")  # short: Ray's socket paths must fit
-    pg_url = new_postgres_schema("mn")
-    redis = RedisServer()
-    env = cluster_env()
-    try:
-        start_two_nodes(base, temp_dir, env)
-        run = subprocess.run(
-            [sys.executable, "-m", "tests.integration.multinode", f"127.0.0.1:{base}",
-             str(base + 4), str(tmp_path), pg_url, redis.url],
-            env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, run.stderr[-3000:]
-        found = json.loads(run.stdout.strip().splitlines()[-1])
-    finally:
-        kill_cluster(temp_dir)
-        redis.stop()
-        drop_postgres_schema(pg_url)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    found = run_on_two_nodes("tests.integration.multinode", tmp_path, "mn")
 
     artifacts = REPO / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
