@@ -12,7 +12,9 @@ engine (so it holds across Gateway replicas and nodes) and decides who runs next
   lifted to the lowest counter of the tenants that do, so time spent away banks no credit.
 - **Room kept for others**: one tenant holds at most `slots - reserved` slots, so a tenant with
   nothing running finds a slot free at once instead of waiting for a long stream to end (the
-  engines this serves do not preempt a running request for a newcomer).
+  engines this serves do not preempt a running request for a newcomer). A vLLM engine admits
+  the reserved sequences on top of its batch (deployments/spec.py `room_for_others`), so a
+  tenant alone still fills the whole batch.
 - **Honest backpressure**: a request that would wait longer than `max_wait_s` for its turn is
   refused at once with the wait it would have had (`AtCapacity.retry_after`), estimated from the
   requests that start before it (its tenant's earlier ones, and the turns the other waiting
@@ -246,9 +248,9 @@ class FairShare:
 
 class FairShareGates:
     """The gates of one replica, one per model, each made on its model's first request: as
-    many slots as its engine runs sequences at once (`max_num_seqs`), the catalog's
-    `engine_options.reserved_slots` kept for tenants other than the one using the most (default
-    an eighth, at least one), and the spec's `max_queue_wait_s` bounding a wait;
+    many slots as its engine runs sequences at once (`max_num_seqs`), of them the engine's
+    `reserved_slots` (else the catalog's, default an eighth, at least one) kept for tenants
+    other than the one using the most, and the spec's `max_queue_wait_s` bounding a wait;
     `engine_options.fair_share: false` opens the gate wide."""
 
     def __init__(self, models: list[ModelSpec]) -> None:
@@ -263,9 +265,13 @@ class FairShareGates:
             # `fair_share: false`: every request goes straight to the engine, first come first
             # served in its own queue (to measure what the gate costs and buys).
             fair = options.get("fair_share", True)
+            # A vLLM engine admits its batch and the room kept beside it (`reserved_slots`,
+            # deployments/spec.py room_for_others); an engine that does not say keeps the
+            # catalog's `reserved_slots` (default an eighth) out of its slots.
+            reserved = getattr(engine, "reserved_slots", options.get("reserved_slots"))
             gate = self._gates[model_id] = FairShare(
                 int(getattr(engine, "max_num_seqs", 1)) if fair else UNGATED_SLOTS,
-                reserved=options.get("reserved_slots") if fair else 0,
+                reserved=reserved if fair else 0,
                 max_wait_s=max_queue_wait_of(spec))
         return gate
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
 DEFAULT_MAX_QUEUE_WAIT_S = 30.0
+# Sequences a CPU text engine runs in one batch when its catalog entry does not say.
+DEFAULT_MAX_NUM_SEQS = 10
 
 
 class ServedModel(Protocol):
@@ -47,6 +49,17 @@ def max_queue_wait_of(spec: ModelSpec | None) -> float:
     that does not say, or none)."""
     return spec.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S) if spec \
         else DEFAULT_MAX_QUEUE_WAIT_S
+
+
+def room_for_others(options: dict[str, Any], batch: int) -> int:
+    """Sequences a text engine admits beyond its batch of `batch` (`max_num_seqs`), kept for
+    tenants other than the busiest (deployments/fair_share.py): `engine_options.reserved_slots`,
+    by default an eighth of the batch and at least one; none when `fair_share: false` turns
+    the order off. On top of the batch, not taken from it: a tenant alone still fills the
+    whole batch, so the room costs no throughput."""
+    if not options.get("fair_share", True):
+        return 0
+    return int(options.get("reserved_slots", max(1, batch // 8)))
 
 
 def model_specs(models: list[ServedModel], settings: dict[str, Any]) -> list[ModelSpec]:

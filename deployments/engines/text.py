@@ -23,6 +23,7 @@ from deployments.engines.vision import (
 )
 from deployments.engines.vllm_compile import compile_settings
 from deployments.protocol import Chunk, EngineError, Sampling, TextEvent, TextRequest, Usage
+from deployments.spec import DEFAULT_MAX_NUM_SEQS, room_for_others
 
 logger = logging.getLogger("deployments.text")
 
@@ -125,8 +126,11 @@ class VLLMEngine:
             # Without native bf16 a CPU runs float32 3-4x faster than emulated bf16.
             dtype = "bfloat16" if cpu_has_bf16() else "float32"
         self.max_model_len = int(options.get("max_model_len", 2048))
-        # One of them is kept for tenants other than the busiest (deployments/fair_share.py).
-        self.max_num_seqs = int(options.get("max_num_seqs", 10))
+        # The batch (`max_num_seqs`), and on top of it the room kept for tenants other than
+        # the busiest (deployments/fair_share.py): the engine admits both.
+        batch = int(options.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS))
+        self.reserved_slots = room_for_others(options, batch)
+        self.max_num_seqs = batch + self.reserved_slots
         vision = dict(options.get("vision") or {})
         self.frame_side = int(vision.get("frame_side", DEFAULT_FRAME_SIDE))
         args = AsyncEngineArgs(

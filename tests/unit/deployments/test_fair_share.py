@@ -354,3 +354,37 @@ def test_a_transcription_replica_serves_one_at_a_time_and_refuses_a_long_wait() 
         assert isinstance(await running, Transcription)
 
     asyncio.run(scenario())
+
+
+def test_the_room_for_others_is_on_top_of_the_batch_of_a_vllm_engine() -> None:
+    """A tenant alone fills the engine's whole batch (`max_num_seqs`, as with the order off);
+    the room kept for others is admitted beside it, so a newcomer still starts at once."""
+    from deployments.fair_share import FairShareGates
+    from deployments.spec import room_for_others
+
+    assert room_for_others({"max_num_seqs": 10}, 10) == 1
+    assert room_for_others({"max_num_seqs": 32}, 32) == 4
+    assert room_for_others({"reserved_slots": 3}, 10) == 3
+    assert room_for_others({"fair_share": False}, 10) == 0
+
+    class Engine:  # what VLLMEngine says of itself for a batch of 10
+        reserved_slots = room_for_others({}, 10)
+        max_num_seqs = 10 + reserved_slots
+
+    async def scenario() -> None:
+        gates = FairShareGates([{"id": "m1", "engine": "vllm", "weights": None,
+                                 "engine_options": {"max_num_seqs": 10}}])
+        r = Requests(gates.of("m1", Engine()))
+        for i in range(24):
+            r.send(f"a{i}", HEAVY)
+        await settle()
+        assert len(r.started) == 10  # the whole batch, as without the gate
+        r.send("b0", LIGHT)
+        await settle()
+        assert r.started[-1] == "b0"
+        assert r.gate.stats()["running"] == 11
+        for name in list(r.tasks):
+            r._done[name].set()
+        await asyncio.gather(*r.tasks.values())
+
+    asyncio.run(scenario())
