@@ -67,9 +67,22 @@ def record(resp: Any, route: str, usage: dict | None = None, wallet: str | None 
         answer["wallet"] = wallet
     if payer:
         answer["payer"] = payer
+    if resp.status_code >= 400:  # a refusal: its code, and when it said to come back
+        answer["code"] = _error_code(resp)
+        if "Retry-After" in resp.headers:
+            answer["retry_after"] = resp.headers["Retry-After"]
     with _record_lock:
         _record.write(json.dumps(answer) + "\n")
         _record.flush()
+
+
+def _error_code(resp: Any) -> str | None:
+    """The error's `code` from the spec's error body (None when the body is not one)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get("code") if isinstance(body, dict) else None
 
 
 def _metric(name: str, value: float) -> None:

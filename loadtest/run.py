@@ -113,15 +113,35 @@ def step_summary(prefix: Path, record: Path, since: float) -> dict:
                if r["Type"] == "METRIC"}
     total = next(r for r in rows if r["Name"] == "Aggregated")
     statuses: dict[str, Counter] = defaultdict(Counter)
+    refusals: dict[str, list[dict]] = defaultdict(list)
     with open(record, encoding="utf-8") as lines:
         for line in lines:
             answer = json.loads(line)
             if answer.get("t", since) >= since:
                 statuses[answer["route"]][answer["status"]] += 1
+                if answer["status"] >= 400:
+                    refusals[answer["route"]].append(answer)
     return {"rps": round(float(total["Requests/s"]), 2),
             "requests": int(total["Request Count"]), "failures": int(total["Failure Count"]),
             "routes": routes, "metrics": metrics,
-            "statuses": {route: dict(c) for route, c in statuses.items()}}
+            "statuses": {route: dict(c) for route, c in statuses.items()},
+            "refusals": {route: refusal_summary(answers)
+                         for route, answers in refusals.items()}}
+
+
+def refusal_summary(answers: list[dict]) -> dict[str, dict]:
+    """Per status and error code: how many, and the Retry-After they were given (least,
+    median, most, in seconds) where they were given one."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for answer in answers:
+        groups[f"{answer['status']} {answer.get('code') or '-'}"].append(answer)
+    summary = {}
+    for name, group in sorted(groups.items()):
+        waits = sorted(float(a["retry_after"]) for a in group if "retry_after" in a)
+        summary[name] = {"count": len(group)}
+        if waits:
+            summary[name]["retry_after_s"] = [waits[0], waits[len(waits) // 2], waits[-1]]
+    return summary
 
 
 def markdown(summary: dict) -> str:
@@ -136,6 +156,12 @@ def markdown(summary: dict) -> str:
                        f"{r['p95_ms']} | {r['p99_ms']} | {r['failures']} |")
         for name, m in sorted(step["metrics"].items()):
             out.append(f"| {name} (metric) | | | {m['p50']} | {m['p95']} | | |")
+        for route, codes in sorted(step.get("refusals", {}).items()):
+            for code, r in codes.items():
+                waits = r.get("retry_after_s")
+                said = (f", Retry-After {waits[0]:g}/{waits[1]:g}/{waits[2]:g} s "
+                        "(least/median/most)") if waits else ""
+                out.append(f"\nRefused on {route}: {r['count']} x {code}{said}")
         out.append("")
     out.append("Answers by status, per route (the whole run): " + json.dumps(
         summary["reconciliation"]["statuses"]))
