@@ -49,6 +49,7 @@ from serve_app.models.catalog import Catalog, load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.net_guard import GuardedFetcher
 from serve_app.pipeline.admission import Admission
+from serve_app.pipeline.runner import RequestRunner
 from serve_app.settings import Settings
 from serve_app.video.probe import probe as probe_video
 from serve_app.video.serving import VideoService
@@ -98,6 +99,7 @@ class GatewayServices:
     billing: Billing
     limits: RateLimits
     admission: Admission
+    runner: RequestRunner
     embedder: Embedder
     image_sources: ImageSourceReader
     crypto_rpc: CryptoRpc
@@ -138,6 +140,7 @@ class GatewayServices:
         limits = RateLimits(limiter_backend(settings), engine,
                             tiers=load_tiers(settings.rate_limit_tiers))
         admission = Admission(limits, billing)
+        runner = RequestRunner(router, admission)
         extractor = Extractor()  # files and scraped pages are parsed by its processes
         web = WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                        settings.web_search_url, settings.web_search_api_key,
@@ -173,6 +176,7 @@ class GatewayServices:
             billing=billing,
             limits=limits,
             admission=admission,
+            runner=runner,
             embedder=Embedder(router, settings.embedding_calls_in_flight,
                               settings.embedding_min_texts_beside),
             image_sources=image_sources,

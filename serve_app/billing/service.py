@@ -65,6 +65,7 @@ class Hold:
     started_at: datetime
     started: float = field(default_factory=time.monotonic)
     done: bool = False
+    nanos: int = 0  # the amount held
 
     async def settle(self, cost: Cost) -> None:
         if self.done:
@@ -151,7 +152,7 @@ class Billing:
         self._balances[payer.account_id] = Balances(
             result.before.usd_nanos - result.usd_nanos,
             result.before.diem_nanos - result.diem_nanos)
-        return Hold(self, request_id, payer, result.before, now)
+        return Hold(self, request_id, payer, result.before, now, nanos=amount_nanos)
 
     async def settle(self, hold: Hold, cost: Cost) -> ledger.Settled:
         now = self.clock()

@@ -55,6 +55,17 @@ def check_input_lengths(texts: list[str]) -> None:
                                   f"the limit is {MAX_INPUT_TOKENS} per input", "input")
 
 
+def most_units(model: CatalogModel, texts: list[str], dimensions: int | None
+               ) -> dict[str, int]:
+    """The request's checks (400: asked dimensions within the model's, no input surely over
+    the token limit), then the most its inputs may use of the model's priced units."""
+    if dimensions is not None and model.dimensions and dimensions > model.dimensions:
+        raise invalid_request(f"dimensions must be at most {model.dimensions} for "
+                              f"{model.id}", "dimensions")
+    check_input_lengths(texts)
+    return {"input": max_tokens(texts)}
+
+
 def shape(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
     """Keep the first `dimensions` components and scale back to unit length."""
     if dimensions is None or dimensions == vectors.shape[1]:

@@ -1,6 +1,7 @@
-"""The one place money moves after the work: a `Charge` (the hold of an admitted request, and
-its rate-limit ticket) is settled with what was delivered, or released when nothing was.
-Either way exactly once: a second call does nothing."""
+"""The one place money moves after the admission: a `Charge` (the hold of an admitted request,
+and its rate-limit ticket) is settled with what was delivered, or released when nothing was.
+Either way exactly once: a second call does nothing. A request whose price is known only once
+its inputs are read (a chat's files, a job's clips) holds a floor first, then `rehold`s."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from serve_app.billing.ledger import Balances
 from serve_app.billing.pricing import Cost
 from serve_app.billing.service import Hold
 from serve_app.limits.rate_limits import Ticket
+from serve_app.pipeline import respond
 from serve_app.pipeline.context import RequestContext
 
 
@@ -47,3 +49,16 @@ class Charge:
             ticket, self.ticket = self.ticket, None
             ticket.correct(tokens)
         await self.hold.finish(None)
+
+    async def rehold(self, cost: Cost) -> None:
+        """Hold `cost` (the real price, once the inputs told it) in place of the floor held at
+        admission: the floor goes back first, so that an account that can pay the price is
+        not refused for holding both; 402 when it cannot (nothing is held then). The
+        rate-limit count stays as admitted."""
+        if cost.nanos == self.hold.nanos:
+            return
+        await self.hold.finish(None)
+        hold = self.hold
+        with self.ctx.step("hold"):
+            self.hold = await hold.billing.hold(hold.request_id, hold.payer, cost.nanos)
+        respond.balance_headers(self.ctx, self.hold.before)

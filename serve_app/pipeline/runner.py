@@ -1,0 +1,125 @@
+"""Steps 4 to 8 of every billable request (ARCHITECTURE.md), in one order for every modality:
+
+1. the limiter's decision starts (the model is resolved first: its 404 or 400 comes before);
+2. the request's checks run meanwhile (`quote`: what they refuse comes after a 429, so 429
+   before 400), and give the most the request may cost;
+3. the hold of that (the model's privacy tier 403, then 402);
+4. the offline check (503 MODEL_OFFLINE), after the limits and the hold: a request for a model
+   that is not running is counted like any other and its answer shows the count (the spec
+   does not order them; tests/unit/limits/test_rate_limit_tiers.py relies on it); its hold
+   goes back;
+5. the model headers, then the caller's work (the model call, the body of the `async with`);
+6. exactly one settlement: what the work `deliver`ed is charged, else the hold is released,
+   whatever ends the work (an answer, an error, a client that left).
+
+    async with runner.run(ctx, key, routed, quote, tokens=estimate) as billed:
+        out = await the model call
+        billed.deliver(price(model, used), tokens=used)
+
+A stream outlives the handler: `open` gives the same `BilledCall` without the `async with`,
+and the stream's end calls its `close` (one settler per stream).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.pricing import Cost
+from serve_app.errors import refused_for_capacity
+from serve_app.models.router import ModelRouter, RoutedModel
+from serve_app.pipeline import respond
+from serve_app.pipeline.admission import Admission, LimitCheck
+from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.settlement import Charge
+
+# The request's own checks (400s), run while the limiter decides; they return the most the
+# request may cost.
+Quote = Callable[[], Cost | Awaitable[Cost]]
+
+
+@dataclass(eq=False)
+class BilledCall:
+    """An admitted request's charge and what was delivered so far; `close` settles it."""
+
+    charge: Charge
+    delivered: Cost | None = None
+    tokens: int | None = None
+    closed: bool = False
+    settled: bool = False  # what was delivered is charged
+
+    def deliver(self, cost: Cost, *, tokens: int | None = None) -> None:
+        """What was delivered so far (it replaces an earlier figure): charged at `close`,
+        even when the work then fails; `tokens`: the measured rate-limit count."""
+        self.delivered, self.tokens = cost, tokens
+
+    def pass_on(self) -> None:
+        """The hold outlives the request: a queued job keeps it, and the job runner settles
+        it once the job is made, or releases it (jobs/runner.py)."""
+        self.closed = True
+
+    async def close(self, failure: BaseException | None = None) -> None:
+        """Settle what was delivered, or release the hold; only the first call does anything.
+        A request refused by a model at capacity never reached the engine: none of its
+        tokens count toward the per-minute limit."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.delivered is not None:
+            await self.charge.settle(self.delivered, tokens=self.tokens)
+            self.settled = True
+        else:
+            capacity = failure is not None and refused_for_capacity(failure)
+            await self.charge.release(tokens=0 if capacity else self.tokens)
+
+
+class RequestRunner:
+    """The one sequence of a billable request (the module's docstring)."""
+
+    def __init__(self, router: ModelRouter, admission: Admission) -> None:
+        self.router = router
+        self.admission = admission
+
+    async def open(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
+                   quote: Quote, *, tokens: int = 0, limit: LimitCheck | None = None,
+                   proxied: bool = False) -> BilledCall:
+        """Steps 1 to 5 (the module's docstring); the caller owns the `close`.
+        `tokens`: the most the request may use (its rate-limit count until corrected);
+        `limit`: a check in place of the model's own limits (the crypto proxy's caps);
+        `proxied`: the work is a call to a server outside the deployments (the crypto
+        proxy's nodes), so no offline check and no model headers."""
+        model = routed.model
+        pending = self.admission.start(ctx, key, model, tokens, limit=limit)
+        try:
+            max_cost = quote()
+            if inspect.isawaitable(max_cost):
+                max_cost = await max_cost
+        except BaseException as refused:
+            await pending.abandon(refused)  # a 429 comes first
+            raise
+        billed = BilledCall(await pending.hold([model], max_cost))
+        try:
+            if not proxied:
+                self.router.require_online(model)
+                respond.model_headers(ctx, model, routed.router)
+        except BaseException as failure:
+            await billed.close(failure)
+            raise
+        return billed
+
+    @asynccontextmanager
+    async def run(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
+                  quote: Quote, *, tokens: int = 0, limit: LimitCheck | None = None,
+                  proxied: bool = False) -> AsyncIterator[BilledCall]:
+        """`open`, the caller's work, then `close`, however the work ends."""
+        billed = await self.open(ctx, key, routed, quote, tokens=tokens, limit=limit,
+                                 proxied=proxied)
+        try:
+            yield billed
+        except BaseException as failure:
+            await billed.close(failure)
+            raise
+        await billed.close()

@@ -1,0 +1,204 @@
+"""The request runner (serve_app/pipeline/runner.py) on stand-ins for admission, the model
+router and the ledger: one order of refusals, and exactly one settle-or-release however the
+work ends. The flows through it, with the real admission and ledger, are the modality tests."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from serve_app.billing.ledger import Balances
+from serve_app.billing.pricing import Cost, PricedLine
+from serve_app.errors import ApiError
+from serve_app.models.router import RoutedModel
+from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.runner import BilledCall, RequestRunner
+from serve_app.pipeline.settlement import Charge
+
+
+def _costing(nanos: int) -> Cost:
+    return Cost(None, (PricedLine("input", 1, nanos, 0.0),))  # type: ignore[arg-type]
+
+
+HELD = _costing(7)
+
+
+@dataclass
+class Ledger:
+    """What the stand-in hold did: ("settle", cost) or ("release", None), in order."""
+
+    done: list[tuple[str, Any]] = field(default_factory=list)
+    holds: list[int] = field(default_factory=list)
+    refuse_above: int | None = None  # a hold above this many nanos is a 402
+
+
+@dataclass
+class StandInHold:
+    ledger: Ledger
+    nanos: int = 0
+    request_id: str = "r"
+    payer: Any = None
+    before: Balances = field(default_factory=lambda: Balances(5, 0))
+    done: bool = False
+
+    @property
+    def billing(self) -> StandInHold:
+        return self
+
+    async def hold(self, request_id: str, payer: Any, nanos: int) -> StandInHold:
+        if self.ledger.refuse_above is not None and nanos > self.ledger.refuse_above:
+            raise ApiError(402, "Insufficient balance", code="INSUFFICIENT_BALANCE")
+        self.ledger.holds.append(nanos)
+        return StandInHold(self.ledger, nanos)
+
+    async def finish(self, cost: Cost | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.ledger.done.append(("settle", cost) if cost is not None else ("release", None))
+
+
+class StandInPending:
+    def __init__(self, order: list[str], refusal: ApiError | None, ledger: Ledger) -> None:
+        self.order, self.refusal, self.ledger = order, refusal, ledger
+
+    async def abandon(self, reason: BaseException | None = None) -> None:
+        self.order.append("limits")
+        if self.refusal is not None:
+            raise self.refusal
+
+    async def hold(self, models: list, max_cost: Cost) -> Charge:
+        self.order.append("limits")
+        if self.refusal is not None:
+            raise self.refusal
+        self.order.append("hold")
+        return Charge(RequestContext("r"), await StandInHold(self.ledger).hold("r", None, 7))
+
+
+class StandInAdmission:
+    def __init__(self, order: list[str], ledger: Ledger, refusal: ApiError | None) -> None:
+        self.order, self.ledger, self.refusal = order, ledger, refusal
+
+    def start(self, ctx: RequestContext, key: Any, model: Any, tokens: int, *,
+              limit: Any = None) -> StandInPending:
+        return StandInPending(self.order, self.refusal, self.ledger)
+
+
+class StandInRouter:
+    def __init__(self, order: list[str], online: bool) -> None:
+        self.order, self.online = order, online
+
+    def require_online(self, model: Any) -> None:
+        self.order.append("online")
+        if not self.online:
+            raise ApiError(503, "offline", code="MODEL_OFFLINE")
+
+
+@dataclass
+class StandInModel:
+    id: str = "m"
+    name: str = "M"
+
+    def deprecation_headers(self) -> dict[str, str]:
+        return {}
+
+
+def _runner(order: list[str], ledger: Ledger, *, online: bool = True,
+            refusal: ApiError | None = None) -> RequestRunner:
+    return RequestRunner(StandInRouter(order, online),  # type: ignore[arg-type]
+                         StandInAdmission(order, ledger, refusal))  # type: ignore[arg-type]
+
+
+def _run(runner: RequestRunner, work, quote=lambda: HELD) -> Any:
+    async def request() -> Any:
+        async with runner.run(RequestContext("r"), None, RoutedModel(StandInModel()),  # type: ignore[arg-type]
+                              quote) as billed:
+            return await work(billed)
+
+    return asyncio.run(request())
+
+
+async def _answered(billed: BilledCall) -> str:
+    billed.deliver(HELD, tokens=3)
+    return "answer"
+
+
+def test_the_refusals_come_in_one_order_limits_checks_hold_then_offline():
+    order: list[str] = []
+    ledger = Ledger()
+    with pytest.raises(ApiError) as refused:
+        _run(_runner(order, ledger, online=False), _answered)
+    assert refused.value.code == "MODEL_OFFLINE"
+    assert order == ["limits", "hold", "online"]
+    assert ledger.done == [("release", None)]  # the offline model's hold went back
+
+
+def test_a_429_comes_before_what_the_checks_refuse():
+    def invalid() -> Cost:
+        raise ApiError(400, "bad field")
+
+    with pytest.raises(ApiError) as refused:
+        _run(_runner([], Ledger(), refusal=ApiError(429, "slow down")), _answered,
+             quote=invalid)
+    assert refused.value.status == 429
+
+
+def test_what_was_delivered_is_settled_once():
+    ledger = Ledger()
+    assert _run(_runner([], ledger), _answered) == "answer"
+    assert ledger.done == [("settle", HELD)]
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("the engine crashed"),
+                                     asyncio.CancelledError()], ids=["error", "cancelled"])
+def test_work_that_ends_without_delivering_releases_the_hold_once(failure):
+    ledger = Ledger()
+
+    async def fails(billed: BilledCall) -> None:
+        raise failure
+
+    with pytest.raises(type(failure)):
+        _run(_runner([], ledger), fails)
+    assert ledger.done == [("release", None)]
+
+
+def test_work_that_fails_after_delivering_is_charged_what_it_delivered():
+    ledger = Ledger()
+
+    async def delivers_then_fails(billed: BilledCall) -> None:
+        billed.deliver(HELD)
+        raise ApiError(504, "the node timed out")
+
+    with pytest.raises(ApiError):
+        _run(_runner([], ledger), delivers_then_fails)
+    assert ledger.done == [("settle", HELD)]
+
+
+def test_a_hold_passed_on_to_a_queued_job_is_neither_settled_nor_released():
+    ledger = Ledger()
+
+    async def queued(billed: BilledCall) -> None:
+        billed.pass_on()
+
+    _run(_runner([], ledger), queued)
+    assert ledger.done == []
+
+
+def test_a_rehold_gives_the_floor_back_before_holding_the_price():
+    ledger = Ledger(refuse_above=100)
+    charge = Charge(RequestContext("r"), StandInHold(ledger, nanos=7))  # type: ignore[arg-type]
+
+    asyncio.run(charge.rehold(_costing(7)))  # the floor was the price: nothing to do
+    assert ledger.done == [] and ledger.holds == []
+    asyncio.run(charge.rehold(_costing(50)))
+    assert ledger.done == [("release", None)] and ledger.holds == [50]
+    assert charge.ctx.headers["x-service-balance-usd"] == "0.000000005"
+
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(charge.rehold(_costing(500)))
+    assert refused.value.status == 402
+    assert ledger.done == [("release", None)] * 2  # nothing is held after a 402
+
