@@ -60,6 +60,7 @@ run: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) system-libs
 test: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) browser system-libs
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/pytest tests/unit
 	$(BIN)/pytest tests/integration
@@ -73,6 +74,7 @@ docs: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 # Against the peer stack too (vLLM's own OpenAI server, LiteLLM's proxy in front of it: LiteLLM
 # is installed into .cache/peers on first use). BENCH_ARGS="--only peers --seconds 5" runs a part.

@@ -35,8 +35,7 @@ def merge(events: list[TextEvent]) -> list[TextEvent]:
             continue
         position = open_by_index.get(event.index)
         current = out[position] if position is not None else None
-        assert current is None or isinstance(current, Chunk)
-        if current is None or current.finish_reason:
+        if position is None or not isinstance(current, Chunk) or current.finish_reason:
             open_by_index[event.index] = len(out)
             out.append(event)
             continue

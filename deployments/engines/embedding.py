@@ -70,4 +70,4 @@ class SentenceTransformersEngine:
         return Encoded(vectors.numpy().astype(np.float32, copy=False), tokens)
 
 
-ENGINES = {"sentence-transformers": SentenceTransformersEngine}
+ENGINES: dict[str, type] = {"sentence-transformers": SentenceTransformersEngine}
