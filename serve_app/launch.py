@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -166,6 +167,51 @@ def _load_in_stages(ray_port: int, serve_proc: subprocess.Popen, config: dict,
         ray.shutdown()  # disconnects this driver; the cluster keeps running
 
 
+def _follow_compile_fills(env: dict[str, str], since: float) -> None:
+    """Print, from a daemon thread, each background compile a chat replica starts on a cold
+    compile cache (deployments/engines/vllm_compile_fill.py), and when it ends."""
+    from deployments.engines.vllm_compile import cache_root
+    from deployments.engines.vllm_compile_fill import records
+
+    root = cache_root(env)
+    if root is None:
+        return
+
+    def follow() -> None:
+        told: dict[str, str] = {}
+        while True:
+            for line in fill_news(records(root), told, since):
+                print(line, flush=True)
+            time.sleep(1)
+
+    threading.Thread(target=follow, name="compile-fills", daemon=True).start()
+
+
+def fill_news(records: list[dict], told: dict[str, str], since: float) -> list[str]:
+    """A line for each fill started since `since` whose state is new (`told`: each fill's
+    state already told, updated)."""
+    lines = []
+    for record in records:
+        key, state = record.get("key", ""), record.get("state", "")
+        if record.get("started", 0) >= since and told.get(key) != state:
+            told[key] = state
+            lines.append(_fill_line(record))
+    return lines
+
+
+def _fill_line(record: dict) -> str:
+    model, state = record.get("model", "?"), record.get("state")
+    if state == "compiling":
+        return (f"\n  {model}: compile cache cold, so chat runs uncompiled (eager) this time; "
+                "compiling it in the background at idle priority for the next start "
+                f"({record.get('log')})")
+    if state == "done":
+        return (f"\n  {model} compiled in the background in {record.get('seconds', 0):.0f}s: "
+                "the next start runs it compiled")
+    return (f"\n  {model}'s background compile failed ({record.get('error')}); the next start "
+            f"tries again ({record.get('log')})")
+
+
 def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str], temp_dir: Path) -> None:
     tree = ray_processes(str(temp_dir))
     # `serve run` in the background ignores SIGINT: end it by PID before stopping Ray, or it
@@ -245,6 +291,7 @@ def main() -> int:
             [_bin("serve"), "run", "--address", f"127.0.0.1:{ray_port}", str(first_config)],
             env=env, cwd=PROJECT_ROOT, start_new_session=True,
         )
+        _follow_compile_fills(env, time.time())
         base_url = f"http://{settings.host}:{settings.port}/api/v1"
         _wait_ready(f"{base_url}/models", serve_proc)
         print(f"\n  API answering after {time.monotonic() - started:.1f}s; loading models...",

@@ -22,6 +22,7 @@ from deployments.engines.vision import (
     vllm_vision_args,
 )
 from deployments.engines.vllm_compile import compile_settings
+from deployments.engines.vllm_compile_fill import choose, start_fill
 from deployments.protocol import Chunk, EngineError, Sampling, TextEvent, TextRequest, Usage
 from deployments.spec import DEFAULT_MAX_NUM_SEQS, room_for_others
 
@@ -154,8 +155,15 @@ class VLLMEngine:
                 backend="xgrammar", disable_any_whitespace=True),
             **(vllm_vision_args(vision) if vision else {}),
         )
+        # Eager instead while the compile cache is cold, compiled behind (vllm_compile_fill.py).
+        choice = choose(args, options)
+        self.compile_key = choice.key
         with vllm_fork_server.engine_core_forked(fork_server, before_import):
-            self.engine = AsyncLLM.from_engine_args(args)
+            self.engine = AsyncLLM.from_engine_args(choice.args)
+        if choice.fill and choice.key:
+            logger.warning("Compile cache cold: %s runs eager; compiling it in the background "
+                           "for the next start", model_path)
+            self.compile_fill = start_fill(model_path, options, choice.key)
         self.tokenizer = self.engine.get_tokenizer()
         # Completion tokens of requests cancelled mid-stream (most recent last).
         self.cancelled: collections.deque[int] = collections.deque(maxlen=100)

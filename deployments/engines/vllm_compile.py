@@ -4,7 +4,9 @@
   a GPU that is vLLM's own recommendation: torch.compile, then CUDA graphs captured for the
   batch sizes it serves (eager would turn both off). On CPU, vLLM's CPU build traces the model
   once and compiles it with inductor: one stream of SmolLM2 runs faster than eager, the price
-  is the first start (benchmarks/README.md has the figures).
+  is a compile of 80 s or more on two cores. While the cache is cold for a model that does not
+  name `enforce_eager`, the engine starts eager and the compile runs in the background
+  instead (vllm_compile_fill.py).
 - The compiled graphs go under `DATA_DIR/cache/vllm` (vLLM's `VLLM_CACHE_ROOT`, keyed by
   vLLM's own hash of the model, its settings and vLLM's code), so a second `make run` loads
   them instead of compiling again. An operator's own `VLLM_CACHE_ROOT` wins; without DATA_DIR
@@ -45,8 +47,8 @@ def compile_settings(options: Mapping[str, Any],
     """The engine arguments on compilation (`enforce_eager`, `max_num_batched_tokens`; None
     leaves vLLM's default), with the compile cache placed in `env` (the replica's
     environment, read by vLLM when it compiles)."""
-    if "VLLM_CACHE_ROOT" not in env and env.get("DATA_DIR"):
-        env["VLLM_CACHE_ROOT"] = str(Path(env["DATA_DIR"]) / CACHE_FOLDER)
+    if "VLLM_CACHE_ROOT" not in env and (root := cache_root(env)):
+        env["VLLM_CACHE_ROOT"] = str(root)
     cpu = env.get("VLLM_TARGET_DEVICE") == "cpu"
     if cpu:
         env.setdefault("VLLM_USE_AOT_COMPILE", "1" if _aot_plugin_loads(env) else "0")
@@ -61,6 +63,13 @@ def compile_settings(options: Mapping[str, Any],
         batched = CPU_BATCHED_TOKENS
     return {"enforce_eager": eager,
             "max_num_batched_tokens": int(batched) if batched is not None else None}
+
+
+def cache_root(env: Mapping[str, str]) -> Path | None:
+    """Where vLLM keeps what it compiles: VLLM_CACHE_ROOT, else DATA_DIR/cache/vllm."""
+    if env.get("VLLM_CACHE_ROOT"):
+        return Path(env["VLLM_CACHE_ROOT"])
+    return Path(env["DATA_DIR"]) / CACHE_FOLDER if env.get("DATA_DIR") else None
 
 
 def _aot_plugin_loads(env: Mapping[str, str]) -> bool:

@@ -26,7 +26,9 @@ import asyncio, sys
 from deployments.engines.text import VLLMEngine
 from deployments.protocol import Chunk, Sampling, TextRequest
 
-engine = VLLMEngine(sys.argv[1], {"max_model_len": 256, "max_num_seqs": 2})
+# compiled at start even on a cold cache: what this test is about
+engine = VLLMEngine(sys.argv[1], {"max_model_len": 256, "max_num_seqs": 2,
+                                  "enforce_eager": False})
 
 async def chat():
     request = TextRequest(request_id="compile-cache", messages=[{"role": "user", "content": "Hi"}],
