@@ -199,7 +199,7 @@ class GatewayServices:
                              AudioReader(router),
                              MediaReader(image_sources, probe_video, fetch_slots,
                                          image_inspector)),
-            images=ImageService(catalog, router, admission, image_inspector),
+            images=ImageService(catalog, router, runner, image_inspector),
             audio=AudioService(router, catalog, admission),
             job_service=job_service,
             queued_audio=QueuedAudio(router, job_service),

@@ -1,7 +1,8 @@
-"""Image requests between the router and the image deployments: the model, the rate limits,
-the hold of the most the request may cost, the inputs (read and checked from their headers),
-one call to the deployment, and the settlement of what it did cost. Nothing is charged when
-any step fails: the hold goes back.
+"""Image requests between the router and the image deployments, through the request runner
+(pipeline/runner.py): the model, the checks of the request and the most it may cost, then,
+once admitted and held, the inputs (read and checked from their headers), one call to the
+deployment, and the settlement of what it did cost. Nothing is charged when any step fails:
+the hold goes back.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from serve_app.models.calls import call_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel, ImageOperation
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
-from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.runner import Quote, RequestRunner
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
     GenerateRequest,
@@ -66,12 +67,13 @@ class ImageService:
     """Image requests between the router and the image deployments: the model, admission,
     the inputs, one call, the settlement of what it did cost."""
 
-    def __init__(self, catalog: Catalog, router: ModelRouter, admission: Admission,
+    def __init__(self, catalog: Catalog, router: ModelRouter, runner: RequestRunner,
                  inspector: ImageInspector | None = None) -> None:
         self.catalog = catalog
         self.router = router
-        self.admission = admission
-        self.inspector = inspector or ImageInspector(admission.limits)
+        self.runner = runner
+        self.admission = runner.admission
+        self.inspector = inspector or ImageInspector(runner.admission.limits)
 
     def model_for(self, operation: ImageOperation, name: str | None) -> RoutedModel:
         """The model of an image operation: by name (id, alias or trait), or the operation's
@@ -91,20 +93,14 @@ class ImageService:
     def _ids(self, operation: ImageOperation) -> str:
         return ", ".join(m.id for m in self.catalog.for_operation(operation)) or "(none)"
 
-    async def _charged(self, ctx: RequestContext, key: KeyRecord,
-                       routed: RoutedModel, max_cost: Cost,
-                       work: Callable[[], Awaitable[tuple[Produced, Cost]]]) -> Produced:
-        """Limits and hold, then `work`; settle its cost, or release the hold if it fails."""
-        model = routed.model
-        charge = await self.admission.admit(ctx, key, model, 0, max_cost)
-        try:
-            self.router.require_online(model)  # 503 before reading anything
-            respond.model_headers(ctx, model, routed.router)
+    async def _charged(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
+                       quote: Quote, work: Callable[[], Awaitable[tuple[Produced, Cost]]]
+                       ) -> Produced:
+        """`work` through the request runner: it reads the inputs, calls the model and gives
+        what it made with its cost."""
+        async with self.runner.run(ctx, key, routed, quote) as billed:
             produced, cost = await work()
-        except BaseException:
-            await charge.release()
-            raise
-        await charge.settle(cost)
+            billed.deliver(cost)
         return produced
 
     async def _run(self, ctx: RequestContext, model: CatalogModel,
@@ -138,8 +134,8 @@ class ImageService:
             ctx.headers["x-service-upscale-factor"] = f"{scale:g}"
             return produced, image_cost(model, scale=scale)
 
-        return await self._charged(ctx, key, routed, image_cost(model, scale=body.scale),
-                              work)
+        return await self._charged(ctx, key, routed,
+                                   lambda: image_cost(model, scale=body.scale), work)
 
     async def remove_background(self, ctx: RequestContext, key: KeyRecord,
                                 body: BackgroundRemoveRequest,
@@ -153,7 +149,7 @@ class ImageService:
                                                  max_pixels=sizing.EDIT_MAX_PIXELS)
             return await self._run(ctx, model, [image], {}, "png"), image_cost(model)
 
-        return await self._charged(ctx, key, routed, image_cost(model), work)
+        return await self._charged(ctx, key, routed, lambda: image_cost(model), work)
 
     async def _enhanced(self, ctx: RequestContext, prompt: str) -> str | None:
         """The rewritten prompt, also sent URL-encoded in `x-service-enhanced-prompt`; None when
@@ -197,14 +193,16 @@ class ImageService:
                    sources: list[Callable[[], Awaitable[bytes]]], fields: list[str]) -> Produced:
         routed = self.model_for("edit", body.model_name)
         model = routed.model
-        _edit_limits(model, body, len(sources))
         quality = _quality(model, body.quality)
-        resolution = sizing.resolution_of(model, body.resolution)
         enhance = _wants_enhancement(model, body.enhance_prompt)
-        max_cost = image_cost(model, resolution=resolution, quality=quality,
-                              input_images=len(sources), enhanced=enhance)
+
+        def quote() -> Cost:
+            _edit_limits(model, body, len(sources))
+            return image_cost(model, resolution=sizing.resolution_of(model, body.resolution),
+                              quality=quality, input_images=len(sources), enhanced=enhance)
 
         async def work() -> tuple[Produced, Cost]:
+            resolution = sizing.resolution_of(model, body.resolution)  # checked by the quote
             inputs = [await self.inspector.inspect(
                 await read(), name, account_id=key.account_id,
                 min_pixels=sizing.EDIT_MIN_PIXELS, max_pixels=sizing.EDIT_MAX_PIXELS)
@@ -223,7 +221,7 @@ class ImageService:
             return produced, image_cost(model, resolution=size.resolution, quality=quality,
                                         input_images=len(inputs), enhanced=enhanced is not None)
 
-        return await self._charged(ctx, key, routed, max_cost, work)
+        return await self._charged(ctx, key, routed, quote, work)
 
     def styled_prompt(self, prompt: str, style: str | None) -> str:
         if style is None:
@@ -238,16 +236,19 @@ class ImageService:
                        body: GenerateRequest) -> Produced:
         routed = self.model_for("generate", body.model)
         model = routed.model
-        _check_prompt_length(model, body.prompt)
-        prompt = self.styled_prompt(body.prompt, body.style_preset)
         resolution = body.resolution if body.resolution in model.pricing.get(
             "resolutions", {}) else None
         quality = _quality(model, body.quality)
         enhance = _wants_enhancement(model, body.enhance_prompt)
-        max_cost = image_cost(model, outputs=body.variants, resolution=resolution,
+
+        def quote() -> Cost:
+            _check_prompt_length(model, body.prompt)
+            self.styled_prompt(body.prompt, body.style_preset)
+            return image_cost(model, outputs=body.variants, resolution=resolution,
                               quality=quality, enhanced=enhance)
 
         async def work() -> tuple[Produced, Cost]:
+            prompt = self.styled_prompt(body.prompt, body.style_preset)  # checked by the quote
             enhanced = await self._enhanced(ctx, prompt) if enhance else None
             params = {"prompt": enhanced or prompt, "negative_prompt": body.negative_prompt,
                       "width": sizing.fit_divisor(body.width, model),
@@ -262,7 +263,7 @@ class ImageService:
                                         resolution=resolution, quality=quality,
                                         enhanced=enhanced is not None)
 
-        return await self._charged(ctx, key, routed, max_cost, work)
+        return await self._charged(ctx, key, routed, quote, work)
 
     def native_generation(self, body: OpenAIImageRequest) -> GenerateRequest:
         """`/images/generations` as the native generation request: its size within the native
