@@ -200,7 +200,7 @@ class GatewayServices:
                              MediaReader(image_sources, probe_video, fetch_slots,
                                          image_inspector)),
             images=ImageService(catalog, router, runner, image_inspector),
-            audio=AudioService(router, catalog, admission),
+            audio=AudioService(router, catalog, runner),
             job_service=job_service,
             queued_audio=QueuedAudio(router, job_service),
             voice_changer=VoiceChanger(router, job_service, ImageSourceReader(

@@ -20,10 +20,8 @@ from serve_app.errors import ApiError, invalid_request
 from serve_app.models.calls import call_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
-from serve_app.pipeline import respond
-from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.settlement import Charge
+from serve_app.pipeline.runner import BilledCall, RequestRunner
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
 
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac",
@@ -37,13 +35,13 @@ DEFAULT_MAX_AUDIO_SECONDS = 1800
 
 @dataclass(eq=False)
 class Speech:
-    """A speech answer on its way: its audio `pieces` (or `whole()`), and the hold settled
-    when they end. `close()` must run however the answer ends (the router's response does
-    it): it stops the synthesis and settles what was delivered."""
+    """A speech answer on its way: its audio `pieces` (or `whole()`), and its billed call
+    settled when they end. `close()` must run however the answer ends (the router's response
+    does it): it stops the synthesis and settles what was delivered."""
 
     model: CatalogModel
     media_type: str
-    charge: Charge
+    billed: BilledCall
     cost: Cost  # of the whole input
     characters: int  # of the whole input
     first: protocol.SpeechPiece | None
@@ -66,7 +64,8 @@ class Speech:
             self.sent += piece.characters
             piece = await anext(self.rest, None)  # a failure here: `sent` is charged
         self.complete = True
-        await self.charge.settle(self.cost)
+        self.billed.deliver(self.cost)
+        await self.billed.close()
 
     async def whole(self) -> bytes:
         """All the audio as one body: nothing of it is delivered unless all of it is."""
@@ -84,13 +83,10 @@ class Speech:
             await self.pieces.aclose()  # type: ignore[attr-defined]
             await self.rest.aclose()  # type: ignore[attr-defined]
         finally:
-            if self.complete:
-                pass
-            elif self.sent <= 0:
-                await self.charge.release()
-            else:
-                await self.charge.settle(price(self.model, {
+            if not self.complete and self.sent > 0:
+                self.billed.deliver(price(self.model, {
                     "speech_characters": min(self.sent, self.characters)}))
+            await self.billed.close()
 
 
 def pick_voice(model: CatalogModel, requested: str | None) -> str:
@@ -119,10 +115,11 @@ def _format(model: CatalogModel, requested: str | None) -> str:
 class AudioService:
     """Speech and transcription: the model, admission, one call, the settlement."""
 
-    def __init__(self, router: ModelRouter, catalog: Catalog, admission: Admission) -> None:
+    def __init__(self, router: ModelRouter, catalog: Catalog, runner: RequestRunner) -> None:
         self.router = router
         self.catalog = catalog
-        self.admission = admission
+        self.runner = runner
+        self.admission = runner.admission
 
     async def speak(self, ctx: RequestContext, key: KeyRecord,
                     body: SpeechRequest) -> Speech:
@@ -130,44 +127,43 @@ class AudioService:
         failure to start is an error answer, not a broken stream."""
         routed = self.router.resolve(body.model, "tts")
         model = routed.model
-        voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
         cost = price(model, {"speech_characters": len(body.input)})
-        charge = await self.admission.admit(ctx, key, model, 0, cost)
+
+        def quote() -> Cost:
+            pick_voice(model, body.voice)
+            _format(model, body.response_format)
+            return cost
+
+        billed = await self.runner.open(ctx, key, routed, quote)
+        voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
         try:
             handle = self.router.speech(model)
-            respond.model_headers(ctx, model, routed.router)
             with ctx.step("model"):
                 stream = stream_model(handle.speak, model.id, model.id,
                                       protocol.SpeechRequest(body.input, voice, body.speed,
                                                              fmt, self.admission.tenant(key)))
                 await anext(stream)  # SpeechStart: the voice is loaded and known
                 first = await anext(stream, None)
-        except BaseException:
-            await charge.release()
+        except BaseException as failure:
+            await billed.close(failure)
             raise
-        return Speech(model, CONTENT_TYPES[fmt], charge, cost, len(body.input), first, stream)
+        return Speech(model, CONTENT_TYPES[fmt], billed, cost, len(body.input), first, stream)
 
     async def transcribe(self, ctx: RequestContext, key: KeyRecord,
                          body: TranscriptionRequest, audio: bytes) -> protocol.Transcription:
         routed = self.router.resolve(body.model, "asr")
         model = routed.model
         most = int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
-        charge = await self.admission.admit(ctx, key, model, 0,
-                                             price(model, {"audio_seconds": most}))
-        try:
+        async with self.runner.run(ctx, key, routed,
+                                   lambda: price(model, {"audio_seconds": most})) as billed:
             handle = self.router.transcription(model)
-            respond.model_headers(ctx, model, routed.router)
             with ctx.step("model"):
                 out: protocol.Transcription = await call_model(
                     handle.transcribe, model.id, model.id,
                     protocol.TranscriptionRequest(audio, body.language, body.timestamps,
                                                   self.admission.tenant(key)))
             ctx.record("replica", out.replica_ms)
-        except BaseException:
-            await charge.release()
-            raise
-        seconds = max(1, math.ceil(out.duration))
-        await charge.settle(price(model, {"audio_seconds": seconds}))
+            billed.deliver(price(model, {"audio_seconds": max(1, math.ceil(out.duration))}))
         return out
 
     def voices(self, model_name: str | None) -> list[dict[str, str]]:
