@@ -180,7 +180,7 @@ class GatewayServices:
             embedder=Embedder(router, settings.embedding_calls_in_flight,
                               settings.embedding_min_texts_beside),
             image_sources=image_sources,
-            crypto_rpc=CryptoRpc(load_nodes(settings.crypto_rpc_nodes), admission=admission,
+            crypto_rpc=CryptoRpc(load_nodes(settings.crypto_rpc_nodes), runner=runner,
                                  limits=limits, database=engine,
                                  clock=billing.clock),
             wallets=WalletAuth(engine, sign_in_domains(settings),

@@ -58,12 +58,13 @@ from serve_app.errors import ApiError
 from serve_app.limits.core import OK
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.models.catalog import CatalogModel
+from serve_app.models.router import RoutedModel
 from serve_app.money import NANOS_PER_UNIT
 from serve_app.pipeline.context import RequestContext
 
 if TYPE_CHECKING:
     from serve_app.limits.rate_limits import RateLimits
-    from serve_app.pipeline.admission import Admission
+    from serve_app.pipeline.runner import RequestRunner
 
 logger = logging.getLogger("serve_app.crypto")
 
@@ -131,11 +132,11 @@ def _replayed(replay: idempotency.Replay) -> Response:
 class CryptoRpc:
     """The networks offered and the proxy; one per replica, with one shared HTTP client."""
 
-    def __init__(self, config: NodeConfig, *, admission: Admission, limits: RateLimits,
+    def __init__(self, config: NodeConfig, *, runner: RequestRunner, limits: RateLimits,
                  database: Engine, clock: Callable[[], datetime],
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
-        self.admission = admission
+        self.runner = runner
         self.limits = limits
         self.database = database
         self.clock = clock
@@ -334,8 +335,9 @@ class CryptoRpc:
                        rpc: RpcRequest,
                        admitted: Callable[[], Awaitable[Response | None]] | None = None
                        ) -> Response:
-        """Caps, hold, node, settlement. `admitted`: run once the caller is held; an answer
-        it gives is returned in place of forwarding (the hold given back)."""
+        """Caps, hold, node, settlement, through the request runner (pipeline/runner.py).
+        `admitted`: run once the caller is held; an answer it gives is returned in place of
+        forwarding (the hold given back)."""
         model = self.model(slug)
         counted = False
 
@@ -347,33 +349,30 @@ class CryptoRpc:
             self.credits.start(key.account_id, rpc.max_credits)
             counted = True
 
-        spent = 0
+        credits, billed = 0, None
         try:
-            charge = await self.admission.admit(
-                ctx, key, model, 0, price(model, {LINE_TYPE: rpc.max_credits}), limit=caps)
-            try:
+            async with self.runner.run(
+                    ctx, key, RoutedModel(model),
+                    lambda: price(model, {LINE_TYPE: rpc.max_credits}), limit=caps,
+                    proxied=True) as billed:
                 instead = await admitted() if admitted is not None else None
                 if instead is not None:
-                    await charge.release()
-                    return instead
-                with ctx.step("upstream"):
-                    raw = await self._fetch(network, json.dumps(rpc.payload).encode())
-                answer = self._decode(network, rpc, raw)
-            except CallerCaused as failed:
-                credits = error_credits(rpc)
+                    return instead  # nothing delivered: the hold goes back
+                try:
+                    with ctx.step("upstream"):
+                        raw = await self._fetch(network, json.dumps(rpc.payload).encode())
+                    answer = self._decode(network, rpc, raw)
+                except CallerCaused as failed:
+                    credits = error_credits(rpc)
+                    cost = price(model, {LINE_TYPE: credits})
+                    billed.deliver(cost)
+                    raise failed.answer(credits, cost_usd(cost)) from None
+                credits = rpc.max_credits if answer is None else count_credits(rpc, answer)
                 cost = price(model, {LINE_TYPE: credits})
-                await charge.settle(cost)
-                spent = credits
-                raise failed.answer(credits, cost_usd(cost)) from None
-            except BaseException:
-                await charge.release()
-                raise
-            credits = rpc.max_credits if answer is None else count_credits(rpc, answer)
-            cost = price(model, {LINE_TYPE: credits})
-            await charge.settle(cost)
-            spent = credits
+                billed.deliver(cost)
         finally:
             if counted:
+                spent = credits if billed is not None and billed.settled else 0
                 self.credits.finish(key.account_id, rpc.max_credits, spent)
         return Response(raw, media_type="application/json",
                         headers={"X-Venice-RPC-Credits": str(credits),
