@@ -154,7 +154,7 @@ class GatewayServices:
         callbacks = GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts,
                                    max_bytes=64 * 1024)
         queue_keys = QueueKeys(engine)
-        job_service = JobService(router, catalog, admission, jobs, results, job_runner, engine,
+        job_service = JobService(router, catalog, runner, jobs, results, job_runner, engine,
                                  fetch_slots,
                                  JobCaps(settings.job_open_per_account,
                                          settings.job_stored_mb_per_account * 1024 * 1024),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.audio.serving import pick_voice
 from serve_app.audio.voice_change import check_not_voice_changer
+from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd
 from serve_app.errors import invalid_request
 from serve_app.jobs.service import JobService
@@ -37,19 +38,23 @@ class QueuedAudio:
         routed = self.router.resolve(body.model, "music")
         model = routed.model
         check_not_voice_changer(model, "queue")
-        self.router.require_online(model)
-        limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
-        if len(body.prompt) > limit:
-            raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} takes at "
-                                  f"most {limit}", "prompt")
-        _unsupported(model, body)
-        seconds = parse_seconds(body.duration_seconds)
-        cost = audio_cost(model, duration_seconds=seconds, character_count=len(body.prompt))
-        params = {"prompt": body.prompt, "voice": _voice(model, body.voice),
-                  "speed": body.speed or 1.0, "format": model.default_format or "mp3",
-                  "duration_seconds": seconds}
-        job = await self.job_service.queue_job(ctx, key, routed, "audio", cost, params,
-                                               body.callback_url)
+
+        def quote() -> Cost:  # the request's checks (400), then its price
+            limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
+            if len(body.prompt) > limit:
+                raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} "
+                                      f"takes at most {limit}", "prompt")
+            _unsupported(model, body)
+            _voice(model, body.voice)
+            return audio_cost(model, duration_seconds=parse_seconds(body.duration_seconds),
+                              character_count=len(body.prompt))
+
+        job = await self.job_service.queue_job(
+            ctx, key, routed, "audio", quote,
+            lambda: {"prompt": body.prompt, "voice": _voice(model, body.voice),
+                     "speed": body.speed or 1.0, "format": model.default_format or "mp3",
+                     "duration_seconds": parse_seconds(body.duration_seconds)},
+            body.callback_url)
         return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}
 
 

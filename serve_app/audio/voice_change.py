@@ -4,10 +4,11 @@ the model (a voice changer, else a 400 naming the endpoint to use), the fields, 
 A queue request does its work in the order that keeps abuse cheap:
 
 1. the caller is known (the route's dependencies authenticate before the body is read);
-2. the model is a voice changer and the fields fit it (one source exactly, a voice it has,
-   only the options it supports): 400s, nothing held;
-3. admitted (jobs/intake.py): the account's limits and a hold of the first minute's price,
-   the least a change costs (402 for an account that cannot pay that);
+2. the model is a voice changer (400);
+3. admitted (jobs/intake.py, pipeline/runner.py): the account's limits (429), the fields fit
+   the model (one source exactly, a voice it has, only the options it supports: 400s), a
+   hold of the first minute's price, the least a change costs (402 for an account that
+   cannot pay that), the model online (503);
 4. only then is the source read: the upload's bytes, or `audio_url` fetched (30 s, under
    25 MB); its format judged from its bytes and its length measured, off the event loop
    (sources.py);
@@ -24,6 +25,7 @@ from typing import Any
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.audio.sources import SourceAudio, check_source
 from serve_app.audio.voice_pipeline import SOURCE_INPUT
+from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.audio import (
     parse_seconds,
     quote_usd,
@@ -83,11 +85,17 @@ class VoiceChanger:
         model = routed.model
         spec = model.voice_changer
         assert spec is not None
-        field = _check_fields(model, spec, body, upload)
-        voice = _voice(model, spec, body.voice)
+
+        def quote() -> Cost:  # the fields (400), then the least a change costs
+            _check_fields(model, spec, body, upload)
+            _voice(model, spec, body.voice)
+            return voice_change_floor(model)
+
         async with self.job_service.intake(ctx, key, routed, KIND,
                                            body.callback_url) as intake:
-            await intake.admit(voice_change_floor(model))
+            await intake.admit(quote)
+            field = _check_fields(model, spec, body, upload)
+            voice = _voice(model, spec, body.voice)
             async with self.job_service.fetch_slots.slot(key.account_id):
                 data = upload if upload is not None else await self.sources.read(
                     body.audio_url or "", field, allow_urls=True, media="audio")

@@ -49,10 +49,8 @@ from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.models.calls import ModelFailed, complete_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
-from serve_app.pipeline import respond
-from serve_app.pipeline.admission import Admission, payer_of
+from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.settlement import Charge
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 
 T = TypeVar("T")
@@ -185,7 +183,6 @@ class ChatService:
         floor hold, then hold what they make the request cost in its place (402 when the
         account cannot pay it: the floor is then already given back)."""
         req, primary = plan.req, plan.candidates[0]
-        floor = plan.floor_cost().nanos
         if has_files(req):
             with ctx.step("files"):
                 req = await self.files.inline(req, key.account_id)
@@ -193,16 +190,8 @@ class ChatService:
             with ctx.step("media"):
                 plan.media = await self.media.collect(req, primary.model, key.account_id)
         plan.req = req
-        cost = plan.max_cost()
-        charge = plan.charge
-        assert charge is not None, "hold the floor first"
-        if cost.nanos == floor:
-            return
-        await charge.release()  # the floor; the rate-limit count stays as admitted
-        with ctx.step("hold"):
-            hold = await self.admission.billing.hold(ctx.request_id, payer_of(key), cost.nanos)
-        respond.balance_headers(ctx, hold.before)
-        plan.charge = Charge(ctx, hold, charge.ticket)
+        assert plan.charge is not None, "hold the floor first"
+        await plan.charge.rehold(plan.max_cost())
 
     async def _compose(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan) -> None:
         """The engine request, once the hold is taken: URL media fetched, the web read, audio

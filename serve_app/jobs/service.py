@@ -31,8 +31,8 @@ from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.net_guard import GuardedFetcher
 from serve_app.pipeline import respond
-from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.runner import RequestRunner
 from serve_app.schemas.video import JobRequest, RetrieveRequest
 
 # The catalog type of each kind of job's models (`default` means that type's default).
@@ -49,14 +49,15 @@ class JobService:
     """Queued media jobs as the routes see them: queue (admitted, inputs kept, row written),
     retrieve, download by signed link, complete."""
 
-    def __init__(self, router: ModelRouter, catalog: Catalog, admission: Admission,
+    def __init__(self, router: ModelRouter, catalog: Catalog, request_runner: RequestRunner,
                  jobs: JobQueue, results: ResultStore, job_runner: JobRunner,
                  database: Engine, fetch_slots: FetchSlots | None = None,
                  caps: JobCaps | None = None, keys: QueueKeys | None = None,
                  callback_guard: GuardedFetcher | None = None) -> None:
         self.router = router
         self.catalog = catalog
-        self.admission = admission
+        self.request_runner = request_runner
+        self.admission = request_runner.admission
         self.jobs = jobs
         self.results = results
         self.job_runner = job_runner
@@ -88,18 +89,19 @@ class JobService:
                kind: str, callback_url: str | None = None) -> JobIntake:
         """A job on its way into the queue (intake.py): admit, keep its inputs, hold its
         price, queue it; `async with` it so that a failure leaves nothing held or kept."""
-        return JobIntake(admission=self.admission, router=self.router, jobs=self.jobs,
+        return JobIntake(request_runner=self.request_runner, jobs=self.jobs,
                          results=self.results, runner=self.job_runner, caps=self.caps,
                          pending=self.pending, ctx=ctx, key=key, routed=routed, kind=kind,
                          callback_url=callback_url)
 
     async def queue_job(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-                        kind: str, cost: Cost, params: dict,
+                        kind: str, quote: Callable[[], Cost], params: Callable[[], dict],
                         callback_url: str | None = None) -> JobView:
-        """A job whose price is known and that has no input files (queued audio)."""
+        """A job whose price is known and that has no input files (queued audio): `quote`
+        checks the request and gives the price; `params`, the job's, once it is admitted."""
         async with self.intake(ctx, key, routed, kind, callback_url) as intake:
-            await intake.admit(cost)
-            return await intake.queue(cost, params)
+            cost = await intake.admit(quote)
+            return await intake.queue(cost, params())
 
     @contextlib.asynccontextmanager
     async def fetching(self, ctx: RequestContext, key: KeyRecord,

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import Request
 
 from serve_app.accounts.key_store import KeyRecord
+from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.video import SourceVideo, VideoAsk, floor_plan, plan_video
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images.inputs import ImageInspector, ImageSourceReader
@@ -138,34 +139,38 @@ class VideoService:
 
     async def queue(self, request: Request, ctx: RequestContext, key: KeyRecord,
                     body: QueueVideoRequest) -> dict[str, str]:
-        """Checks that need no input first (400s, 503); then the caller is counted and held
-        before any input is read: the job's price when it does not depend on the inputs,
-        else its floor (the least it can cost with the clips it names, pricing/video.py),
-        replaced by the price once the inputs are probed. A model
+        """Admitted (jobs/intake.py, pipeline/runner.py: 429, then the checks that need no
+        input, 400 and 422, then the hold, then 503) before any input is read: held is the
+        job's price when it does not depend on the inputs, else its floor (the least it can
+        cost with the clips it names, pricing/video.py), replaced by the price once the inputs
+        are probed. A model
         with a consent policy looks for faces in the inputs (in a worker thread, once the
         caller is held) unless consent was given: a face without it is a 409."""
         routed = self.video_model(body.model)
         model = routed.model
-        self.router.require_online(model)  # 503 before anything is held or fetched
-        _check_prompt(model, body)
-        _check_media_fields(model, body)
         policy = policy_of(model)
         faces: list[str] | None = [] if policy and not consent_given(
             policy, body.consents) else None
         ask = _ask(body)
-        known = None if _priced_by_inputs(model) else plan_video(model, ask, None)
-        floor = known or floor_plan(model, ask, len(body.reference_video_urls or [])
-                                    * REFERENCE_CLIP_SECONDS[0])
+
+        def quote() -> Cost:  # the request's checks (400, 422), then its price or floor
+            _check_prompt(model, body)
+            _check_media_fields(model, body)
+            if not _priced_by_inputs(model):
+                return plan_video(model, ask, None).cost
+            return floor_plan(model, ask, len(body.reference_video_urls or [])
+                              * REFERENCE_CLIP_SECONDS[0]).cost
+
         async with self.job_service.intake(ctx, key, routed, "video",
                                            body.callback_url) as intake:
-            await intake.admit(floor.cost)
+            await intake.admit(quote)
             source = None
             if any(getattr(body, f) for f in MEDIA_FIELDS[model.operation]):
                 async with self.job_service.fetch_slots.slot(key.account_id):
                     source = await self._inputs(body, intake, key.account_id, faces)
             if faces and policy:
                 raise needs_consent(model, policy, faces)
-            plan = known or plan_video(model, ask, source)
+            plan = plan_video(model, ask, source)  # no source: the price quoted
             await intake.hold(plan.cost)
             params = {"prompt": body.prompt, "negative_prompt": body.negative_prompt,
                       "seconds": plan.seconds, "width": plan.width, "height": plan.height,
