@@ -16,7 +16,7 @@ from serve_app.gateway import create_prefixed_app
 from serve_app.models.catalog import load_catalog
 from serve_app.services import GatewayServices
 from serve_app.settings import PROJECT_ROOT, Settings
-from tests.fakes import FakeDeployment, fake_deployments
+from tests.fakes import DeploymentHandle, fake_deployments
 
 
 @dataclass
@@ -79,15 +79,16 @@ def gateway_catalog() -> Path:
 
 
 @pytest.fixture
-def fakes(gateway_catalog: Path) -> dict[str, FakeDeployment]:
-    """A fake deployment for each deployment of the catalog (tests/fakes), by name."""
+def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
+    """A handle for each deployment of the catalog, by name: the real deployment class on fake
+    engines (tests/fakes)."""
     return fake_deployments(load_catalog(gateway_catalog))
 
 
 @pytest.fixture
 def fake_gateway(tmp_path: Path, gateway_catalog: Path,
-                 fakes: dict[str, FakeDeployment]) -> Iterator[Gateway]:
+                 fakes: dict[str, DeploymentHandle]) -> Iterator[Gateway]:
     """The gateway with its models served by `fakes`: requests run through admission, the
-    model and settlement, in process."""
+    deployment (its engine a fake) and settlement, in process."""
     yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
                                      model_catalog=gateway_catalog), handles=fakes)

@@ -103,7 +103,7 @@ def encoded(seconds: float, fmt: str) -> bytes:
 
 def mp4_clip() -> bytes:
     """A short MP4 with a video track."""
-    from tests.fakes.deployments import encode_mp4
+    from tests.fakes import plain_mp4
 
-    return encode_mp4(64, 64, 4, 8.0)
+    return plain_mp4(64, 64, 4, 8.0)
 

@@ -27,7 +27,13 @@ from serve_app.db.engine import make_engine
 from serve_app.db.tables import Reservation
 from serve_app.models.catalog import load_catalog
 from serve_app.settings import Settings
-from tests.fakes import FakeDeployment, FakeTextDeployment, fake_deployments, offline
+from tests.fakes import (
+    DeploymentHandle,
+    FakeTextDeployment,
+    FakeTextEngine,
+    fake_deployments,
+    offline,
+)
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.pipeline.books import Books, per_million
 from tests.unit.pipeline.conftest import CATALOG
@@ -37,12 +43,12 @@ VISION = {"layout": "patches", "images": 3, "videos": 1, "video_frames": 4,
           "video_seconds": 10, "max_pixels": 28 * 28 * 256}
 
 
-class FakeVisionDeployment(FakeTextDeployment):
-    """A vision model's text deployment: its prompt counts the fake's text tokens and, as a
+class FakeVisionEngine(FakeTextEngine):
+    """A vision model's text engine: its prompt counts the fake's text tokens and, as a
     vision model's processor does, each image's and video frame's tokens."""
 
-    def _chunks(self, request: TextRequest, model_id: str = "") -> list[TextEvent]:
-        chunks = super()._chunks(request, model_id)
+    def chunks(self, request: TextRequest) -> list[TextEvent]:
+        chunks = super().chunks(request)
         spec = VisionSpec(**VISION)
         extra = sum(spec.image_tokens(i.width, i.height) for i in request.images) + sum(
             spec.video_tokens(v.width, v.height, v.frames) for v in request.videos)
@@ -132,9 +138,9 @@ def gateway_catalog(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def fakes(gateway_catalog: Path) -> dict[str, FakeDeployment]:
+def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
     made = fake_deployments(load_catalog(gateway_catalog))
-    made["text-m"] = FakeVisionDeployment("text-m", ["look-test"])
+    made["text-m"] = FakeTextDeployment("text-m", ["look-test"], engine=FakeVisionEngine)
     return made
 
 

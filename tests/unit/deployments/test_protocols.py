@@ -2,7 +2,8 @@
 class answers its family's calls with the Protocol's parameters, every model deployment of the
 registry belongs to a family, and every fake of the in-process tier answers only calls its
 real deployment class has, with the same parameters, so a flow test cannot pass against a call
-no deployment answers."""
+no deployment answers (the handles on real deployment classes, tests/fakes/served.py, answer
+with the class's own methods)."""
 
 from __future__ import annotations
 
@@ -26,14 +27,14 @@ from deployments.protocol import (
 from deployments.registry import MODEL_DEPLOYMENTS
 from deployments.text import TextDeployment
 from deployments.video import VideoDeployment
-from tests.fakes.deployments import FakeDeployment
+from tests.fakes import FakeDeployment, ServedDeployment
 
 FAMILIES: list[tuple[type, Any]] = [
     (TextServer, TextDeployment), (EmbeddingServer, EmbeddingDeployment),
     (ImageServer, ImageDeployment), (SpeechServer, SpeechDeployment),
     (TranscriptionServer, TranscriptionDeployment), (JobServer, VideoDeployment)]
 # Modules of the in-process tier that define fakes of their own.
-FAKE_MODULES = ("tests.fakes.deployments", "tests.unit.audio.conftest",
+FAKE_MODULES = ("tests.fakes", "tests.unit.audio.conftest",
                 "tests.unit.video.conftest", "tests.unit.pipeline.test_chat_audio",
                 "tests.unit.chat.test_vision_chat")
 
@@ -79,10 +80,10 @@ def test_every_model_deployment_belongs_to_a_family():
         assert _class(deployment) in families, f"{name} has no Protocol"
 
 
-def _fakes() -> list[type[FakeDeployment]]:
+def _subclasses(base: type) -> list[type]:
     for module in FAKE_MODULES:
         importlib.import_module(module)
-    found, todo = [], list(FakeDeployment.__subclasses__())
+    found, todo = [], list(base.__subclasses__())
     while todo:
         fake = todo.pop()
         found.append(fake)
@@ -97,10 +98,21 @@ def _answers_as(fake: type[FakeDeployment], cls: type) -> bool:
 
 
 def test_every_fake_answers_only_what_a_deployment_class_answers():
-    fakes = _fakes()
-    assert len(fakes) >= 8  # the shared fakes and those of the flow tests' own folders
+    fakes = _subclasses(FakeDeployment)
+    assert len(fakes) >= 4  # the whole fakes of the flow tests' own folders
     classes = [_class(deployment) for _, deployment in FAMILIES]
     for fake in fakes:
         assert fake.METHODS, fake.__name__
         assert any(_answers_as(fake, cls) for cls in classes), (
             f"{fake.__name__}: {fake.METHODS} is not what any deployment class answers")
+
+
+def test_every_handle_on_a_real_deployment_answers_what_its_class_answers():
+    handles = _subclasses(ServedDeployment)
+    assert len(handles) >= 5  # text, embedding, image, video, speech
+    classes = [_class(deployment) for _, deployment in FAMILIES]
+    for handle in handles:
+        cls = _class(handle.DEPLOYMENT)
+        assert cls in classes, handle.__name__
+        assert handle.METHODS and all(callable(getattr(cls, name, None))
+                                      for name in handle.METHODS), handle.__name__

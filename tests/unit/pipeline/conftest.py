@@ -1,5 +1,5 @@
-"""The pipeline tests: every flow in process, admission -> fake model -> settlement, on the
-gateway's own SQLite, with the test catalog beside this file."""
+"""The pipeline tests: every flow in process, admission -> the deployment on a fake engine ->
+settlement, on the gateway's own SQLite, with the test catalog beside this file."""
 
 from __future__ import annotations
 

@@ -21,7 +21,14 @@ from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.settings import Settings
-from tests.fakes import FakeDeployment, count_prompt_tokens, crashed, fake_deployments, reported
+from tests.fakes import (
+    DeploymentHandle,
+    FakeDeployment,
+    count_prompt_tokens,
+    crashed,
+    fake_deployments,
+    reported,
+)
 from tests.unit.conftest import make_gateway
 from tests.unit.pipeline.books import Books, nanos, per_million
 from tests.unit.pipeline.conftest import CATALOG
@@ -82,7 +89,7 @@ def gateway_catalog(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def fakes(gateway_catalog: Path) -> dict[str, FakeDeployment]:
+def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
     made = fake_deployments(load_catalog(gateway_catalog))
     made["transcription"] = FakeTranscriptionDeployment("transcription", ["hear-test"])
     del made["text-gone"]

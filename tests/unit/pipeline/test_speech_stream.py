@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 from starlette.requests import ClientDisconnect
 
-from tests.fakes import crashed
-from tests.fakes.deployments import FakeSpeechDeployment
+from tests.fakes import FakeSpeechDeployment, crashed
 from tests.unit.pipeline.books import per_million
 
 INPUT_USD = 10  # speaker (speech_catalog.yaml), USD per million characters

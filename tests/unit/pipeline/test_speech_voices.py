@@ -12,7 +12,7 @@ import pytest
 
 from serve_app.models.catalog import load_catalog
 from serve_app.settings import PROJECT_ROOT
-from tests.fakes.deployments import FakeSpeechDeployment
+from tests.fakes import FakeSpeechDeployment
 
 CATALOG = PROJECT_ROOT / "configs" / "models.yaml"
 

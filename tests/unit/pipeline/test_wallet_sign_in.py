@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from serve_app.db.tables import Account, LedgerEntry
 from serve_app.settings import Settings
-from tests.fakes import FakeDeployment
+from tests.fakes import DeploymentHandle
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.pipeline.books import Books, per_million
 from tests.unit.pipeline.test_payment_required import FLOWS
@@ -23,7 +23,7 @@ ORIGIN = "http://testserver/api/v1"
 
 @pytest.fixture
 def wallet_gateway(tmp_path: Path, gateway_catalog: Path,
-                   fakes: dict[str, FakeDeployment]) -> Iterator[Gateway]:
+                   fakes: dict[str, DeploymentHandle]) -> Iterator[Gateway]:
     """The fake-deployment gateway, accepting sign-ins for the test client's host."""
     yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
                                      model_catalog=gateway_catalog, siwx_domains="testserver",

@@ -8,12 +8,12 @@ from fractions import Fraction
 
 from PIL import Image
 
-from tests.fakes.deployments import encode_mp4
+from tests.fakes import plain_mp4
 
 
 def clip(seconds: float, fps: float = 8, size: tuple[int, int] = (160, 120)) -> bytes:
     """An MP4 of `seconds` at `fps` (round(seconds x fps) frames)."""
-    return encode_mp4(size[0], size[1], max(1, round(seconds * fps)), fps)
+    return plain_mp4(size[0], size[1], max(1, round(seconds * fps)), fps)
 
 
 def png(size: tuple[int, int] = (256, 256), colour: tuple[int, int, int] = (135, 206, 235)

@@ -12,7 +12,7 @@ import pytest
 from deployments.protocol import MediaJob, MediaResult
 from serve_app.models.catalog import load_catalog
 from serve_app.settings import Settings
-from tests.fakes import FakeDeployment, fake_deployments
+from tests.fakes import DeploymentHandle, FakeDeployment, fake_deployments
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.pipeline.books import Books
 from tests.unit.video.media_server import MediaServer
@@ -54,7 +54,7 @@ class FakeQueuedSpeech(FakeDeployment):
 
 
 @pytest.fixture
-def fakes(gateway_catalog: Path) -> dict[str, FakeDeployment]:
+def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
     """The video deployments of the catalog, and the speech deployment of queued audio."""
     fleet = fake_deployments(load_catalog(gateway_catalog))
     fleet["speech"] = FakeQueuedSpeech("speech", ["narrator"])
