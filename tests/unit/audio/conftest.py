@@ -16,7 +16,7 @@ from deployments.protocol import MediaJob, MediaResult, Transcription, Transcrip
 from serve_app.settings import Settings
 from tests.fakes import FakeDeployment
 from tests.unit.conftest import Gateway, make_gateway
-from tests.unit.pipeline.books import Books
+from tests.unit.flows.books import Books
 from tests.unit.video.media_server import MediaServer
 
 CATALOG = Path(__file__).with_name("voice_catalog.yaml")

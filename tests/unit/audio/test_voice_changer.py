@@ -17,7 +17,7 @@ from tests.unit.audio.voice_api import (
     wait,
 )
 from tests.unit.conftest import account_key
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import stored, stored_when
 
 

@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from tests.fakes import FakeTextDeployment
-from tests.unit.pipeline.books import Books, per_million
+from tests.unit.flows.books import Books, per_million
 
 CATALOG = Path(__file__).with_name("catalog.yaml")
 # chat-cached's and chat-plain's prices (catalog.yaml), USD per million tokens.

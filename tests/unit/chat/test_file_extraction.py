@@ -1,7 +1,7 @@
 """Files and pages turned into text by the extraction workers (chat/extraction.py), each attack
 performed for real on the worker processes: PDFs that expand or that take too long, too many
 pages, zip bombs and lying zips dressed as DOCX, entity bombs. The whole chat flow (status,
-body, ledger) is in tests/unit/pipeline/test_chat_files.py."""
+body, ledger) is in tests/unit/flows/test_chat_files.py."""
 
 from __future__ import annotations
 

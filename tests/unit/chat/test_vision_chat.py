@@ -35,8 +35,8 @@ from tests.fakes import (
     offline,
 )
 from tests.unit.conftest import Gateway, make_gateway
-from tests.unit.pipeline.books import Books, per_million
-from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.flows.books import Books, per_million
+from tests.unit.flows.conftest import CATALOG
 
 INPUT_USD, OUTPUT_USD = 10, 20
 VISION = {"layout": "patches", "images": 3, "videos": 1, "video_frames": 4,
@@ -120,7 +120,7 @@ def _data_url(data: bytes, media_type: str) -> str:
 
 @pytest.fixture
 def gateway_catalog(tmp_path: Path) -> Path:
-    """The pipeline catalog and look-test, a vision model on its own deployment."""
+    """The flows catalog and look-test, a vision model on its own deployment."""
     catalog = yaml.safe_load(CATALOG.read_text())
     catalog["models"].append({
         "id": "look-test", "type": "text", "name": "Vision chat (fake)",

@@ -23,7 +23,7 @@ from tests.unit.crypto.test_crypto_rpc import (
     rpc_gateway,
     usd_nanos,
 )
-from tests.unit.pipeline.books import Books
+from tests.unit.flows.books import Books
 
 ETHEREUM = Network("ethereum-mainnet", "http://node.invalid/", "evm", 20)
 

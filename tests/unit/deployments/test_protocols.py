@@ -35,7 +35,7 @@ FAMILIES: list[tuple[type, Any]] = [
     (TranscriptionServer, TranscriptionDeployment), (JobServer, VideoDeployment)]
 # Modules of the in-process tier that define fakes of their own.
 FAKE_MODULES = ("tests.fakes", "tests.unit.audio.conftest",
-                "tests.unit.video.conftest", "tests.unit.pipeline.test_chat_audio",
+                "tests.unit.video.conftest", "tests.unit.flows.test_chat_audio",
                 "tests.unit.chat.test_vision_chat")
 
 

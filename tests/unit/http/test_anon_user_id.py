@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.pipeline.books import Books
+from tests.unit.flows.books import Books
 
 INVALID = ["", "a||b", "x" * 129, "caf\u00e9", "tab\there", "line\nbreak", "\x7f", 42]
 VALID = ["end-user-7", " spaced out ", "x" * 128, "~!@#$%^&*()|[]{}"]

@@ -14,7 +14,7 @@ from serve_app.models.catalog import load_catalog
 from serve_app.settings import Settings
 from tests.fakes import DeploymentHandle, FakeDeployment, fake_deployments
 from tests.unit.conftest import Gateway, make_gateway
-from tests.unit.pipeline.books import Books
+from tests.unit.flows.books import Books
 from tests.unit.video.media_server import MediaServer
 
 CATALOG = Path(__file__).with_name("catalog.yaml")

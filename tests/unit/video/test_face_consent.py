@@ -12,7 +12,7 @@ from deployments.engines.video import encode_mp4
 from serve_app.video.faces import BUNDLED_CASCADE, FaceDetector, cascade_path
 from tests.fakes.faces import drawn_face, drawn_face_png
 from tests.unit.conftest import account_key
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import post, stored, wait
 from tests.unit.video.clips import clip, data_url, png
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 from tests.unit.conftest import account_key
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import post, stored, wait
 from tests.unit.video.clips import clip, data_url, png
 

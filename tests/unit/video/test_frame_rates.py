@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import post
 from tests.unit.video.clips import clip, data_url, webm_understating_its_rate
 

@@ -5,7 +5,7 @@ spends the account's budget of refused images (issue 35, item 8d)."""
 from __future__ import annotations
 
 from serve_app.limits.policy import REFUSED_IMAGES_MAX
-from tests.unit.pipeline.test_image_header_refusals import MARKER_PADDED_JPEG, SMALL_PADDED_JPEG
+from tests.unit.flows.test_image_header_refusals import MARKER_PADDED_JPEG, SMALL_PADDED_JPEG
 from tests.unit.video.api import post, stored
 from tests.unit.video.clips import data_url, png
 from tests.unit.video.test_fetch_admission import CONSENT

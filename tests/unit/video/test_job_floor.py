@@ -7,7 +7,7 @@ Gateway fetch, probe and store ten reference clips before the real price refused
 from __future__ import annotations
 
 from tests.unit.conftest import account_key
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import post, stored, wait
 from tests.unit.video.clips import clip
 

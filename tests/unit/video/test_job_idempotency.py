@@ -14,7 +14,7 @@ from sqlmodel import Session
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import JobRow, QueueIdempotency, utcnow
 from serve_app.jobs import idempotency
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 
 JOB = {"model": "clip-maker", "prompt": "rain on a window", "duration": "1s",
        "resolution": "256p", "aspect_ratio": "1:1"}

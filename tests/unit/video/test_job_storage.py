@@ -17,7 +17,7 @@ from serve_app.db.engine import make_engine
 from serve_app.db.tables import JobRow, utcnow
 from serve_app.jobs.runner import RESULT_LIFETIME_S
 from tests.fakes import crashed
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import post, stored, stored_when, wait
 from tests.unit.video.clips import clip, data_url, png
 

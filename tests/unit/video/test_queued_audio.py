@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import post, stored, stored_when
 
 SPEECH = {"model": "narrator", "prompt": "The quick brown fox jumps over the lazy dog.",

@@ -12,7 +12,7 @@ import pytest
 
 from deployments.engines.image import RealEsrganEngine
 from deployments.engines.video import RealEsrganVideoEngine
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 from tests.unit.video.api import post
 from tests.unit.video.clips import clip
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.flows.conftest import CATALOG
 
 ANONYMOUS = "chat-fallback"
 
 
 @pytest.fixture
 def gateway_catalog(tmp_path: Path) -> Path:
-    """The pipeline catalog with one text model Anonymous."""
+    """The flows catalog with one text model Anonymous."""
     catalog = yaml.safe_load(CATALOG.read_text())
     for model in catalog["models"]:
         if model["id"] == ANONYMOUS:

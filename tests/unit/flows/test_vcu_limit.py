@@ -11,7 +11,7 @@ import pytest
 
 from serve_app.settings import Settings
 from tests.unit.conftest import Gateway, make_gateway
-from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.flows.conftest import CATALOG
 
 LIMIT = 0.02  # DIEM: a few embedding requests of TEXT
 TEXT = "a quick brown fox jumps over the lazy dog " * 20

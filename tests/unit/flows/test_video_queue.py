@@ -11,7 +11,7 @@ import av
 
 from deployments.protocol import MediaJob
 from tests.fakes import crashed
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 
 JOB = {"model": "clip-maker", "prompt": "a red fox running through snow", "duration": "2s",
        "resolution": "256p", "aspect_ratio": "16:9"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deployments.protocol import TextRequest
 from tests.fakes import count_prompt_tokens
-from tests.unit.pipeline.books import per_million
+from tests.unit.flows.books import per_million
 
 # chat-primary's prices (catalog.yaml), USD per million tokens.
 INPUT_USD, OUTPUT_USD = 10, 20

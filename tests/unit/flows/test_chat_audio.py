@@ -30,10 +30,10 @@ from tests.fakes import (
     reported,
 )
 from tests.unit.conftest import make_gateway
-from tests.unit.pipeline.books import Books, nanos, per_million
-from tests.unit.pipeline.conftest import CATALOG
-from tests.unit.pipeline.sse import DONE, events
-from tests.unit.pipeline.test_chat_web import Provider
+from tests.unit.flows.books import Books, nanos, per_million
+from tests.unit.flows.conftest import CATALOG
+from tests.unit.flows.sse import DONE, events
+from tests.unit.flows.test_chat_web import Provider
 
 PER_SECOND_USD = "0.001"  # hear-test's price
 MAX_SECONDS = 60
@@ -70,7 +70,7 @@ def _wav(seconds: float) -> str:
 
 @pytest.fixture
 def gateway_catalog(tmp_path: Path) -> Path:
-    """The pipeline catalog and a transcription model, the default `asr`."""
+    """The flows catalog and a transcription model, the default `asr`."""
     catalog = yaml.safe_load(CATALOG.read_text())
     catalog["models"].append({
         "id": "hear-test", "type": "asr", "name": "Hearing (fake)",

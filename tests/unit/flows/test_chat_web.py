@@ -19,9 +19,9 @@ import yaml
 from serve_app.settings import Settings
 from tests.fakes import count_prompt_tokens, crashed, reported
 from tests.unit.conftest import Gateway, make_gateway
-from tests.unit.pipeline.books import Books, nanos, per_million
-from tests.unit.pipeline.conftest import CATALOG
-from tests.unit.pipeline.sse import DONE, events
+from tests.unit.flows.books import Books, nanos, per_million
+from tests.unit.flows.conftest import CATALOG
+from tests.unit.flows.sse import DONE, events
 
 SEARCH_USD, SCRAPE_USD = "0.01", "0.02"  # chat-primary's extras here
 INPUT_USD, OUTPUT_USD = 10, 20
@@ -85,7 +85,7 @@ def provider() -> Iterator[Provider]:
 
 @pytest.fixture
 def gateway_catalog(tmp_path: Path) -> Path:
-    """The pipeline catalog, chat-primary pricing its web extras."""
+    """The flows catalog, chat-primary pricing its web extras."""
     catalog = yaml.safe_load(CATALOG.read_text())
     for model in catalog["models"]:
         if model["id"] == "chat-primary":

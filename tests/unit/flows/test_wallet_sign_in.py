@@ -14,8 +14,8 @@ from serve_app.db.tables import Account, LedgerEntry
 from serve_app.settings import Settings
 from tests.fakes import DeploymentHandle
 from tests.unit.conftest import Gateway, make_gateway
-from tests.unit.pipeline.books import Books, per_million
-from tests.unit.pipeline.test_payment_required import FLOWS
+from tests.unit.flows.books import Books, per_million
+from tests.unit.flows.test_payment_required import FLOWS
 from tests.wallets import Wallet, signed_in
 
 ORIGIN = "http://testserver/api/v1"

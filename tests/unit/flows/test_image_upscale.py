@@ -11,7 +11,7 @@ from PIL import Image
 
 from deployments.protocol import ImageRequest
 from tests.fakes import at_capacity, reported
-from tests.unit.pipeline.books import nanos
+from tests.unit.flows.books import nanos
 
 TIER_USD = {"2x": "0.02", "4x": "0.08"}  # upscaler (catalog.yaml), per image
 

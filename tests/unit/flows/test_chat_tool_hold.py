@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit.pipeline.books import per_million
-from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.flows.books import per_million
+from tests.unit.flows.conftest import CATALOG
 
 INPUT_USD, OUTPUT_USD = 10, 20  # chat-primary (catalog.yaml), per million tokens
 EMOJI = "\U0001f600"
@@ -22,7 +22,7 @@ CONTEXT = 100_000  # so that the context does not cap the hold
 
 @pytest.fixture
 def gateway_catalog(tmp_path: Path) -> Path:
-    """The pipeline catalog, chat-primary with a long context."""
+    """The flows catalog, chat-primary with a long context."""
     catalog = yaml.safe_load(CATALOG.read_text())
     for model in catalog["models"]:
         if model["id"] == "chat-primary":

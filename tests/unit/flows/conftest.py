@@ -1,4 +1,4 @@
-"""The pipeline tests: every flow in process, admission -> the deployment on a fake engine ->
+"""The flow tests: every flow in process, admission -> the deployment on a fake engine ->
 settlement, on the gateway's own SQLite, with the test catalog beside this file."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.pipeline.books import Books
+from tests.unit.flows.books import Books
 
 CATALOG = Path(__file__).with_name("catalog.yaml")
 

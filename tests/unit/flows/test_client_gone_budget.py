@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from serve_app.limits import rate_limits
-from tests.unit.pipeline.test_client_left import BODY, CHAT, _leave_when
+from tests.unit.flows.test_client_left import BODY, CHAT, _leave_when
 
 PER_KEY, PER_ACCOUNT = 5, 8
 

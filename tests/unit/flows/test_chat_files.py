@@ -18,8 +18,8 @@ import yaml
 from serve_app.chat.extraction import ExtractionLimits, Extractor
 from serve_app.chat.files import FileReader
 from tests.unit.chat import documents
-from tests.unit.pipeline.books import Books, per_million
-from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.flows.books import Books, per_million
+from tests.unit.flows.conftest import CATALOG
 
 INPUT_USD, OUTPUT_USD = 10, 20  # chat-long's prices, per million tokens
 TPM = 200
@@ -27,7 +27,7 @@ TPM = 200
 
 @pytest.fixture
 def gateway_catalog(tmp_path: Path) -> Path:
-    """The pipeline catalog plus `chat-long` (a context of a million tokens), and
+    """The flows catalog plus `chat-long` (a context of a million tokens), and
     `chat-limited`, whose tokens per minute are fewer than its completion cap."""
     catalog = yaml.safe_load(CATALOG.read_text())
     primary = next(m for m in catalog["models"] if m["id"] == "chat-primary")

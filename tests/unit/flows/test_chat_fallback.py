@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.fakes import at_capacity, count_prompt_tokens, crashed, offline, reported
-from tests.unit.pipeline.books import per_million
-from tests.unit.pipeline.sse import DONE, content, events
+from tests.unit.flows.books import per_million
+from tests.unit.flows.sse import DONE, content, events
 
 FALLBACK_INPUT_USD, FALLBACK_OUTPUT_USD = 30, 60  # chat-fallback (catalog.yaml)
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.fakes import at_capacity, crashed
-from tests.unit.pipeline.conftest import CATALOG
+from tests.unit.flows.conftest import CATALOG
 
 PRIMARY_TPM = 200  # below chat-primary's max_completion_tokens (256)
 FALLBACK_RPM, FALLBACK_TPM = 3, 100_000
@@ -18,7 +18,7 @@ FALLBACK_RPM, FALLBACK_TPM = 3, 100_000
 
 @pytest.fixture
 def gateway_catalog(tmp_path: Path) -> Path:
-    """The pipeline catalog, with small per-minute limits of its own on each chat model."""
+    """The flows catalog, with small per-minute limits of its own on each chat model."""
     catalog = yaml.safe_load(CATALOG.read_text())
     for model in catalog["models"]:
         if model["id"] == "chat-primary":

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeEmbeddingDeployment, at_capacity
-from tests.unit.pipeline.books import per_million
+from tests.unit.flows.books import per_million
 
 INPUT_USD = 5  # embed-small (catalog.yaml), USD per million tokens
 DIMENSIONS = 64

@@ -18,7 +18,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from tests.fakes import FakeSpeechDeployment, crashed
-from tests.unit.pipeline.books import per_million
+from tests.unit.flows.books import per_million
 
 INPUT_USD = 10  # speaker (speech_catalog.yaml), USD per million characters
 TEXT = "The first sentence is short. The second one is a little longer. And a third ends it."

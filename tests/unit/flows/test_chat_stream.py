@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.unit.pipeline.books import per_million
-from tests.unit.pipeline.sse import DONE, content, events
+from tests.unit.flows.books import per_million
+from tests.unit.flows.sse import DONE, content, events
 
 INPUT_USD, OUTPUT_USD = 10, 20  # chat-primary (catalog.yaml), USD per million tokens
 
