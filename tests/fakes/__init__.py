@@ -1,7 +1,6 @@
 """Stand-ins for the platform's outside parts, for tests that run the Gateway in process: the
 real deployment classes behind Serve-like handles, their engines fakes (tests/fakes/served.py);
-whole fake deployments (`FakeDeployment`) for the calls not run here (transcription, queued
-speech)."""
+whole fake deployments (`FakeDeployment`) for the call not run here (queued speech)."""
 
 from tests.fakes.embedding import FakeEmbeddingDeployment, FakeEmbeddingEngine
 from tests.fakes.fleet import fake_deployments
@@ -18,6 +17,7 @@ from tests.fakes.image import FakeImageDeployment, FakeImageEngine
 from tests.fakes.served import FakeEngine, ServedDeployment
 from tests.fakes.speech import FakeSpeechDeployment
 from tests.fakes.text import FakeTextDeployment, FakeTextEngine, count_prompt_tokens
+from tests.fakes.transcription import FakeTranscriptionDeployment, FakeTranscriptionEngine
 from tests.fakes.video import FakeVideoDeployment, FakeVideoEngine, plain_mp4
 
 __all__ = [
@@ -32,6 +32,8 @@ __all__ = [
     "FakeSpeechDeployment",
     "FakeTextDeployment",
     "FakeTextEngine",
+    "FakeTranscriptionDeployment",
+    "FakeTranscriptionEngine",
     "FakeVideoDeployment",
     "FakeVideoEngine",
     "ServedDeployment",

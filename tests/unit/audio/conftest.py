@@ -1,5 +1,6 @@
 """The voice-changer tests: the gateway in process with a voice changer whose transcription
-and speech models are served by fakes (what they heard and were asked to say is recorded), a
+model runs on the real deployment class with a fake engine and whose queued speech is a whole
+fake (what they heard and were asked to say is recorded), a
 media server on loopback for `audio_url`s (let through the private-address guard), and the
 books of the gateway's database."""
 
@@ -12,30 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.protocol import MediaJob, MediaResult, Transcription, TranscriptionRequest
+from deployments.protocol import MediaJob, MediaResult
 from serve_app.settings import Settings
-from tests.fakes import FakeDeployment
+from tests.fakes import DeploymentHandle, FakeDeployment, FakeTranscriptionDeployment
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.flows.books import Books
 from tests.unit.video.media_server import MediaServer
 
 CATALOG = Path(__file__).with_name("voice_catalog.yaml")
 RATE = 8000
-
-
-class FakeTranscription(FakeDeployment):
-    """`transcribe(model_id, TranscriptionRequest)`: hears `said` (empty: silence)."""
-
-    METHODS = ("transcribe",)
-
-    def __init__(self) -> None:
-        super().__init__("transcription", ["hearing"])
-        self.said = "Hello there, how are you?"
-        self.heard: list[bytes] = []
-
-    async def _transcribe(self, model_id: str, request: TranscriptionRequest) -> Transcription:
-        self.heard.append(request.audio)
-        return Transcription(self.said, 1.0, "en", [], None, 2.0)
 
 
 class FakeSpeech(FakeDeployment):
@@ -60,8 +46,11 @@ def media() -> Iterator[MediaServer]:
 
 
 @pytest.fixture
-def fakes() -> dict[str, FakeDeployment]:
-    return {"transcription": FakeTranscription(), "speech": FakeSpeech()}
+def fakes() -> dict[str, DeploymentHandle]:
+    """The real transcription deployment on a fake engine (it hears `said`: empty, silence),
+    and queued speech's whole fake."""
+    return {"transcription": FakeTranscriptionDeployment("transcription", ["hearing"]),
+            "speech": FakeSpeech()}
 
 
 @pytest.fixture

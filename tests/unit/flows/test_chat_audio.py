@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.protocol import EngineError, Transcription, TranscriptionRequest
 from serve_app.chat.audio_parts import AudioReader
 from serve_app.errors import ApiError
 from serve_app.models.catalog import load_catalog
@@ -23,11 +22,11 @@ from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.settings import Settings
 from tests.fakes import (
     DeploymentHandle,
-    FakeDeployment,
+    FakeTranscriptionDeployment,
+    FakeTranscriptionEngine,
     count_prompt_tokens,
     crashed,
     fake_deployments,
-    reported,
 )
 from tests.unit.conftest import make_gateway
 from tests.unit.flows.books import Books, nanos, per_million
@@ -40,22 +39,17 @@ MAX_SECONDS = 60
 RATE = 8000
 
 
-class FakeTranscriptionDeployment(FakeDeployment):
-    """The transcription deployment (deployments/audio.py): `transcribe(model_id, request)`
-    reads the WAV it is sent and says how long it was; anything else is the replica's
-    INVALID_AUDIO_FORMAT."""
+class WavEngine(FakeTranscriptionEngine):
+    """A transcription engine that reads the WAV it is sent and says how long it was; it
+    cannot decode anything else (the deployment's 400 INVALID_AUDIO_FORMAT)."""
 
-    METHODS = ("transcribe",)
-
-    async def _transcribe(self, model_id: str, request: TranscriptionRequest
-                          ) -> Transcription | EngineError:
+    def hear(self, audio: bytes) -> tuple[str, float]:
         try:
-            with wave.open(io.BytesIO(request.audio)) as clip:
+            with wave.open(io.BytesIO(audio)) as clip:
                 seconds = clip.getnframes() / clip.getframerate()
-        except (wave.Error, EOFError):
-            return reported(400, "the audio could not be decoded", code="INVALID_AUDIO_FORMAT")
-        return Transcription(text=f" heard {seconds:g} seconds ", duration=seconds,
-                             language="en", segments=[], words=None, replica_ms=1.0)
+        except (wave.Error, EOFError) as exc:
+            raise ValueError("the audio could not be decoded") from exc
+        return f" heard {seconds:g} seconds ", seconds
 
 
 def _wav(seconds: float) -> str:
@@ -91,7 +85,8 @@ def gateway_catalog(tmp_path: Path) -> Path:
 @pytest.fixture
 def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
     made = fake_deployments(load_catalog(gateway_catalog))
-    made["transcription"] = FakeTranscriptionDeployment("transcription", ["hear-test"])
+    made["transcription"] = FakeTranscriptionDeployment("transcription", ["hear-test"],
+                                                        engine=WavEngine)
     del made["text-gone"]
     return made
 
