@@ -17,7 +17,7 @@ from deployments.embedding import EmbeddingDeployment
 from deployments.engines.embedding import Encoded
 from deployments.fair_share import AtCapacity
 from deployments.protocol import EngineError
-from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment
+from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment, class_of
 from tests.fakes.text import words
 
 DEFAULT_DIMENSIONS = 384
@@ -63,7 +63,7 @@ class FakeEmbeddingDeployment(ServedDeployment):
     `FakeEmbeddingEngine`s of their dimensions (`dimensions`: one for all, or by model id)."""
 
     METHODS = ("embed", "dimensions")
-    DEPLOYMENT = EmbeddingDeployment.func_or_class
+    DEPLOYMENT = class_of(EmbeddingDeployment)
     ENGINE = FakeEmbeddingEngine
     tokens_of = staticmethod(FakeEmbeddingEngine.tokens_of)
 

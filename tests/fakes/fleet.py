@@ -7,10 +7,11 @@ from typing import Any
 from tests.fakes.embedding import DEFAULT_DIMENSIONS, FakeEmbeddingDeployment
 from tests.fakes.handles import DeploymentHandle
 from tests.fakes.image import FakeImageDeployment
+from tests.fakes.served import ServedDeployment
 from tests.fakes.text import FakeTextDeployment
 from tests.fakes.video import FakeVideoDeployment
 
-_FAMILY_OF_TYPE: dict[str, type[DeploymentHandle]] = {
+_FAMILY_OF_TYPE: dict[str, type[ServedDeployment]] = {
     "text": FakeTextDeployment,
     "embedding": FakeEmbeddingDeployment,
     "image": FakeImageDeployment,

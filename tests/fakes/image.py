@@ -17,7 +17,7 @@ from deployments.engines.image_io import ImageDecodeError
 from deployments.engines.stop import StopSignal
 from deployments.image import ImageDeployment
 from deployments.protocol import EngineError
-from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment
+from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment, class_of
 
 
 def raised_for(report: EngineError) -> Exception:
@@ -72,7 +72,7 @@ class FakeImageDeployment(ServedDeployment):
     (`blurred`: as if safe mode blurred every picture)."""
 
     METHODS = ("run",)
-    DEPLOYMENT = ImageDeployment.func_or_class
+    DEPLOYMENT = class_of(ImageDeployment)
     ENGINE = FakeImageEngine
 
     def __init__(self, deployment_name: str = "image-upscale",

@@ -16,7 +16,6 @@ the deployment's code to the Gateway.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from functools import cache
 from typing import Any, ClassVar, Protocol
 
 from deployments.spec import ModelSpec
@@ -65,12 +64,22 @@ def fake_specs(models: Sequence[str | ModelOptions]) -> list[ModelSpec]:
     return specs
 
 
-@cache
-def with_fake_engine(cls: type, engine: Callable[..., FakeEngine]) -> type:
+def class_of(deployment: Any) -> type:
+    """The class behind a Serve deployment (`@serve.deployment` wraps it)."""
+    return getattr(deployment, "func_or_class", deployment)
+
+
+_MADE: dict[tuple[type, type], type] = {}
+
+
+def with_fake_engine(cls: type, engine: type[FakeEngine]) -> type:
     """A deployment class (a Serve deployment's `func_or_class`) with `engine` registered as
-    its `fake` engine, and nothing else changed."""
-    return type(cls.__name__, (cls,), {"ENGINES": {FAKE_ENGINE: engine},
-                                       "__module__": cls.__module__})
+    its `fake` engine, and nothing else changed (made once per pair)."""
+    made = _MADE.get((cls, engine))
+    if made is None:
+        made = _MADE[cls, engine] = type(cls.__name__, (cls,), {
+            "ENGINES": {FAKE_ENGINE: engine}, "__module__": cls.__module__})
+    return made
 
 
 class ServedDeployment(DeploymentHandle):
@@ -81,7 +90,7 @@ class ServedDeployment(DeploymentHandle):
     ENGINE: ClassVar[type[FakeEngine]]
 
     def __init__(self, deployment_name: str, models: Sequence[str | ModelOptions], *,
-                 engine: Callable[..., FakeEngine] | None = None) -> None:
+                 engine: type[FakeEngine] | None = None) -> None:
         super().__init__(deployment_name)
         cls = with_fake_engine(self.DEPLOYMENT, engine or self.ENGINE)
         self.deployment = cls(fake_specs(models))

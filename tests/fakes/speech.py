@@ -18,7 +18,7 @@ import numpy as np
 from deployments.audio import SpeechDeployment
 from deployments.engines.audio import Sentence
 from deployments.protocol import SpeechPiece
-from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment
+from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment, class_of
 
 SAMPLE_RATE = 16_000
 SAMPLES_PER_CHARACTER = 40
@@ -60,7 +60,7 @@ class FakeSpeechDeployment(ServedDeployment):
     each offering `voices`."""
 
     METHODS = ("speak",)
-    DEPLOYMENT = SpeechDeployment.func_or_class
+    DEPLOYMENT = class_of(SpeechDeployment)
     ENGINE = FakeSpeechEngine
     SAMPLE_RATE = SAMPLE_RATE
 

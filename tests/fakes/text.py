@@ -17,7 +17,7 @@ from typing import Any
 
 from deployments.protocol import Chunk, EngineError, Message, TextEvent, TextRequest, Usage
 from deployments.text import TextDeployment
-from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment
+from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment, class_of
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
 
@@ -130,12 +130,13 @@ class FakeTextDeployment(ServedDeployment):
     `engine` given) answering `reply` in `pieces` chunks."""
 
     METHODS = ("generate", "complete", "stats")
-    DEPLOYMENT = TextDeployment.func_or_class
+    DEPLOYMENT = class_of(TextDeployment)
     ENGINE = FakeTextEngine
 
     def __init__(self, deployment_name: str = "text-xs",
                  models: Sequence[str | ModelOptions] = ("chat",), *,
-                 reply: str = DEFAULT_REPLY, pieces: int = 3, engine: Any = None) -> None:
+                 reply: str = DEFAULT_REPLY, pieces: int = 3,
+                 engine: type[FakeTextEngine] | None = None) -> None:
         super().__init__(deployment_name, models, engine=engine)
         self.reply = reply
         for fake in self.engines.values():

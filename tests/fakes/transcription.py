@@ -13,7 +13,7 @@ from typing import Any
 
 from deployments.audio import TranscriptionDeployment
 from deployments.engines.stop import StopSignal
-from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment
+from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment, class_of
 
 DEFAULT_SAID = "Hello there, how are you?"
 
@@ -48,12 +48,12 @@ class FakeTranscriptionDeployment(ServedDeployment):
     `FakeTranscriptionEngine`s (or the `engine` given); `said` and `heard` are theirs."""
 
     METHODS = ("transcribe",)
-    DEPLOYMENT = TranscriptionDeployment.func_or_class
+    DEPLOYMENT = class_of(TranscriptionDeployment)
     ENGINE = FakeTranscriptionEngine
 
     def __init__(self, deployment_name: str = "transcription",
                  models: Sequence[str | ModelOptions] = ("hearing",), *,
-                 engine: Any = None) -> None:
+                 engine: type[FakeTranscriptionEngine] | None = None) -> None:
         super().__init__(deployment_name, models, engine=engine)
 
     @property

@@ -15,7 +15,7 @@ from deployments.engines.video import encode_mp4
 from deployments.protocol import EngineError, MediaResult
 from deployments.video import VideoDeployment
 from tests.fakes.image import raised_for
-from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment
+from tests.fakes.served import FakeEngine, ModelOptions, ServedDeployment, class_of
 
 MAX_SIDE = 64
 MAX_FRAMES = 8
@@ -55,7 +55,7 @@ class FakeVideoDeployment(ServedDeployment):
     `made`: the MP4s it answered, in order."""
 
     METHODS = ("generate",)
-    DEPLOYMENT = VideoDeployment.func_or_class
+    DEPLOYMENT = class_of(VideoDeployment)
     ENGINE = FakeVideoEngine
 
     def __init__(self, deployment_name: str = "video-generation",
