@@ -43,8 +43,9 @@ def _converted(schema: Any, document: dict[str, Any], depth: int = 0) -> Any:
         for part in schema["$ref"].removeprefix("#/").split("/"):
             target = target[part]
         return _converted(target, document, depth + 1)
-    out = {key: _converted(value, document, depth) for key, value in schema.items()
-           if key not in ("nullable", "example", "description")}
+    out = {key: _properties(value, document, depth) if key == "properties"
+           else _converted(value, document, depth)
+           for key, value in schema.items() if key not in ("nullable", "example", "description")}
     if schema.get("nullable"):
         if isinstance(out.get("type"), str):
             out["type"] = [out["type"], "null"]
@@ -53,6 +54,14 @@ def _converted(schema: Any, document: dict[str, Any], depth: int = 0) -> Any:
         else:
             out = {"anyOf": [out, {"type": "null"}]}
     return out
+
+
+def _properties(properties: Any, document: dict[str, Any], depth: int) -> Any:
+    """A `properties` map: its keys are field names (a field may be named `description`),
+    each value a schema."""
+    if not isinstance(properties, dict):
+        return _converted(properties, document, depth)
+    return {name: _converted(value, document, depth) for name, value in properties.items()}
 
 
 def component_schema(name: str) -> dict[str, Any]:
@@ -74,3 +83,16 @@ def schema_errors(schema: dict[str, Any], instance: Any) -> list[str]:
     validator = jsonschema.Draft4Validator(schema)
     return [f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
             for error in validator.iter_errors(instance)]
+
+
+def with_spec_model_capabilities(listing: dict[str, Any]) -> dict[str, Any]:
+    """The reference's `GET /models` answer with the two `capabilities` our spec names
+    (Resources, "Model record": `capabilities.maxInputImages` and flags such as
+    `supportsOptimizePromptThinking`). The reference's `capabilities` admits no keys beyond
+    its own; where the two disagree the spec stands: exactly those two are added, typed as the
+    reference types the same fields elsewhere."""
+    model_spec = listing["properties"]["data"]["items"]["properties"]["model_spec"]
+    capabilities = model_spec["properties"]["capabilities"]["properties"]
+    capabilities["maxInputImages"] = {"type": "integer", "minimum": 0, "exclusiveMinimum": True}
+    capabilities["supportsOptimizePromptThinking"] = {"type": "boolean"}
+    return listing

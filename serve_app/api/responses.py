@@ -34,4 +34,11 @@ async def create_response(body: ResponsesRequest, ctx: Context, key: InferenceCa
         await plan.release()
         raise
     respond.model_headers(ctx, plan.answered_by.model, plan.router_label)
-    return respond.json_response(ctx, response)
+    return respond.json_response(ctx, _published(response))
+
+
+def _published(response: dict) -> dict:
+    """The response object as the reference publishes it: `error` and `usage` are objects
+    when present, never null, so a null one is left out."""
+    return {name: value for name, value in response.items()
+            if value is not None or name not in ("error", "usage")}

@@ -13,7 +13,7 @@ import pytest
 from openai import NotFoundError, OpenAI
 
 from serve_app.settings import PROJECT_ROOT, Settings
-from tests.reference_api import response_schema, schema_errors
+from tests.reference_api import response_schema, schema_errors, with_spec_model_capabilities
 from tests.unit.conftest import Gateway, make_gateway
 
 SHIPPED_CATALOGS = ["models.yaml", "models.production.yaml"]
@@ -23,17 +23,8 @@ LISTING_TYPES = ["asr", "embedding", "image", "music", "text", "tts", "upscale",
 
 
 def reference_listing_schema() -> dict[str, Any]:
-    """The reference's `GET /models` answer. Its `capabilities` object admits no keys beyond
-    its own; our spec names two more (`capabilities.maxInputImages` and flags such as
-    `supportsOptimizePromptThinking`), and where the two disagree the spec stands: exactly
-    those two are added, typed as the reference types the same fields elsewhere."""
-    schema = response_schema("/models")
-    model_spec = schema["properties"]["data"]["items"]["properties"]["model_spec"]
-    capabilities = model_spec["properties"]["capabilities"]["properties"]
-    capabilities["maxInputImages"] = {"type": "integer", "minimum": 0,
-                                      "exclusiveMinimum": True}
-    capabilities["supportsOptimizePromptThinking"] = {"type": "boolean"}
-    return schema
+    """The reference's `GET /models` answer, with the two capabilities our spec adds."""
+    return with_spec_model_capabilities(response_schema("/models"))
 
 
 @pytest.fixture(params=SHIPPED_CATALOGS)

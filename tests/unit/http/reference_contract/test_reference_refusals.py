@@ -1,0 +1,94 @@
+"""Refusals as the reference publishes them: a bad body (400), no or a wrong key (401), a
+payment needed (402), an unknown model, character or job (404) and the sunset route (410),
+each checked against the error schema the reference publishes for that route and status (its
+StandardError where it publishes none for that status). The x402 discovery 402 is read with
+the reference's `oneOf` as `anyOf` (test_reference_contract.py, known differences)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.reference_api import component_schema, reference_document, schema_errors
+from tests.unit.http.reference_contract.calls import (
+    CHAT,
+    EMBEDDING,
+    TEXT,
+    VIDEO,
+    Call,
+    Caller,
+)
+from tests.unit.http.reference_contract.test_reference_contract import reference_schema
+
+UNKNOWN_JOB = "00000000-0000-4000-8000-000000000000"
+
+# id -> (path, method, status, the call).
+REFUSALS: dict[str, tuple[str, str, str, Call]] = {
+    "400 chat without messages": ("/chat/completions", "post", "400",
+                                  lambda c: c.post("/chat/completions", {"model": TEXT})),
+    "400 chat body not JSON": ("/chat/completions", "post", "400", lambda c: c.post(
+        "/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})),
+    "400 embeddings of token ids": ("/embeddings", "post", "400", lambda c: c.post(
+        "/embeddings", {"model": EMBEDDING, "input": [[1, 2, 3]]})),
+    "400 key description too long": ("/api_keys", "post", "400", lambda c: c.post(
+        "/api_keys", {"apiKeyType": "INFERENCE", "description": "x" * 65}, admin=True)),
+    "400 video quote of an unknown duration": ("/video/quote", "post", "400", lambda c: c.post(
+        "/video/quote", {**VIDEO, "duration": "99s"})),
+    "401 balance without a key": ("/billing/balance", "get", "401",
+                                  lambda c: c.anonymous("GET", "/billing/balance")),
+    "401 chat with an unknown key": ("/chat/completions", "post", "401", lambda c: c.post(
+        "/chat/completions", CHAT, headers={"Authorization": "Bearer not-a-key"})),
+    "401 key list with an inference key": ("/api_keys", "get", "401",
+                                           lambda c: c.get("/api_keys")),
+    "402 chat of an account without credit": ("/chat/completions", "post", "402", lambda c: (
+        c.post("/chat/completions", CHAT, headers=c.poor_key()))),
+    "402 video of an account without credit": ("/video/queue", "post", "402", lambda c: c.post(
+        "/video/queue", VIDEO, headers=c.poor_key())),
+    "402 chat without credentials": ("/chat/completions", "post", "402",
+                                     lambda c: c.anonymous("POST", "/chat/completions",
+                                                           json=CHAT)),
+    "402 top-up without a payment": ("/x402/top-up", "post", "402",
+                                     lambda c: c.anonymous("POST", "/x402/top-up")),
+    "404 chat of an unknown model": ("/chat/completions", "post", "404", lambda c: c.post(
+        "/chat/completions", {**CHAT, "model": "no-such-model"})),
+    "404 embeddings of an unknown model": ("/embeddings", "post", "404", lambda c: c.post(
+        "/embeddings", {"model": "no-such-model", "input": "hello"})),
+    "404 unknown character": ("/characters/{slug}", "get", "404",
+                              lambda c: c.get("/characters/nobody")),
+    "404 reviews of an unknown character": ("/characters/{slug}/reviews", "get", "404",
+                                            lambda c: c.get("/characters/nobody/reviews")),
+    "404 retrieve of an unknown video job": ("/video/retrieve", "post", "404", lambda c: c.post(
+        "/video/retrieve", {"model": VIDEO["model"], "queue_id": UNKNOWN_JOB})),
+    "410 sunset usage": ("/billing/usage", "get", "410",
+                         lambda c: c.get("/billing/usage", admin=True)),
+}
+
+
+def _one_of_as_any_of(schema: Any) -> Any:
+    """The reference's 402 `oneOf` [standard error, x402 body] read as `anyOf`: the x402 body
+    has an `error` string too, so it is valid under both branches (the spec's 402 variants)."""
+    if isinstance(schema, dict):
+        return {("anyOf" if key == "oneOf" else key): _one_of_as_any_of(value)
+                for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_one_of_as_any_of(item) for item in schema]
+    return schema
+
+
+def error_schema(path: str, method: str, status: str) -> dict[str, Any]:
+    if status not in reference_document()["paths"][path][method]["responses"]:
+        return component_schema("StandardError")
+    schema = reference_schema(path, method, status)
+    return _one_of_as_any_of(schema) if status == "402" else schema
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_refusal_parses_as_the_reference_publishes_it(caller: Caller, case: str):
+    path, method, status, call = REFUSALS[case]
+
+    resp = call(caller)
+
+    assert resp.status_code == int(status), resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    assert schema_errors(error_schema(path, method, status), resp.json()) == []
