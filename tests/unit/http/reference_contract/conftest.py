@@ -50,23 +50,41 @@ def facilitator() -> Iterator[str]:
     stop()
 
 
-@pytest.fixture
-def handles() -> dict[str, FakeDeployment]:
-    """The catalog's text, embedding, image and video deployments, speech and transcription."""
+def _fleet() -> dict[str, FakeDeployment]:
     fleet = fake_deployments(load_catalog(CATALOG))
     fleet["speech"] = FakeSpeech("speech", None)
     fleet["transcription"] = FakeTranscription("transcription", None)
     return fleet
 
 
+def _gateway(data_dir: Path, facilitator: str, handles: dict[str, FakeDeployment]
+             ) -> Iterator[Gateway]:
+    with RpcNode() as node:
+        yield from make_gateway(wallet_settings(data_dir, node, facilitator,
+                                                model_catalog=CATALOG), handles=handles)
+
+
+@pytest.fixture
+def handles() -> dict[str, FakeDeployment]:
+    """The catalog's text, embedding, image and video deployments, speech and transcription."""
+    return _fleet()
+
+
 @pytest.fixture
 def gw(tmp_path: Path, facilitator: str, handles: dict[str, FakeDeployment]
        ) -> Iterator[Gateway]:
-    with RpcNode() as node:
-        yield from make_gateway(wallet_settings(tmp_path, node, facilitator,
-                                                model_catalog=CATALOG), handles=handles)
+    yield from _gateway(tmp_path, facilitator, handles)
 
 
 @pytest.fixture
 def caller(gw: Gateway, handles: dict[str, FakeDeployment]) -> Caller:
     return Caller(gw, handles)
+
+
+@pytest.fixture(scope="module")
+def shared_caller(tmp_path_factory: pytest.TempPathFactory, facilitator: str
+                  ) -> Iterator[Caller]:
+    """One gateway for a whole module, for calls that change nothing (refusals)."""
+    fleet = _fleet()
+    for gateway in _gateway(tmp_path_factory.mktemp("contract"), facilitator, fleet):
+        yield Caller(gateway, fleet)

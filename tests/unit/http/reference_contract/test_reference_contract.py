@@ -163,10 +163,15 @@ SWEEP: dict[str, Sweep] = {s_id: s for s_id, s in [
         f"/api_keys/{c.spare_key_id()}", admin=True))),
     ("GET /api_keys/rate_limits", Sweep("/api_keys/rate_limits", "get",
                                         lambda c: c.get("/api_keys/rate_limits"))),
+    ("GET /api_keys/rate_limits admin", Sweep("/api_keys/rate_limits", "get", lambda c: c.get(
+        "/api_keys/rate_limits", admin=True))),
     ("GET /api_keys/rate_limits/log", Sweep("/api_keys/rate_limits/log", "get", lambda c: c.get(
         "/api_keys/rate_limits/log", admin=True))),
     ("GET /characters", Sweep("/characters", "get", lambda c: (
         character(c), c.get("/characters"))[1])),
+    ("GET /characters filtered", Sweep("/characters", "get", lambda c: (character(c), c.get(
+        "/characters", params={"isAdult": "false", "sortBy": "highestRating", "limit": 10,
+                               "search": "sage", "sortOrder": "desc"}))[1])),
     ("GET /characters none", Sweep("/characters", "get", lambda c: c.get("/characters"))),
     ("GET /characters/{slug}", Sweep("/characters/{slug}", "get",
                                      lambda c: c.get(f"/characters/{character(c)}"))),
@@ -210,8 +215,12 @@ SWEEP: dict[str, Sweep] = {s_id: s for s_id, s in [
                     params={"startDate": "2026-01-01", "endDate": "2026-01-31"})))),
     ("GET /billing/usage-history", Sweep("/billing/usage-history", "get", lambda c: used(
         c).get("/billing/usage-history", admin=True, headers=JSON_ONLY))),
+    ("GET /billing/usage-history paged", Sweep("/billing/usage-history", "get", lambda c: used(
+        used(c)).get("/billing/usage-history", admin=True, headers=JSON_ONLY,
+                     params={"pageSize": 10, "currency": "USD",
+                             "startTimestamp": "2026-01-01T00:00:00Z"}))),
     ("GET /crypto/rpc/networks", Sweep("/crypto/rpc/networks", "get",
-                                       lambda c: c.get("/crypto/rpc/networks"))),
+                                       lambda c: c.anonymous("GET", "/crypto/rpc/networks"))),
     ("POST /crypto/rpc/{network}", Sweep("/crypto/rpc/{network}", "post", lambda c: c.post(
         "/crypto/rpc/ethereum-mainnet",
         {"jsonrpc": "2.0", "method": "eth_blockNumber", "params": [], "id": 1}))),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.reference_api import component_schema, reference_document, schema_errors
@@ -19,7 +20,10 @@ from tests.unit.http.reference_contract.calls import (
     Call,
     Caller,
 )
-from tests.unit.http.reference_contract.test_reference_contract import reference_schema
+from tests.unit.http.reference_contract.test_reference_contract import (
+    SWEEP,
+    reference_schema,
+)
 
 UNKNOWN_JOB = "00000000-0000-4000-8000-000000000000"
 
@@ -62,6 +66,8 @@ REFUSALS: dict[str, tuple[str, str, str, Call]] = {
         "/video/retrieve", {"model": VIDEO["model"], "queue_id": UNKNOWN_JOB})),
     "410 sunset usage": ("/billing/usage", "get", "410",
                          lambda c: c.get("/billing/usage", admin=True)),
+    "410 sunset usage without a key": ("/billing/usage", "get", "410",
+                                       lambda c: c.anonymous("GET", "/billing/usage")),
 }
 
 
@@ -84,11 +90,69 @@ def error_schema(path: str, method: str, status: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", list(REFUSALS))
-def test_a_refusal_parses_as_the_reference_publishes_it(caller: Caller, case: str):
+def test_a_refusal_parses_as_the_reference_publishes_it(shared_caller: Caller, case: str):
     path, method, status, call = REFUSALS[case]
 
-    resp = call(caller)
+    resp = call(shared_caller)
 
     assert resp.status_code == int(status), resp.text
     assert resp.headers["content-type"].startswith("application/json")
     assert schema_errors(error_schema(path, method, status), resp.json()) == []
+
+
+# ---- every route the sweep calls, asked wrongly ---------------------------------------------
+
+PATH_VALUES = {"{id}": "no-such-key", "{slug}": "nobody", "{network}": "ethereum-mainnet",
+               "{walletAddress}": "0x0000000000000000000000000000000000000001"}
+WRONG_TYPES = {"model": 5, "prompt": 7, "input": 9, "messages": "hello", "id": 3,
+               "queue_id": 1, "apiKeyType": "NOPE", "duration": 4, "jsonrpc": 2}
+BAD_QUERY = {"type": "nope", "lookback": "x", "page": "0", "pageSize": "0", "limit": "0",
+             "startDate": "yesterday"}
+
+
+def _keys_of_a_new_account(c: Caller) -> tuple[dict[str, str], dict[str, str]]:
+    """Authorization of an ADMIN and of an INFERENCE key of an account of their own (its
+    failed-request budget untouched by the other routes' refusals)."""
+    admin = c.gw.auth(c.gw.cli("create-account", "--usd", "10")["apiKey"])
+    created = c.gw.client.post("/api/v1/api_keys", headers=admin,
+                               json={"apiKeyType": "INFERENCE", "description": "refusals"})
+    assert created.status_code == 200, created.text
+    return admin, c.gw.auth(created.json()["data"]["apiKey"])
+
+
+def _wrong_asks(c: Caller, method: str, url: str) -> dict[str, httpx.Response]:
+    admin, inference = _keys_of_a_new_account(c)
+    ask = {"without credentials": {}, "with an unknown key": {
+        "headers": {"Authorization": "Bearer not-a-key"}}}
+    if method in ("post", "patch"):
+        ask |= {"with an empty body": {"headers": admin, "json": {}},
+                "with fields of the wrong type": {"headers": admin, "json": WRONG_TYPES},
+                "with an inference key and an empty body": {"headers": inference, "json": {}}}
+    else:
+        ask |= {"with a bad query": {"headers": admin, "params": BAD_QUERY},
+                "with an inference key": {"headers": inference}}
+    return {name: c.gw.client.request(method.upper(), url, **kw) for name, kw in ask.items()}
+
+
+SWEPT_ROUTES = sorted({(s.path, s.method) for s in SWEEP.values()})
+
+
+@pytest.mark.parametrize("route", SWEPT_ROUTES,
+                         ids=[f"{method.upper()} {path}" for path, method in SWEPT_ROUTES])
+def test_a_route_asked_wrongly_refuses_as_the_reference_publishes(shared_caller: Caller,
+                                                                  route: tuple[str, str]):
+    path, method = route
+    url = "/api/v1" + path
+    for placeholder, value in PATH_VALUES.items():
+        url = url.replace(placeholder, value)
+
+    answers = _wrong_asks(shared_caller, method, url)
+
+    refusals = {name: resp for name, resp in answers.items() if resp.status_code >= 400}
+    assert {name: resp.status_code for name, resp in answers.items()
+            if resp.status_code >= 500} == {}
+    assert {name: resp.headers["content-type"] for name, resp in refusals.items()
+            if not resp.headers["content-type"].startswith("application/json")} == {}
+    assert {name: (resp.status_code, errors) for name, resp in refusals.items()
+            if (errors := schema_errors(error_schema(path, method, str(resp.status_code)),
+                                        resp.json()))} == {}
