@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import struct
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,43 +33,56 @@ DEPLOYMENT = {"video": "video-generation", "audio": "speech"}
 
 @dataclass
 class Caller:
-    """A client of the reference against the gateway: the account's ADMIN key and an
-    INFERENCE key of the same account."""
+    """A client of the reference with an account of its own on the gateway: its ADMIN key
+    and an INFERENCE key ($10 of credit)."""
 
     gw: Gateway
     handles: dict[str, FakeDeployment]
+    admin_key: str
+    key: str
 
-    def __post_init__(self) -> None:
-        self.key = self.gw.create_key()["apiKey"]
+    @classmethod
+    def of_new_account(cls, gw: Gateway, handles: dict[str, FakeDeployment]) -> Caller:
+        admin_key = gw.cli("create-account", "--usd", "10")["apiKey"]
+        created = gw.client.post(f"{API}/api_keys", headers=gw.auth(admin_key),
+                                 json={"apiKeyType": "INFERENCE", "description": "client"})
+        assert created.status_code == 200, created.text
+        return cls(gw, handles, admin_key, created.json()["data"]["apiKey"])
 
-    def _headers(self, admin: bool, extra: dict[str, str] | None) -> dict[str, str]:
-        return self.gw.auth(None if admin else self.key) | (extra or {})
+    def auth(self, admin: bool = False) -> dict[str, str]:
+        return self.gw.auth(self.admin_key if admin else self.key)
 
     def get(self, path: str, admin: bool = False, headers: dict | None = None,
             **kw) -> httpx.Response:
-        return self.gw.client.get(API + path, headers=self._headers(admin, headers), **kw)
+        return self.gw.client.get(API + path, headers=self.auth(admin) | (headers or {}), **kw)
 
     def post(self, path: str, body: dict | None = None, admin: bool = False,
              headers: dict | None = None, **kw) -> httpx.Response:
         if body is not None:
             kw["json"] = body
-        return self.gw.client.post(API + path, headers=self._headers(admin, headers), **kw)
+        return self.gw.client.post(API + path, headers=self.auth(admin) | (headers or {}),
+                                   **kw)
 
     def patch(self, path: str, body: dict) -> httpx.Response:
-        return self.gw.client.patch(API + path, headers=self.gw.auth(), json=body)
+        return self.gw.client.patch(API + path, headers=self.auth(admin=True), json=body)
 
     def delete(self, path: str, **kw) -> httpx.Response:
-        return self.gw.client.delete(API + path, headers=self.gw.auth(), **kw)
+        return self.gw.client.delete(API + path, headers=self.auth(admin=True), **kw)
 
     def anonymous(self, method: str, path: str, **kw) -> httpx.Response:
         return self.gw.client.request(method, API + path, **kw)
+
+    def operator(self, path: str, body: dict) -> httpx.Response:
+        """A POST with the operator's key (the gateway's first admin key)."""
+        return self.gw.client.post(API + path, headers=self.gw.auth(), json=body)
 
     def ok(self, resp: httpx.Response) -> dict:
         assert resp.status_code == 200, resp.text
         return resp.json()
 
     def spare_key_id(self) -> str:
-        return self.gw.create_key(description="spare")["id"]
+        return self.ok(self.post("/api_keys", {"apiKeyType": "INFERENCE",
+                                               "description": "spare"}, admin=True))["data"]["id"]
 
     def poor_key(self) -> dict[str, str]:
         """Authorization of an INFERENCE key of another account, one without credit."""
@@ -126,12 +140,13 @@ def finished(c: Caller, family: str, body: dict) -> dict:
 
 
 def character(c: Caller) -> str:
-    """The slug of a character with one review (created with the operator routes)."""
-    c.ok(c.post("/characters", {"slug": "sage", "name": "Sage",
-                                "systemPrompt": "You are a calm sage."}, admin=True))
-    c.ok(c.post("/characters/sage/reviews", {"username": "ada", "rating": 5,
-                                             "message": "Wise.", "locale": "en"}, admin=True))
-    return "sage"
+    """The slug of a new character with one review (created with the operator routes)."""
+    slug = f"sage-{uuid.uuid4().hex[:8]}"
+    c.ok(c.operator("/characters", {"slug": slug, "name": "Sage",
+                                    "systemPrompt": "You are a calm sage."}))
+    c.ok(c.operator(f"/characters/{slug}/reviews", {"username": "ada", "rating": 5,
+                                                    "message": "Wise.", "locale": "en"}))
+    return slug
 
 
 def used(c: Caller) -> Caller:

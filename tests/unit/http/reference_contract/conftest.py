@@ -64,27 +64,16 @@ def _gateway(data_dir: Path, facilitator: str, handles: dict[str, FakeDeployment
                                                 model_catalog=CATALOG), handles=handles)
 
 
-@pytest.fixture
-def handles() -> dict[str, FakeDeployment]:
-    """The catalog's text, embedding, image and video deployments, speech and transcription."""
-    return _fleet()
-
-
-@pytest.fixture
-def gw(tmp_path: Path, facilitator: str, handles: dict[str, FakeDeployment]
-       ) -> Iterator[Gateway]:
-    yield from _gateway(tmp_path, facilitator, handles)
-
-
-@pytest.fixture
-def caller(gw: Gateway, handles: dict[str, FakeDeployment]) -> Caller:
-    return Caller(gw, handles)
-
-
 @pytest.fixture(scope="module")
-def shared_caller(tmp_path_factory: pytest.TempPathFactory, facilitator: str
-                  ) -> Iterator[Caller]:
-    """One gateway for a whole module, for calls that change nothing (refusals)."""
+def contract_gateway(tmp_path_factory: pytest.TempPathFactory, facilitator: str
+                     ) -> Iterator[tuple[Gateway, dict[str, FakeDeployment]]]:
+    """One gateway for a module, and its fake deployments by name; each test is a client of
+    an account of its own on it (`caller`)."""
     fleet = _fleet()
     for gateway in _gateway(tmp_path_factory.mktemp("contract"), facilitator, fleet):
-        yield Caller(gateway, fleet)
+        yield gateway, fleet
+
+
+@pytest.fixture
+def caller(contract_gateway: tuple[Gateway, dict[str, FakeDeployment]]) -> Caller:
+    return Caller.of_new_account(*contract_gateway)

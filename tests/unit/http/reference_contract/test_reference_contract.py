@@ -172,7 +172,6 @@ SWEEP: dict[str, Sweep] = {s_id: s for s_id, s in [
     ("GET /characters filtered", Sweep("/characters", "get", lambda c: (character(c), c.get(
         "/characters", params={"isAdult": "false", "sortBy": "highestRating", "limit": 10,
                                "search": "sage", "sortOrder": "desc"}))[1])),
-    ("GET /characters none", Sweep("/characters", "get", lambda c: c.get("/characters"))),
     ("GET /characters/{slug}", Sweep("/characters/{slug}", "get",
                                      lambda c: c.get(f"/characters/{character(c)}"))),
     ("GET /characters/{slug}/reviews", Sweep(

@@ -1,8 +1,10 @@
 """Refusals as the reference publishes them: a bad body (400), no or a wrong key (401), a
-payment needed (402), an unknown model, character or job (404) and the sunset route (410),
-each checked against the error schema the reference publishes for that route and status (its
-StandardError where it publishes none for that status). The x402 discovery 402 is read with
-the reference's `oneOf` as `anyOf` (test_reference_contract.py, known differences)."""
+payment needed (402: a key without credit, no credentials, a wallet without credit, a top-up
+without a payment), an unknown model, character or job (404), the wrong content type (415) and
+the sunset route (410), each checked against the error schema the reference publishes for that
+route and status (its StandardError where it publishes none for that status); and every route
+served asked wrongly in the usual ways. The x402 402s are read with the reference's `oneOf` as
+`anyOf` (test_reference_contract.py, known differences)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 from tests.reference_api import component_schema, reference_document, schema_errors
 from tests.unit.http.reference_contract.calls import (
+    API,
     CHAT,
     EMBEDDING,
     TEXT,
@@ -21,11 +24,19 @@ from tests.unit.http.reference_contract.calls import (
     Caller,
 )
 from tests.unit.http.reference_contract.test_reference_contract import (
+    NOT_EXERCISED,
     SWEEP,
     reference_schema,
 )
+from tests.wallets import Wallet, signed_in
 
 UNKNOWN_JOB = "00000000-0000-4000-8000-000000000000"
+
+def _signed_in_without_credit(c: Caller) -> httpx.Response:
+    wallet = Wallet()
+    headers = signed_in(c.gw.client, wallet, f"http://testserver{API}/chat/completions")
+    return c.anonymous("POST", "/chat/completions", json=CHAT, headers=headers)
+
 
 # id -> (path, method, status, the call).
 REFUSALS: dict[str, tuple[str, str, str, Call]] = {
@@ -52,8 +63,14 @@ REFUSALS: dict[str, tuple[str, str, str, Call]] = {
     "402 chat without credentials": ("/chat/completions", "post", "402",
                                      lambda c: c.anonymous("POST", "/chat/completions",
                                                            json=CHAT)),
+    "402 chat of a wallet without credit": ("/chat/completions", "post", "402",
+                                            lambda c: _signed_in_without_credit(c)),
     "402 top-up without a payment": ("/x402/top-up", "post", "402",
                                      lambda c: c.anonymous("POST", "/x402/top-up")),
+    "415 chat sent as text": ("/chat/completions", "post", "415", lambda c: c.post(
+        "/chat/completions", content=b"Say hello.", headers={"Content-Type": "text/plain"})),
+    "415 upscale sent as text": ("/image/upscale", "post", "415", lambda c: c.post(
+        "/image/upscale", content=b"not an image", headers={"Content-Type": "text/plain"})),
     "404 chat of an unknown model": ("/chat/completions", "post", "404", lambda c: c.post(
         "/chat/completions", {**CHAT, "model": "no-such-model"})),
     "404 embeddings of an unknown model": ("/embeddings", "post", "404", lambda c: c.post(
@@ -90,10 +107,10 @@ def error_schema(path: str, method: str, status: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", list(REFUSALS))
-def test_a_refusal_parses_as_the_reference_publishes_it(shared_caller: Caller, case: str):
+def test_a_refusal_parses_as_the_reference_publishes_it(caller: Caller, case: str):
     path, method, status, call = REFUSALS[case]
 
-    resp = call(shared_caller)
+    resp = call(caller)
 
     assert resp.status_code == int(status), resp.text
     assert resp.headers["content-type"].startswith("application/json")
@@ -110,18 +127,8 @@ BAD_QUERY = {"type": "nope", "lookback": "x", "page": "0", "pageSize": "0", "lim
              "startDate": "yesterday"}
 
 
-def _keys_of_a_new_account(c: Caller) -> tuple[dict[str, str], dict[str, str]]:
-    """Authorization of an ADMIN and of an INFERENCE key of an account of their own (its
-    failed-request budget untouched by the other routes' refusals)."""
-    admin = c.gw.auth(c.gw.cli("create-account", "--usd", "10")["apiKey"])
-    created = c.gw.client.post("/api/v1/api_keys", headers=admin,
-                               json={"apiKeyType": "INFERENCE", "description": "refusals"})
-    assert created.status_code == 200, created.text
-    return admin, c.gw.auth(created.json()["data"]["apiKey"])
-
-
 def _wrong_asks(c: Caller, method: str, url: str) -> dict[str, httpx.Response]:
-    admin, inference = _keys_of_a_new_account(c)
+    admin, inference = c.auth(admin=True), c.auth()
     ask = {"without credentials": {}, "with an unknown key": {
         "headers": {"Authorization": "Bearer not-a-key"}}}
     if method in ("post", "patch"):
@@ -134,19 +141,22 @@ def _wrong_asks(c: Caller, method: str, url: str) -> dict[str, httpx.Response]:
     return {name: c.gw.client.request(method.upper(), url, **kw) for name, kw in ask.items()}
 
 
-SWEPT_ROUTES = sorted({(s.path, s.method) for s in SWEEP.values()})
+# The routes the sweep calls, and those served whose success is not JSON (their refusals are).
+SERVED_ROUTES = sorted({(s.path, s.method) for s in SWEEP.values()} | {
+    route for route, reason in NOT_EXERCISED.items()
+    if reason.startswith(("success is binary", "sunset"))})
 
 
-@pytest.mark.parametrize("route", SWEPT_ROUTES,
-                         ids=[f"{method.upper()} {path}" for path, method in SWEPT_ROUTES])
-def test_a_route_asked_wrongly_refuses_as_the_reference_publishes(shared_caller: Caller,
+@pytest.mark.parametrize("route", SERVED_ROUTES,
+                         ids=[f"{method.upper()} {path}" for path, method in SERVED_ROUTES])
+def test_a_route_asked_wrongly_refuses_as_the_reference_publishes(caller: Caller,
                                                                   route: tuple[str, str]):
     path, method = route
     url = "/api/v1" + path
     for placeholder, value in PATH_VALUES.items():
         url = url.replace(placeholder, value)
 
-    answers = _wrong_asks(shared_caller, method, url)
+    answers = _wrong_asks(caller, method, url)
 
     refusals = {name: resp for name, resp in answers.items() if resp.status_code >= 400}
     assert {name: resp.status_code for name, resp in answers.items()
