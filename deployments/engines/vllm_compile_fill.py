@@ -24,7 +24,6 @@ start finds the cache warm and runs compiled.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -38,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 FILL_FOLDER = "fill"
+# The background process that compiles (its own module: it builds the engine of text.py,
+# which imports this one).
+FILL_PROCESS = "deployments.engines.vllm_compile_process"
 ARTIFACTS = "torch_compile_cache/torch_aot_compile/*/rank_*/model"  # vLLM's AOT artifacts
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +85,7 @@ def is_warm(root: Path, key: str) -> bool:
 
 def read_record(root: Path, key: str) -> dict[str, Any]:
     try:
-        return json.loads(_record_path(root, key).read_text())
+        return json.loads(record_path(root, key).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -97,69 +99,26 @@ def start_fill(model_path: str, options: Mapping[str, Any], key: str,
                env: Mapping[str, str] = os.environ) -> subprocess.Popen:
     """Start the background process that compiles the engine of `key` into the cache."""
     root = Path(env["VLLM_CACHE_ROOT"])
-    log = _record_path(root, key).with_suffix(".log")
-    _write_record(root, key, state="compiling", model=Path(model_path).name,
+    log = record_path(root, key).with_suffix(".log")
+    write_record(root, key, state="compiling", model=Path(model_path).name,
                   started=time.time(), log=str(log))
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", __name__, model_path, json.dumps(dict(options)), key],
+            [sys.executable, "-m", FILL_PROCESS, model_path, json.dumps(dict(options)), key],
             env=dict(env), cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def fill(model_path: str, options: dict[str, Any], key: str, root: Path) -> None:
-    """Start the engine compiled (which compiles it and saves the artifact), then stop it."""
-    from deployments.engines.text import VLLMEngine
-
-    before = _artifacts(root)
-    started = time.monotonic()
-    engine = VLLMEngine(model_path, {**options, "enforce_eager": False})
-    try:
-        if engine.compile_key != key:
-            raise RuntimeError(f"the compiled engine's settings are {engine.compile_key}, "
-                               f"not {key}: nothing recorded")
-    finally:
-        engine.shutdown()
-    after = _artifacts(root)
-    new = sorted(p for p, mtime in after.items() if before.get(p) != mtime)
-    # No new artifact: vLLM loaded one it had (a cache filled before this record existed).
-    _write_record(root, key, state="done", model=Path(model_path).name, error=None,
-                  seconds=round(time.monotonic() - started, 1), artifacts=new or sorted(after))
-
-
-def main(argv: list[str] | None = None) -> int:
-    model_path, options, key = argv or sys.argv[1:]
-    os.nice(19)
-    if hasattr(os, "SCHED_IDLE"):  # Linux: CPU time only when nothing else wants it
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    root = Path(os.environ["VLLM_CACHE_ROOT"])
-    (root / FILL_FOLDER).mkdir(parents=True, exist_ok=True)
-    with _record_path(root, key).with_suffix(".lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print("another fill of these settings is running", flush=True)
-            return 0
-        try:
-            fill(model_path, json.loads(options), key, root)
-        except BaseException as exc:
-            _write_record(root, key, state="failed", model=Path(model_path).name,
-                          error=f"{type(exc).__name__}: {exc}")
-            raise
-    print(f"compiled into {root}", flush=True)
-    return 0
-
-
-def _artifacts(root: Path) -> dict[str, int]:
+def artifacts(root: Path) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in root.glob(ARTIFACTS)}
 
 
-def _record_path(root: Path, key: str) -> Path:
+def record_path(root: Path, key: str) -> Path:
     return root / FILL_FOLDER / f"{key}.json"
 
 
-def _write_record(root: Path, key: str, **record: Any) -> None:
-    path = _record_path(root, key)
+def write_record(root: Path, key: str, **record: Any) -> None:
+    path = record_path(root, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     previous = read_record(root, key)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
@@ -173,6 +132,3 @@ def _version(distribution: str) -> str | None:
     except PackageNotFoundError:
         return None
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.engines import vllm_compile_fill
+from deployments.engines import vllm_compile_fill, vllm_compile_process
 from deployments.engines.vllm_compile_fill import choose, is_warm, records, settings_key
 
 
@@ -116,7 +116,7 @@ def test_the_fill_runs_the_same_model_and_options_in_the_background(tmp_path, mo
 
     started = vllm_compile_fill.start_fill("/models/smollm2", {"max_model_len": 2048}, "k1", env)
 
-    assert started.command == [sys.executable, "-m", "deployments.engines.vllm_compile_fill",
+    assert started.command == [sys.executable, "-m", "deployments.engines.vllm_compile_process",
                                "/models/smollm2", '{"max_model_len": 2048}', "k1"]
     assert started.kwargs["env"] == env and started.kwargs["start_new_session"] is True
     # recorded before the process runs, so the launcher can say so at once
@@ -142,8 +142,8 @@ def idle_fill(monkeypatch, tmp_path, engine_key: str) -> list[dict]:
             pass
 
     monkeypatch.setattr(text, "VLLMEngine", CompilingEngine)
-    monkeypatch.setattr(vllm_compile_fill.os, "nice", lambda _n: 0)
-    monkeypatch.setattr(vllm_compile_fill.os, "sched_setscheduler", lambda *_a: None)
+    monkeypatch.setattr(vllm_compile_process.os, "nice", lambda _n: 0)
+    monkeypatch.setattr(vllm_compile_process.os, "sched_setscheduler", lambda *_a: None)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     return started
 
@@ -154,7 +154,7 @@ def test_a_finished_fill_records_the_artifacts_it_left(tmp_path, monkeypatch):
     artifact(tmp_path, "other").write_bytes(b"another model's")
     started = idle_fill(monkeypatch, tmp_path, key)
 
-    assert vllm_compile_fill.main(["/models/smollm2", '{"max_model_len": 256}', key]) == 0
+    assert vllm_compile_process.main(["/models/smollm2", '{"max_model_len": 256}', key]) == 0
 
     assert started == [{"max_model_len": 256, "enforce_eager": False}]  # compiled
     (record,) = records(tmp_path)
@@ -167,7 +167,7 @@ def test_a_fill_that_compiled_other_settings_records_a_failure(tmp_path, monkeyp
     idle_fill(monkeypatch, tmp_path, "another-key")
 
     with pytest.raises(RuntimeError):
-        vllm_compile_fill.main(["/models/smollm2", "{}", key])
+        vllm_compile_process.main(["/models/smollm2", "{}", key])
 
     assert vllm_compile_fill.read_record(tmp_path, key)["state"] == "failed"
     assert is_warm(tmp_path, key) is False
