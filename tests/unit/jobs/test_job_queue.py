@@ -5,7 +5,6 @@ charges it once; a job that used its tries is failed and its hold released."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -157,7 +156,11 @@ def test_a_runner_that_dies_mid_job_leaves_it_to_the_next_which_charges_once(
     async def main() -> None:
         billing = Billing(database_url)
         store = DirectoryStore(tmp_path / "results")
-        queue = JobQueue(engine, lease=timedelta(seconds=0.6), max_attempts=2)
+        clock = Clock()
+        clock.now = datetime.now(UTC)
+        # A lease far longer than the test: no renewal runs, and the lease runs out only
+        # when the clock is moved past it.
+        queue = JobQueue(engine, clock=clock, lease=timedelta(minutes=10), max_attempts=2)
         stuck = _InProcess(speech, "synthesize", gate=asyncio.Event())  # never finishes
         dying = JobRunner(queue, store, billing, CATALOG,
                           ModelRouter(CATALOG, {"speech": _Handle(stuck)}))
@@ -166,18 +169,18 @@ def test_a_runner_that_dies_mid_job_leaves_it_to_the_next_which_charges_once(
         await dying.fill()
         while stuck.calls == 0:
             await asyncio.sleep(0.01)
-        for task in list(dying._running["speech"]):  # the replica dies: nothing is written
+        dead = list(dying._running["speech"])
+        for task in dead:  # the replica dies: nothing is written
             task.cancel()
+        await asyncio.gather(*dead, return_exceptions=True)
         working = _InProcess(speech, "synthesize")
         next_runner = JobRunner(queue, store, billing, CATALOG,
                                 ModelRouter(CATALOG, {"speech": _Handle(working)}))
-        # until its lease runs out (a renewal may still be landing)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            await next_runner.fill()
-            if next_runner._running["speech"]:
-                break
-            await asyncio.sleep(0.1)
+        await next_runner.fill()
+        assert not next_runner._running["speech"], "taken while its lease still ran"
+        clock.now += timedelta(minutes=11)  # the dead runner's lease runs out
+        await next_runner.fill()
+        assert next_runner._running["speech"], "the job was not taken again"
         await asyncio.gather(*next_runner._running["speech"])
         done = await queue.get(job.queue_id)
         assert (done.status, done.attempts) == ("COMPLETED", 2), done
