@@ -2,43 +2,62 @@
 
 1. the limiter's decision starts (the model is resolved first: its 404 or 400 comes before);
 2. the request's checks run meanwhile (`quote`: what they refuse comes after a 429, so 429
-   before 400), and give the most the request may cost;
-3. the hold of that (the model's privacy tier 403, then 402);
+   before 400), and give the most the request may cost (a `Quoted` when the request may
+   run on more than its model: a chat's fallbacks and the model that hears its audio);
+3. the hold of that (each model's privacy tier 403, then 402);
 4. the offline check (503 MODEL_OFFLINE), after the limits and the hold: a request for a model
    that is not running is counted like any other and its answer shows the count (the spec
    does not order them; tests/unit/limits/test_rate_limit_tiers.py relies on it); its hold
-   goes back;
+   goes back. A request with fallbacks needs one of its models running;
 5. the model headers, then the caller's work (the model call, the body of the `async with`);
-6. exactly one settlement: what the work `deliver`ed is charged, else the hold is released,
-   whatever ends the work (an answer, an error, a client that left).
+6. exactly one settlement: what the work `deliver`ed (or its `measure` gives) is charged,
+   else the hold is released, whatever ends the work (an answer, an error, a client that
+   left).
 
     async with runner.run(ctx, key, routed, quote, tokens=estimate) as billed:
         out = await the model call
         billed.deliver(price(model, used), tokens=used)
 
 A stream outlives the handler: `open` gives the same `BilledCall` without the `async with`,
-and the stream's end calls its `close` (one settler per stream).
+and the stream's end calls its `close` (one settler per stream: pipeline/billed_stream.py).
+A request whose price is known only once its inputs are read quotes a floor, then
+`charge.rehold`s the price.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing import Cost
 from serve_app.errors import refused_for_capacity
+from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission, LimitCheck
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge
 
+# What a request delivered so far, and its measured tokens (None: the count stays as admitted).
+Measure = Callable[[], tuple[Cost | None, int | None]]
+
+
+@dataclass(frozen=True)
+class Quoted:
+    """A quote of a request that may run on more than its model."""
+
+    cost: Cost  # the most it may cost (the hold)
+    fallbacks: Sequence[CatalogModel] = ()  # may answer in its place: one running is enough
+    helpers: Sequence[CatalogModel] = ()  # it uses besides (a chat's transcriber): all run
+    measure: Measure | None = None  # what it delivered, read at `close` (BilledCall.measure)
+
+
 # The request's own checks (400s), run while the limiter decides; they return the most the
 # request may cost.
-Quote = Callable[[], Cost | Awaitable[Cost]]
+Quote = Callable[[], Cost | Quoted | Awaitable[Cost | Quoted]]
 
 
 @dataclass(eq=False)
@@ -50,10 +69,14 @@ class BilledCall:
     tokens: int | None = None
     closed: bool = False
     settled: bool = False  # what was delivered is charged
+    # What was delivered, read at `close` in place of `deliver`ed figures: for work whose
+    # delivery grows as it goes (a stream's tokens, a chat's searches and audio heard).
+    measure: Measure | None = None
 
-    def deliver(self, cost: Cost, *, tokens: int | None = None) -> None:
+    def deliver(self, cost: Cost | None, *, tokens: int | None = None) -> None:
         """What was delivered so far (it replaces an earlier figure): charged at `close`,
-        even when the work then fails; `tokens`: the measured rate-limit count."""
+        even when the work then fails; `tokens`: the measured rate-limit count (with no
+        cost: what it is corrected to when the hold is released)."""
         self.delivered, self.tokens = cost, tokens
 
     def pass_on(self) -> None:
@@ -68,12 +91,15 @@ class BilledCall:
         if self.closed:
             return
         self.closed = True
+        if self.measure is not None:
+            self.delivered, self.tokens = self.measure()
+        capacity = failure is not None and refused_for_capacity(failure)
+        tokens = 0 if capacity else self.tokens
         if self.delivered is not None:
-            await self.charge.settle(self.delivered, tokens=self.tokens)
+            await self.charge.settle(self.delivered, tokens=tokens)
             self.settled = True
         else:
-            capacity = failure is not None and refused_for_capacity(failure)
-            await self.charge.release(tokens=0 if capacity else self.tokens)
+            await self.charge.release(tokens=tokens)
 
 
 class RequestRunner:
@@ -85,38 +111,57 @@ class RequestRunner:
 
     async def open(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                    quote: Quote, *, tokens: int = 0, limit: LimitCheck | None = None,
-                   proxied: bool = False) -> BilledCall:
+                   proxied: bool = False, feature_budget: bool = False,
+                   model_headers: bool = True) -> BilledCall:
         """Steps 1 to 5 (the module's docstring); the caller owns the `close`.
         `tokens`: the most the request may use (its rate-limit count until corrected);
         `limit`: a check in place of the model's own limits (the crypto proxy's caps);
         `proxied`: the work is a call to a server outside the deployments (the crypto
-        proxy's nodes), so no offline check and no model headers."""
+        proxy's nodes), so no offline check and no model headers;
+        `feature_budget`: a refusal for a feature the model lacks counts toward its own
+        budget (chat); `model_headers`: False when the caller sets them once it knows which
+        model answered (a chat's fallbacks)."""
         model = routed.model
-        pending = self.admission.start(ctx, key, model, tokens, limit=limit)
+        pending = self.admission.start(ctx, key, model, tokens, limit=limit,
+                                       feature_budget=feature_budget)
         try:
-            max_cost = quote()
-            if inspect.isawaitable(max_cost):
-                max_cost = await max_cost
+            quoted = quote()
+            if inspect.isawaitable(quoted):
+                quoted = await quoted
         except BaseException as refused:
             await pending.abandon(refused)  # a 429 comes first
             raise
-        billed = BilledCall(await pending.hold([model], max_cost))
+        if not isinstance(quoted, Quoted):
+            quoted = Quoted(quoted)
+        billed = BilledCall(await pending.hold(
+            [model, *quoted.fallbacks, *quoted.helpers], quoted.cost), measure=quoted.measure)
         try:
             if not proxied:
-                self.router.require_online(model)
-                respond.model_headers(ctx, model, routed.router)
+                self._require_online(model, quoted)
+                if model_headers:
+                    respond.model_headers(ctx, model, routed.router)
         except BaseException as failure:
             await billed.close(failure)
             raise
         return billed
 
+    def _require_online(self, model: CatalogModel, quoted: Quoted) -> None:
+        """503 MODEL_OFFLINE when neither the model nor any of its fallbacks runs, or a
+        helper does not."""
+        if not any(self.router.is_online(fallback) for fallback in quoted.fallbacks):
+            self.router.require_online(model)
+        for helper in quoted.helpers:
+            self.router.require_online(helper)
+
     @asynccontextmanager
     async def run(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                   quote: Quote, *, tokens: int = 0, limit: LimitCheck | None = None,
-                  proxied: bool = False) -> AsyncIterator[BilledCall]:
+                  proxied: bool = False, feature_budget: bool = False,
+                  model_headers: bool = True) -> AsyncIterator[BilledCall]:
         """`open`, the caller's work, then `close`, however the work ends."""
         billed = await self.open(ctx, key, routed, quote, tokens=tokens, limit=limit,
-                                 proxied=proxied)
+                                 proxied=proxied, feature_budget=feature_budget,
+                                 model_headers=model_headers)
         try:
             yield billed
         except BaseException as failure:

@@ -15,7 +15,7 @@ from serve_app.billing.pricing import Cost, PricedLine
 from serve_app.errors import ApiError
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.runner import BilledCall, RequestRunner
+from serve_app.pipeline.runner import BilledCall, Quoted, RequestRunner
 from serve_app.pipeline.settlement import Charge
 
 
@@ -33,6 +33,7 @@ class Ledger:
     done: list[tuple[str, Any]] = field(default_factory=list)
     holds: list[int] = field(default_factory=list)
     refuse_above: int | None = None  # a hold above this many nanos is a 402
+    held_for: list[list[str]] = field(default_factory=list)  # the models of each hold
 
 
 @dataclass
@@ -75,6 +76,7 @@ class StandInPending:
         if self.refusal is not None:
             raise self.refusal
         self.order.append("hold")
+        self.ledger.held_for.append([model.id for model in models])
         return Charge(RequestContext("r"), await StandInHold(self.ledger).hold("r", None, 7))
 
 
@@ -83,17 +85,21 @@ class StandInAdmission:
         self.order, self.ledger, self.refusal = order, ledger, refusal
 
     def start(self, ctx: RequestContext, key: Any, model: Any, tokens: int, *,
-              limit: Any = None) -> StandInPending:
+              limit: Any = None, feature_budget: bool = False) -> StandInPending:
         return StandInPending(self.order, self.refusal, self.ledger)
 
 
 class StandInRouter:
-    def __init__(self, order: list[str], online: bool) -> None:
-        self.order, self.online = order, online
+    def __init__(self, order: list[str], online: bool, offline: frozenset[str] = frozenset()
+                 ) -> None:
+        self.order, self.online, self.offline = order, online, offline
+
+    def is_online(self, model: Any) -> bool:
+        return self.online and model.id not in self.offline
 
     def require_online(self, model: Any) -> None:
         self.order.append("online")
-        if not self.online:
+        if not self.is_online(model):
             raise ApiError(503, "offline", code="MODEL_OFFLINE")
 
 
@@ -107,8 +113,9 @@ class StandInModel:
 
 
 def _runner(order: list[str], ledger: Ledger, *, online: bool = True,
-            refusal: ApiError | None = None) -> RequestRunner:
-    return RequestRunner(StandInRouter(order, online),  # type: ignore[arg-type]
+            refusal: ApiError | None = None, offline: frozenset[str] = frozenset()
+            ) -> RequestRunner:
+    return RequestRunner(StandInRouter(order, online, offline),  # type: ignore[arg-type]
                          StandInAdmission(order, ledger, refusal))  # type: ignore[arg-type]
 
 
@@ -202,3 +209,59 @@ def test_a_rehold_gives_the_floor_back_before_holding_the_price():
     assert refused.value.status == 402
     assert ledger.done == [("release", None)] * 2  # nothing is held after a 402
 
+
+
+def _quoted(**models: list[str]) -> Quoted:
+    return Quoted(HELD, **{role: [StandInModel(id=name) for name in names]  # type: ignore[misc]
+                           for role, names in models.items()})
+
+
+def test_a_request_with_fallbacks_is_held_for_every_model_and_needs_one_running():
+    ledger = Ledger()
+    quoted = _quoted(fallbacks=["f1", "f2"], helpers=["ears"])
+    assert _run(_runner([], ledger, offline=frozenset({"m", "f1"})), _answered,
+                quote=lambda: quoted) == "answer"
+    assert ledger.held_for == [["m", "f1", "f2", "ears"]]  # each one's privacy tier
+
+    for offline in ({"m", "f1", "f2"}, {"ears"}):  # none of the candidates, or the helper
+        order: list[str] = []
+        ledger = Ledger()
+        with pytest.raises(ApiError) as refused:
+            _run(_runner(order, ledger, offline=frozenset(offline)), _answered,
+                 quote=lambda: quoted)
+        assert refused.value.code == "MODEL_OFFLINE"
+        assert order[:2] == ["limits", "hold"]  # after the limits and the hold
+        assert ledger.done == [("release", None)]
+
+
+def test_what_a_measure_gives_is_read_when_the_call_closes():
+    ledger = Ledger()
+    delivered: list[Cost] = []
+    quoted = Quoted(HELD, measure=lambda: (delivered[-1] if delivered else None, 5))
+
+    async def streams(billed: BilledCall) -> None:
+        delivered.append(_costing(2))  # counted as it goes, not `deliver`ed
+        delivered.append(_costing(3))
+
+    _run(_runner([], ledger), streams, quote=lambda: quoted)
+    assert ledger.done == [("settle", _costing(3))]
+
+    ledger = Ledger()
+    _run(_runner([], ledger), _nothing, quote=lambda: Quoted(HELD, measure=lambda: (None, 5)))
+    assert ledger.done == [("release", None)]
+
+
+async def _nothing(billed: BilledCall) -> None:
+    return None
+
+
+def test_model_headers_wait_for_the_model_that_answers_when_asked():
+    async def request(model_headers: bool) -> dict[str, str]:
+        ctx = RequestContext("r")
+        async with _runner([], Ledger()).run(ctx, None, RoutedModel(StandInModel()),  # type: ignore[arg-type]
+                                             lambda: HELD, model_headers=model_headers):
+            pass
+        return ctx.headers
+
+    assert asyncio.run(request(True))["x-service-model-id"] == "m"
+    assert "x-service-model-id" not in asyncio.run(request(False))
