@@ -195,7 +195,7 @@ class GatewayServices:
             jobs=jobs,
             results=results,
             job_runner=job_runner,
-            chat=ChatService(router, catalog, web, engine, admission, FileReader(extractor),
+            chat=ChatService(router, catalog, web, engine, runner, FileReader(extractor),
                              AudioReader(router),
                              MediaReader(image_sources, probe_video, fetch_slots,
                                          image_inspector)),

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.chat.response_objects import respond as respond_with
 from serve_app.chat.response_objects import stream_response, to_chat_request
 from serve_app.pipeline import respond
+from serve_app.pipeline.billed_stream import BilledStream
 from serve_app.schemas.responses import ResponsesRequest
 
 router = APIRouter(tags=["Chat"])
@@ -18,22 +17,11 @@ router = APIRouter(tags=["Chat"])
 @router.post("/responses", dependencies=[JsonBody], summary="Create a model response")
 async def create_response(body: ResponsesRequest, ctx: Context, key: InferenceCaller,
                           state: State) -> Response:
-    plan = await state.chat.plan(ctx, key, to_chat_request(body))
-    try:
-        if body.stream:
-            _, events = await stream_response(plan, state.chat)
-            respond.model_headers(ctx, plan.answered_by.model, plan.router_label)
-            # The stream settles before its last event; should it never run (the client
-            # left first), the background task settles or releases the hold instead.
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     background=BackgroundTask(plan.finish_charge),
-                                     headers={"Cache-Control": "no-cache"})
-        response = await respond_with(plan, state.chat)
-        await plan.finish_charge()
-    except BaseException:
-        await plan.release()
-        raise
-    respond.model_headers(ctx, plan.answered_by.model, plan.router_label)
+    req = to_chat_request(body)
+    if body.stream:
+        return BilledStream(await stream_response(ctx, key, req, state.chat),
+                            headers={"Cache-Control": "no-cache"})
+    response = await respond_with(ctx, key, req, state.chat)
     return respond.json_response(ctx, _published(response))
 
 

@@ -1,5 +1,5 @@
 """One chat request as planned: its models, composed request, web context and files, what the
-engine used while it answered, the most it may cost (the hold) and what it did cost."""
+engine used while it answered, the most it may cost (the hold) and what it delivered."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ from serve_app.chat.prompt import Composition, rendered_bytes
 from serve_app.chat.tools import tools_system_prompt
 from serve_app.chat.vision import VisionSpec
 from serve_app.chat.web import WebDocument, find_urls
-from serve_app.errors import refused_for_capacity
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
-from serve_app.pipeline.settlement import Charge
+from serve_app.pipeline.runner import BilledCall
 from serve_app.schemas.chat import (
     AudioPart,
     ChatCompletionRequest,
@@ -83,7 +82,7 @@ class ChatPlan:
     media: ChatMedia | None = None  # image and video parts, for a vision model
     usage: ProducedTokens = field(default_factory=ProducedTokens)
     answered_by: RoutedModel | None = None
-    charge: Charge | None = None  # the hold and the rate-limit count, settled once
+    billed: BilledCall | None = None  # the hold and the rate-limit count, settled once
     key: KeyRecord | None = None  # the caller (its limits count the fallbacks too)
     _rendered: tuple[ChatCompletionRequest, int] | None = field(default=None, init=False,
                                                                repr=False)
@@ -194,23 +193,17 @@ class ChatPlan:
         cost = self._with_audio(price(model, self._web_units(model)), self.heard_seconds)
         return cost if cost.lines else None
 
-    async def release(self, failure: BaseException | None = None) -> None:
-        """The request failed before, or on our side of, the model's work: its hold goes
-        back, but what was done for it is charged: the web searched and scraped, audio heard
-        (delivered work, whatever the model then does). The completion counted at admission
-        was never generated (or not delivered); a request every model refused for capacity
-        (`failure`) had none of its tokens read either."""
-        if self.charge is not None:
-            refused = failure is not None and refused_for_capacity(failure)
-            await self.charge.settle(self._done_before_model(),
-                                     tokens=0 if refused else prompt_estimate(self.req))
-
-    async def finish_charge(self) -> None:
-        """Settle with the measured cost of what was sent, and correct the rate-limit count
-        to the measured tokens."""
-        if self.charge is not None:
-            await self.charge.settle(self.cost(), tokens=self.usage.prompt_tokens
-                                     + self.usage.completion_tokens)
+    def delivered(self) -> tuple[Cost | None, int]:
+        """What was delivered so far and its tokens, read when the billed call closes. Once a
+        model answered: what it sent, with the web read and the audio heard, and the tokens
+        measured. Before: what was done for the request is charged whatever the model then
+        does (the web searched and scraped, audio heard), and the count is the prompt's
+        estimate, as the completion counted at admission was never generated (the runner
+        counts none of it when every model refused for capacity)."""
+        usage = self.usage
+        tokens = prompt_estimate(self.req) if self.answered_by is None else \
+            usage.prompt_tokens + usage.completion_tokens
+        return self.cost(), tokens
 
     @property
     def router_label(self) -> str:

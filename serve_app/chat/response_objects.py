@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deployments.protocol import Chunk, TextEvent, Usage
+from serve_app.accounts.key_store import KeyRecord
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.serving import (
     ChatPlan,
@@ -17,6 +18,8 @@ from serve_app.chat.serving import (
     chunks_with_first,
 )
 from serve_app.errors import ApiError
+from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
+from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.schemas.responses import (
     FunctionCallItem,
@@ -118,14 +121,19 @@ def _response(plan: ChatPlan, model_id: str, output: list[dict[str, Any]], statu
             "usage": _usage(plan) if status == "completed" else None}
 
 
-async def respond(plan: ChatPlan, chat_service: ChatService) -> dict[str, Any]:
-    created = int(time.time())
-    chat = await chat_service.run_unary(plan)
-    message = chat["choices"][0]["message"]
-    output = [_call_item(c) for c in message.get("tool_calls") or []]
-    if message.get("content") is not None:
-        output.append(_message_item(message["content"]))
-    return _response(plan, chat["model"], output, "completed", created)
+async def respond(ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+                  chat_service: ChatService) -> dict[str, Any]:
+    """The response object of `req` (a chat request: `to_chat_request`)."""
+    async def shape(plan: ChatPlan) -> dict[str, Any]:
+        created = int(time.time())
+        chat = await chat_service.run_unary(plan)
+        message = chat["choices"][0]["message"]
+        output = [_call_item(c) for c in message.get("tool_calls") or []]
+        if message.get("content") is not None:
+            output.append(_message_item(message["content"]))
+        return _response(plan, chat["model"], output, "completed", created)
+
+    return await chat_service.answer(ctx, key, req, shape)
 
 
 def _event(kind: str, seq: int, **fields: Any) -> str:
@@ -133,15 +141,18 @@ def _event(kind: str, seq: int, **fields: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def stream_response(plan: ChatPlan, chat_service: ChatService
-                          ) -> tuple[str, AsyncIterator[str]]:
-    routed, stream, first = await chat_service.start_model_stream(plan)
-    plan.answered_by = routed
-    return routed.model.id, _events(plan, routed.model.id, chunks_with_first(first, stream))
+async def stream_response(ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+                          chat_service: ChatService) -> BilledEvents:
+    """The response.* events of `req`, the model started before the answer is."""
+    async def start(plan: ChatPlan) -> AsyncIterator[str | Mark]:
+        routed, stream, first = await chat_service.start_model_stream(plan)
+        return _events(plan, routed.model.id, chunks_with_first(first, stream))
+
+    return await chat_service.stream(ctx, key, req, start)
 
 
 async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent]
-                  ) -> AsyncIterator[str]:
+                  ) -> AsyncIterator[str | Mark]:
     created, seq = int(time.time()), 0
     item = _message_item("", status="in_progress")
     text_filter = plan.output_filter()
@@ -204,13 +215,11 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
                          output_index=0, content_index=0, text=shown)
             yield _event("response.output_item.done", next_seq(), output_index=0, item=final)
             output.append(final)
-        await plan.finish_charge()  # durable before the stream says it is complete
+        yield SETTLE  # durable before the stream says it is complete
         yield _event("response.completed", next_seq(),
                      response=_response(plan, model_id, output, "completed", created))
     except ApiError as exc:
-        await plan.finish_charge()  # what was delivered before the failure, nothing more
+        yield SETTLE  # what was delivered before the failure, nothing more
         yield _event("response.failed", next_seq(), response={
             **_response(plan, model_id, [], "failed", created),
             "error": {"code": exc.code, "message": exc.message}})
-    finally:
-        await plan.finish_charge()  # a client that hung up pays for what it was sent

@@ -49,8 +49,10 @@ from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.models.calls import ModelFailed, complete_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
-from serve_app.pipeline.admission import Admission
+from serve_app.pipeline import respond
+from serve_app.pipeline.billed_stream import BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.runner import BilledCall, Quote, Quoted, RequestRunner
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 
 T = TypeVar("T")
@@ -58,11 +60,12 @@ __all__ = ["ChatPlan", "ChatService", "chunks_with_first"]  # the /responses sha
 
 
 class ChatService:
-    """Chat between the router and the text deployments: admitted (pipeline/admission.py),
-    planned (model, fallbacks, prompt, sampling), answered unary or streamed."""
+    """Chat between the router and the text deployments: admitted through the request runner
+    (pipeline/runner.py), planned (model, fallbacks, prompt, sampling), answered unary or
+    streamed."""
 
     def __init__(self, router: ModelRouter, catalog: Catalog, web: WebTools, database: Engine,
-                 admission: Admission, files: FileReader, audio: AudioReader,
+                 runner: RequestRunner, files: FileReader, audio: AudioReader,
                  media: MediaReader) -> None:
         self.router = router
         self.catalog = catalog
@@ -71,7 +74,8 @@ class ChatService:
         self.audio = audio
         self.media = media
         self.database = database
-        self.admission = admission
+        self.runner = runner
+        self.admission = runner.admission
 
     async def _character_prompt(self, slug: str) -> str:
         character = await run_in_session(self.database,
@@ -82,15 +86,6 @@ class ChatService:
         if params.enable_web_search == "on" and not self.web.search_available:
             raise UnsupportedFeature("Web search is not configured on this server",
                                      "service_parameters")
-
-    def _check_online(self, models: list[CatalogModel], transcriber: CatalogModel | None
-                      ) -> None:
-        """503 MODEL_OFFLINE when none of the models (the first and its fallbacks) runs, or
-        the model that hears audio parts does not."""
-        if not any(self.router.is_online(model) for model in models):
-            self.router.require_online(models[0])
-        if transcriber is not None:
-            self.router.require_online(transcriber)
 
     async def _web_context(self, plan: ChatPlan, account_id: str) -> None:
         params, text = plan.params, plan.query
@@ -110,72 +105,117 @@ class ChatService:
             if params.enable_web_search == "on":
                 raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
 
-    async def plan(self, ctx: RequestContext, key: KeyRecord,
-                   req: ChatCompletionRequest) -> ChatPlan:
-        """Validate, admit and plan. The limiter decides as soon as the model is known, and the
-        request is checked against the model meanwhile: a refusal by the limits (429) comes before
-        any error of the request. Then the hold, before any work the server does for the
-        request: a request with files or image and video parts first holds a floor (its known
-        text, chat/plan.py) and reads them, then holds what they make it cost; any other holds
-        its most at once. Every cheap check (the character, web search, the models online)
-        comes before any of that work. Once the hold is taken: URL media fetched, the web
-        searched and scraped, and audio heard last (what it heard is charged even when the
-        chat then fails, chat/plan.py)."""
-        primary = self.router.resolve(req.model, "text")
-        pending = self.admission.start(ctx, key, primary.model,
-                                       admission_tokens(req, primary.model),
-                                       feature_budget=True)
-        try:
-            candidates = [primary] + [self.router.resolve(f.model, "text")
-                                      for f in req.fallbacks or []]
-            params = service_parameters(req, primary.suffix_params)
-            req = req.model_copy(update={"service_parameters": params})
-            check_capabilities(req, primary.model)
-            mode = tool_calls.tool_mode(req)
-            transcriber = self.audio.transcriber() if audio_parts(req) else None
-            # The cheap checks, before any work is done for the request (files read, the
-            # web searched, audio heard): what the engine would refuse of the sampling, the
-            # audio parts' formats and sizes, a missing character, a web search the server
-            # lacks (models offline: once the hold is taken, below).
-            refusal = greedy_refusal(req, primary)
-            if refusal is not None:
-                raise refusal
-            check_audio_parts(req)
-            character = await self._character_prompt(params.character_slug) \
-                if params.character_slug else ""
-            self._check_web(params)
-            # fallbacks that would refuse the sampling or the image and video parts
-            candidates = [c for c in candidates if c is primary or (
-                greedy_refusal(req, c) is None
-                and (not has_media(req) or takes_parts(req, c.model)))]
-        except BaseException as exc:
-            await pending.abandon(exc)
-            raise
-        plan = ChatPlan(request_id=ctx.request_id, req=req, params=params, candidates=candidates,
-                        engine_request=None, tool_mode=mode, key=key,
+    def _options(self, req: ChatCompletionRequest, primary: RoutedModel) -> dict[str, Any]:
+        """The request runner's options for a chat: its tokens (the prompt's estimate and the
+        completion limit), the unsupported features' budget, and the model headers of the
+        model that answers (set once it has)."""
+        return {"tokens": admission_tokens(req, primary.model), "feature_budget": True,
+                "model_headers": False}
+
+    def _quote(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+               primary: RoutedModel, planned: list[ChatPlan]) -> Quote:
+        """The request's checks (`_checked`), run while the limiter decides; the plan they
+        build goes to `planned`. A request with files or image and video parts first holds a
+        floor (its known text, chat/plan.py) and reads them, then holds what they make it
+        cost (`_read_inputs`); any other holds its most at once. The candidates and the model
+        that hears audio parts are held for (their privacy tiers) and must run (one of the
+        candidates)."""
+        async def quote() -> Quoted:
+            plan = await self._checked(ctx, key, req, primary)
+            planned.append(plan)
+            reads = has_files(plan.req) or has_media(plan.req)
+            return Quoted(plan.floor_cost() if reads else plan.max_cost(),
+                          fallbacks=[c.model for c in plan.candidates[1:]],
+                          helpers=[plan.transcriber] if plan.transcriber else [],
+                          measure=plan.delivered)
+
+        return quote
+
+    async def _checked(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+                       primary: RoutedModel) -> ChatPlan:
+        """Validate and plan: every cheap check (the character, web search, the fallbacks)
+        comes before any work is done for the request (files read, the web searched, audio
+        heard), and after the limiter's refusal (429 before 400)."""
+        candidates = [primary] + [self.router.resolve(f.model, "text")
+                                  for f in req.fallbacks or []]
+        params = service_parameters(req, primary.suffix_params)
+        req = req.model_copy(update={"service_parameters": params})
+        check_capabilities(req, primary.model)
+        mode = tool_calls.tool_mode(req)
+        transcriber = self.audio.transcriber() if audio_parts(req) else None
+        # What the engine would refuse of the sampling, the audio parts' formats and sizes,
+        # a missing character, a web search the server lacks (models offline: once the hold
+        # is taken, by the request runner).
+        refusal = greedy_refusal(req, primary)
+        if refusal is not None:
+            raise refusal
+        check_audio_parts(req)
+        character = await self._character_prompt(params.character_slug) \
+            if params.character_slug else ""
+        self._check_web(params)
+        # fallbacks that would refuse the sampling or the image and video parts
+        candidates = [c for c in candidates if c is primary or (
+            greedy_refusal(req, c) is None
+            and (not has_media(req) or takes_parts(req, c.model)))]
+        return ChatPlan(request_id=ctx.request_id, req=req, params=params,
+                        candidates=candidates, engine_request=None, tool_mode=mode, key=key,
                         query=last_user_text(req), audio_parts=audio_parts(req),
                         transcriber=transcriber, character_prompt=character,
                         service_prompt=self.catalog.service_system_prompt
                         if params.include_service_system_prompt else "")
-        reads = has_files(req) or has_media(req)
-        plan.charge = await pending.hold(
-            [c.model for c in candidates] + ([transcriber] if transcriber else []),
-            plan.floor_cost() if reads else plan.max_cost())
+
+    async def answer(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+                     shape: Callable[[ChatPlan], Awaitable[T]]) -> T:
+        """A unary answer through the request runner: admitted, prepared (`_prepare`), then
+        `shape(plan)` (the model's work, shaped); what was delivered is settled however it
+        ends. The model headers name the model that answered."""
+        primary, planned = self.router.resolve(req.model, "text"), list[ChatPlan]()
+        async with self.runner.run(ctx, key, primary,
+                                   self._quote(ctx, key, req, primary, planned),
+                                   **self._options(req, primary)) as billed:
+            plan = await self._prepare(ctx, key, planned[0], billed)
+            answer = await shape(plan)
+        self._model_headers(ctx, plan)
+        return answer
+
+    async def stream(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+                     start: Callable[[ChatPlan], Awaitable[AsyncIterator[str | Mark]]]
+                     ) -> BilledEvents:
+        """A streamed answer through the request runner: admitted, prepared, then
+        `start(plan)` starts the model (fallbacks included) before the response does, so
+        that a failure to start is still an ordinary error answer, and gives its events;
+        from then on, the stream settles (pipeline/billed_stream.py)."""
+        primary, planned = self.router.resolve(req.model, "text"), list[ChatPlan]()
+        billed = await self.runner.open(ctx, key, primary,
+                                        self._quote(ctx, key, req, primary, planned),
+                                        **self._options(req, primary))
         try:
-            self._check_online([c.model for c in candidates], transcriber)
-            if transcriber is not None:  # every part's bytes, before any work is done
-                plan.audio_data = decode_audio_parts(req)
-            if reads:
-                await self._read_inputs(ctx, key, plan)
-            await self._compose(ctx, key, plan)
-        except BaseException as exc:
-            # Nothing ran on the model: the hold goes back (a failed web search, audio that
-            # could not be heard, a client that left), but what was done is charged (the
-            # searches answered, the pages scraped, the audio heard: plan.release).
-            await plan.release()
-            if isinstance(exc, UnsupportedFeature):
-                self.admission.unsupported_feature(ctx, key)
+            plan = await self._prepare(ctx, key, planned[0], billed)
+            events = await start(plan)
+        except BaseException as failure:
+            await billed.close(failure)
             raise
+        self._model_headers(ctx, plan)
+        return BilledEvents(billed, events)
+
+    @staticmethod
+    def _model_headers(ctx: RequestContext, plan: ChatPlan) -> None:
+        assert plan.answered_by is not None, "no model has answered yet"
+        respond.model_headers(ctx, plan.answered_by.model, plan.router_label)
+
+    async def _prepare(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan,
+                       billed: BilledCall) -> ChatPlan:
+        """Once the hold is taken: the audio parts decoded, the files and media read (and
+        the hold of what they make the request cost), the engine request composed (URL
+        media fetched, the web searched and scraped, audio heard last). Nothing ran on the
+        model yet: should any of it fail, the hold goes back but what was done is charged
+        (the searches answered, the pages scraped, the audio heard: `ChatPlan.delivered`)."""
+        plan.billed = billed
+        if plan.transcriber is not None:  # every part's bytes, before any work is done
+            plan.audio_data = decode_audio_parts(plan.req)
+        if has_files(plan.req) or has_media(plan.req):
+            await self._read_inputs(ctx, key, plan)
+        await self._compose(ctx, key, plan)
         return plan
 
     async def _read_inputs(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan) -> None:
@@ -190,8 +230,8 @@ class ChatService:
             with ctx.step("media"):
                 plan.media = await self.media.collect(req, primary.model, key.account_id)
         plan.req = req
-        assert plan.charge is not None, "hold the floor first"
-        await plan.charge.rehold(plan.max_cost())
+        assert plan.billed is not None, "hold the floor first"
+        await plan.billed.charge.rehold(plan.max_cost())
 
     async def _compose(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan) -> None:
         """The engine request, once the hold is taken: URL media fetched, the web read, audio
@@ -263,10 +303,10 @@ class ChatService:
 
     async def _admit_fallback(self, plan: ChatPlan, model: CatalogModel) -> None:
         """The fallback's limits count the request (429 when they refuse)."""
-        if plan.charge is None or plan.key is None:
+        if plan.billed is None or plan.key is None:
             return
         await self.admission.admit_fallback(
-            plan.charge, plan.key, model, admission_tokens(plan.req, model),
+            plan.billed.charge, plan.key, model, admission_tokens(plan.req, model),
             left_tokens=prompt_estimate(plan.req))
 
     async def start_model_stream(self, plan: ChatPlan) -> tuple[
@@ -278,6 +318,7 @@ class ChatService:
             return stream, await anext(stream)
 
         routed, (stream, first) = await self._first_that_answers(plan, start)
+        plan.answered_by = routed
         return routed, stream, first
 
     async def run_unary(self, plan: ChatPlan) -> dict[str, Any]:
@@ -329,9 +370,27 @@ class ChatService:
             response["service_parameters"] = {"web_search_citations": citations(plan)}
         return response
 
-    async def open_stream(self, plan: ChatPlan) -> tuple[RoutedModel, AsyncIterator[str]]:
-        """Start the model (fallbacks included) before the response starts, so that a failure
-        to start is still an ordinary error response; then stream the rest as SSE events."""
-        routed, stream, first = await self.start_model_stream(plan)
-        plan.answered_by = routed
-        return routed, sse_events(plan, routed, chunks_with_first(first, stream))
+    async def completion(self, ctx: RequestContext, key: KeyRecord,
+                         req: ChatCompletionRequest) -> dict[str, Any]:
+        """A chat.completion object."""
+        async def shape(plan: ChatPlan) -> dict[str, Any]:
+            respond.content_headers(ctx)
+            with ctx.step("model"):
+                return await self.run_unary(plan)
+
+        return await self.answer(ctx, key, req, shape)
+
+    async def completion_stream(self, ctx: RequestContext, key: KeyRecord,
+                                req: ChatCompletionRequest,
+                                waiting: Callable[[Awaitable[Any]], Awaitable[Any]]
+                                ) -> BilledEvents:
+        """chat.completion.chunk events. `waiting` watches the client while the first token
+        is awaited: a model queue can hold a stream for minutes, and a client that leaves
+        meanwhile (ClientGone) is not charged for tokens it will never receive."""
+        async def start(plan: ChatPlan) -> AsyncIterator[str | Mark]:
+            respond.content_headers(ctx)
+            with ctx.step("first-token"):
+                routed, stream, first = await waiting(self.start_model_stream(plan))
+            return sse_events(plan, routed, chunks_with_first(first, stream))
+
+        return await self.stream(ctx, key, req, start)

@@ -1,6 +1,7 @@
 """A planned chat's answer as a stream of chat.completion.chunk server-sent events: search
 results first when asked, text as it comes (held back while it may be a tool call), tool calls,
-usage, and the settlement before `[DONE]` (a stream that breaks settles what it delivered)."""
+usage, and the mark of the settlement (pipeline/billed_stream.py) before `[DONE]`: what was
+delivered is durable before the stream says it is done."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from serve_app.chat.filters import TextFilter
 from serve_app.chat.plan import ChatPlan
 from serve_app.errors import ApiError
 from serve_app.models.router import RoutedModel
+from serve_app.pipeline.billed_stream import SETTLE, Mark
 
 
 def chunks_with_first(first: TextEvent, rest: AsyncIterator[TextEvent]
@@ -51,7 +53,7 @@ def _sse(payload: dict[str, Any] | str) -> str:
 
 
 async def sse_events(plan: ChatPlan, routed: RoutedModel,
-                      chunks: AsyncIterator[TextEvent]) -> AsyncIterator[str]:
+                      chunks: AsyncIterator[TextEvent]) -> AsyncIterator[str | Mark]:
     base = {"id": f"chatcmpl-{plan.request_id}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": routed.model.id}
 
@@ -112,15 +114,12 @@ async def sse_events(plan: ChatPlan, routed: RoutedModel,
                 yield event(i, {}, finish=reason)
         if plan.req.stream_options and plan.req.stream_options.include_usage:
             yield _sse({**base, "choices": [], "usage": plan.usage.as_dict()})
-        await plan.finish_charge()  # durable before the stream says it is done
+        yield SETTLE
         yield _sse("[DONE]")
     except ApiError as exc:
         # The response has started: report the failure in the stream itself. What was
         # delivered before it is charged (the prompt the engine read, the tokens sent, the
         # web read, the audio heard), nothing more.
-        await plan.finish_charge()
+        yield SETTLE
         yield _sse({"error": exc.message, "code": exc.code})
         yield _sse("[DONE]")
-    finally:
-        # A client that hung up still pays for the tokens it was sent.
-        await plan.finish_charge()
