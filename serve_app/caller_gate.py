@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.accounts.key_store import KeyStore
 from serve_app.errors import ApiError, authentication_failed, error_response, payload_too_large
+from serve_app.limits.limit_headers import limit_headers
 from serve_app.middleware import body_cap, body_too_large_message
 from serve_app.pipeline.context import RequestContext
 from serve_app.wallets.siwx import decode_header
@@ -72,7 +73,7 @@ def too_many_uploads(limit: int) -> ApiError:
     return ApiError(429, f"Too many large uploads at once: at most {limit} request bodies over "
                          f"{LARGE_BODY_BYTES} bytes may be on their way from one client "
                          "address; retry when one has finished", code="RATE_LIMIT_EXCEEDED",
-                    headers={"Retry-After": str(UPLOADS_RETRY_AFTER_S)})
+                    headers=limit_headers(retry_after_s=UPLOADS_RETRY_AFTER_S))
 
 
 class _BodyRefused(Exception):

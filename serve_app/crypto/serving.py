@@ -56,6 +56,7 @@ from serve_app.crypto.networks import Network, NodeConfig
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError
 from serve_app.limits.core import OK
+from serve_app.limits.limit_headers import CapCount, limit_headers
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
@@ -189,9 +190,7 @@ class CryptoRpc:
                        f"per account (the per-minute request cap); retry after {reset} "
                        "(X-RateLimit-Reset, Unix seconds)")
             raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                           headers={"X-RateLimit-Limit": str(rpm),
-                                    "X-RateLimit-Remaining": "0",
-                                    "X-RateLimit-Reset": str(reset)},
+                           headers=limit_headers(cap=CapCount(rpm, 0, reset)),
                            extra={"customMessage": message})
         cap = self.config.credits_per_day
         now = self.clock()
@@ -205,9 +204,7 @@ class CryptoRpc:
                        f"may take {max_credits}; it fits again at {reset} (X-RateLimit-Reset, "
                        "Unix seconds; X-RateLimit-Limit and -Remaining count credits here)")
             raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                           headers={"X-RateLimit-Limit": str(cap),
-                                    "X-RateLimit-Remaining": str(max(0, cap - used)),
-                                    "X-RateLimit-Reset": str(reset)},
+                           headers=limit_headers(cap=CapCount(cap, max(0, cap - used), reset)),
                            extra={"customMessage": message})
 
     # The node.

@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from serve_app.errors import ApiError
+from serve_app.limits.limit_headers import limit_headers
 
 DEFAULT_FETCHES_PER_ACCOUNT = 2
 DEFAULT_OPEN_JOBS_PER_ACCOUNT = 20
@@ -31,7 +32,8 @@ DEFAULT_STORED_MB_PER_ACCOUNT = 2048
 
 
 def over_cap(message: str) -> ApiError:
-    return ApiError(429, message, code="RATE_LIMIT_EXCEEDED", headers={"Retry-After": "1"})
+    return ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
+                    headers=limit_headers(retry_after_s=1))
 
 
 class FetchSlots:

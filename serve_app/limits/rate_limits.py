@@ -1,7 +1,8 @@
 """Step 4 of a request: decide (budgets and per-minute limits in one call to the backend),
 refuse with 429, correct the token count after the work, count failed, unsupported-feature and
 left-before-the-answer (499) requests, and log what was refused. What the rate-limit headers
-say comes back as a `LimitState`; the pipeline writes them (serve_app/pipeline/respond.py)."""
+say comes back as a `LimitState`; the pipeline writes them (serve_app/pipeline/respond.py)
+with limit_headers.py, which builds every rate-limit header."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from serve_app.db.tables import RateLimitEvent
 from serve_app.errors import ApiError
 from serve_app.limits.backends import LimiterBackend
 from serve_app.limits.core import OK, OVER_REQUESTS, Outcome
+from serve_app.limits.limit_headers import LimitState, limit_headers
 from serve_app.limits.policy import (
     API_KEY_CREATIONS_PER_MINUTE,
     BUDGET_WINDOW_MS,
@@ -50,19 +52,6 @@ _LOG_EVERY_S = 1.0
 # What the log keeps of an account: the newest events the route shows, none older than this.
 LOG_EVENTS_KEPT = 50
 LOG_EVENTS_DAYS = 30
-
-
-@dataclass(frozen=True, slots=True)
-class LimitState:
-    """A bucket's count after a decision, as the rate-limit headers tell it."""
-
-    requests_limit: int
-    requests_remaining: int
-    reset_at_ms: int  # when the current window ends
-    tokens_limit: int | None
-    tokens_remaining: int | None
-    now_ms: int
-    caller_type: str  # `user` (a wallet) or `api_key`
 
 
 class RateLimited(ApiError):
@@ -301,8 +290,7 @@ class RateLimits:
                        f"in {BUDGET_WINDOW_MS // 1000} seconds for model "
                        f"{model_id or '(any)'} with this API key")
         return ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                        headers={"x-ratelimit-remaining": "0",
-                                 "x-ratelimit-resets": str(resets)},
+                        headers=limit_headers(budget_resets_s=resets),
                         extra={"customMessage": message})
 
     async def admit_key_creation(self, key: KeyRecord) -> LimitState:
@@ -406,8 +394,7 @@ class RateLimits:
                    f"account were refused in {BUDGET_WINDOW_MS // 1000} seconds; send readable "
                    "PNG, JPEG or WebP files")
         raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                       headers={"x-ratelimit-remaining": "0", "x-ratelimit-resets": str(resets),
-                                "Retry-After": str(resets)})
+                       headers=limit_headers(budget_resets_s=resets, retry_after_s=resets))
 
     def unsupported_feature(self, key: KeyRecord, model_id: str, request_id: str) -> None:
         """Count an unsupported-feature request (its own budget, not the failed one)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-import math
 from collections.abc import Container
 from typing import Any
 
@@ -17,7 +16,8 @@ from fastapi import Response
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.ledger import Balances
-from serve_app.limits.rate_limits import LimitState, RateLimits
+from serve_app.limits.limit_headers import DIALECT_MARKERS, LimitState, limit_headers
+from serve_app.limits.rate_limits import RateLimits
 from serve_app.models.catalog import CatalogModel
 from serve_app.money import from_nanos
 from serve_app.pipeline.context import LateHeader, RequestContext
@@ -26,10 +26,6 @@ logger = logging.getLogger("serve_app.pipeline")
 
 # Below this size compression costs more than it saves.
 MIN_COMPRESS_BYTES = 1024
-# An answer carrying one of these tells its limits already: the per-window headers of its
-# decision, an error budget's (which replace the per-window headers), the crypto proxy's caps.
-_OWN_LIMIT_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining",
-                      "x-ratelimit-limit")
 # The longest an answer waits for the key's counts; past it, it goes without the headers.
 KEY_WINDOWS_TIMEOUT_S = 1.0
 
@@ -86,21 +82,12 @@ def remaining_credit_header(ctx: RequestContext, remaining: LateHeader) -> None:
 
 def rate_limit_headers(ctx: RequestContext, state: LimitState) -> None:
     """`x-ratelimit-*` of the count that admitted (or refused) the request."""
-    headers = ctx.headers
-    headers["x-ratelimit-limit-requests"] = str(state.requests_limit)
-    headers["x-ratelimit-remaining-requests"] = str(state.requests_remaining)
-    headers["x-ratelimit-reset-requests"] = str(math.ceil(state.reset_at_ms / 1000))
-    if state.tokens_limit:
-        headers["x-ratelimit-limit-tokens"] = str(state.tokens_limit)
-        headers["x-ratelimit-remaining-tokens"] = str(state.tokens_remaining)
-        headers["x-ratelimit-reset-tokens"] = str(
-            max(0, math.ceil((state.reset_at_ms - state.now_ms) / 1000)))
-    headers["x-ratelimit-type"] = state.caller_type
+    ctx.headers.update(limit_headers(window=state))
 
 
 def tells_its_limits(ctx: RequestContext, answer: Container[str]) -> bool:
     """Whether the answer carries rate-limit headers already (`answer`: its header names)."""
-    return any(name in ctx.headers or name in answer for name in _OWN_LIMIT_HEADERS)
+    return any(name in ctx.headers or name in answer for name in DIALECT_MARKERS)
 
 
 async def key_rate_limit_headers(ctx: RequestContext, key: KeyRecord, limits: RateLimits,
@@ -125,3 +112,4 @@ def content_headers(ctx: RequestContext, *, blurred: bool | None = None) -> None
     if blurred is not None:
         ctx.headers["x-service-is-blurred"] = "true" if blurred else "false"
     ctx.headers["x-service-is-content-violation"] = "false"
+

@@ -24,6 +24,7 @@ from cachetools import TTLCache
 
 from serve_app.errors import ApiError
 from serve_app.limits.core import OK
+from serve_app.limits.limit_headers import limit_headers
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.limits.rate_limits import RateLimits
 
@@ -39,7 +40,7 @@ def concurrency_limit(limit: int) -> ApiError:
     return ApiError(429, f"Too many concurrent requests: at most {limit} requests of one "
                          "wallet may be in flight at once; retry when one has finished "
                          "(nothing was charged)", code="X402_CONCURRENCY_LIMIT",
-                    headers={"Retry-After": str(IN_FLIGHT_RETRY_AFTER_S)})
+                    headers=limit_headers(retry_after_s=IN_FLIGHT_RETRY_AFTER_S))
 
 
 class WalletsInFlight:
@@ -99,7 +100,8 @@ class SignInsPerClient:
             raise ApiError(429, f"Rate limit exceeded. Please try again later (at most "
                                 f"{self.per_minute} wallet sign-ins a minute from one "
                                 f"address; retry after {retry_after} seconds).",
-                           code="RATE_LIMIT_EXCEEDED", headers={"Retry-After": str(retry_after)})
+                           code="RATE_LIMIT_EXCEEDED",
+                           headers=limit_headers(retry_after_s=retry_after))
         window[1] += 1
 
 
@@ -113,4 +115,4 @@ async def count_read(limits: RateLimits, reader: str, route: str, per_minute: in
     retry_after = max(1, math.ceil((outcome.window_ms + WINDOW_MS - now_ms) / 1000))
     raise ApiError(429, f"Rate limit exceeded. Please try again later (at most {per_minute} "
                         f"{route} reads per minute; retry after {retry_after} seconds).",
-                   code="RATE_LIMIT_EXCEEDED", headers={"Retry-After": str(retry_after)})
+                   code="RATE_LIMIT_EXCEEDED", headers=limit_headers(retry_after_s=retry_after))

@@ -42,6 +42,7 @@ from serve_app.db.engine import dialect_insert, run_in_session
 from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.limits.core import OK
+from serve_app.limits.limit_headers import limit_headers
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.limits.rate_limits import RateLimits
 from serve_app.money import NANOS_PER_UNIT, from_nanos
@@ -336,7 +337,7 @@ class TopUps:
                    f"retry after {retry_after} seconds (nothing was charged and the payment "
                    "was not used)")
         raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                       headers={"Retry-After": str(retry_after)})
+                       headers=limit_headers(retry_after_s=retry_after))
 
     async def _claim_settle_credit(self, payload, requirement: dict,
                                    paid: VerifiedPayment) -> tuple[Credited, SettleResult]:
