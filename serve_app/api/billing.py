@@ -16,6 +16,7 @@ from serve_app.billing.analytics import usage_analytics
 from serve_app.billing.history import Walk, decode_cursor, encode_cursor, line_record, page, to_csv
 from serve_app.errors import ApiError, invalid_request
 from serve_app.money import as_number
+from serve_app.pipeline import respond
 from serve_app.pipeline.respond import json_response
 
 router = APIRouter(prefix="/billing", tags=["Billing"])
@@ -86,8 +87,7 @@ async def usage_history(
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")[:-3] + "Z"
         headers = {"Content-Disposition":
                    f"attachment; filename=billing-usage-history-{stamp}.csv"}
-        if next_cursor:
-            headers["x-next-cursor"] = next_cursor
+        respond.next_cursor_header(ctx, next_cursor)
         return Response(to_csv(records), media_type="text/csv", headers=headers)
     return json_response(ctx, {"data": records, "nextCursor": next_cursor}, compress=True)
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Response
 
 from serve_app import characters
 from serve_app.api.deps import Context, CurrentKey, JsonBody, OperatorKey, State, run_db
+from serve_app.pipeline import respond
 from serve_app.pipeline.respond import json_response
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 
@@ -56,12 +57,8 @@ async def character_reviews(
     data = await run_db(state, lambda s: characters.review_page(
         s, slug, page, pageSize, key.account_id))
     pagination = data["pagination"]
-    ctx.headers.update({
-        "x-pagination-limit": str(pagination["pageSize"]),
-        "x-pagination-page": str(pagination["page"]),
-        "x-pagination-total": str(pagination["total"]),
-        "x-pagination-total-pages": str(pagination["totalPages"]),
-    })
+    respond.pagination_headers(ctx, page_size=pagination["pageSize"], page=pagination["page"],
+                               total=pagination["total"], total_pages=pagination["totalPages"])
     return json_response(ctx, data)
 
 

@@ -11,6 +11,7 @@ from sqlmodel import Session
 from serve_app.api.deps import Context, State, current_key, run_db, signed_in_caller
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.money import from_nanos
+from serve_app.pipeline import respond
 from serve_app.pipeline.respond import json_response
 from serve_app.wallets.history import wallet_balance, wallet_transactions
 from serve_app.wallets.limits import (
@@ -36,9 +37,8 @@ async def top_up(request: Request, ctx: Context, state: State,
         raise state.top_ups.requirements(str(request.url), parse_amount(amount, state.payments))
     client_address = request.client.host if request.client else "-"
     body, receipt = await state.top_ups.top_up(header, client_address)
-    response = json_response(ctx, body)
-    response.headers["PAYMENT-RESPONSE"] = receipt
-    return response
+    respond.payment_response_header(ctx, receipt)
+    return json_response(ctx, body)
 
 
 async def wallet_reader(request: Request, state: State,

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from deployments.protocol import (
     Chunk,
@@ -131,7 +130,7 @@ class ImageService:
             scale = sizing.effective_scale(image.width, image.height, body.scale)
             params = {"scale": scale, "creativity": body.clamped_creativity}
             produced = await self._run(ctx, model, [image], params, "png")
-            ctx.headers["x-service-upscale-factor"] = f"{scale:g}"
+            respond.upscale_factor_header(ctx, scale)
             return produced, image_cost(model, scale=scale)
 
         return await self._charged(ctx, key, routed,
@@ -159,7 +158,7 @@ class ImageService:
                 ctx.request_id, prompt,
                 self.admission.tenant(ctx.caller) if ctx.caller else None)
         if enhanced:
-            ctx.headers["x-service-enhanced-prompt"] = quote(enhanced, safe="")
+            respond.enhanced_prompt_header(ctx, enhanced)
         return enhanced
 
     async def enhance_prompt(self, request_id: str, prompt: str,

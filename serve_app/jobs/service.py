@@ -254,12 +254,9 @@ def accepts(accept: str | None, media_type: str) -> bool:
 
 def _audio_headers(ctx: RequestContext, job: JobView) -> None:
     """A finished audio job's format (`mp3`, ...) and the time it took to make, in ms."""
-    fmt = AUDIO_FORMAT_OF.get(job.media_type or "")
-    if fmt:
-        ctx.headers["x-service-audio-format"] = fmt
-    if job.started_at is not None and job.finished_at is not None:
-        ctx.headers["x-service-inference-time"] = str(round(_ms_since(job.started_at,
-                                                                      job.finished_at)))
+    took = (_ms_since(job.started_at, job.finished_at)
+            if job.started_at is not None and job.finished_at is not None else None)
+    respond.audio_job_headers(ctx, AUDIO_FORMAT_OF.get(job.media_type or ""), took)
 
 
 def _media_deleted(kind: str, job: JobView) -> ApiError:

@@ -9,6 +9,7 @@ import gzip
 import logging
 from collections.abc import Container
 from typing import Any
+from urllib.parse import quote
 
 import brotli
 import orjson
@@ -113,3 +114,44 @@ def content_headers(ctx: RequestContext, *, blurred: bool | None = None) -> None
         ctx.headers["x-service-is-blurred"] = "true" if blurred else "false"
     ctx.headers["x-service-is-content-violation"] = "false"
 
+
+def upscale_factor_header(ctx: RequestContext, scale: float) -> None:
+    """`x-service-upscale-factor`: the scale an upscale applied."""
+    ctx.headers["x-service-upscale-factor"] = f"{scale:g}"
+
+
+def enhanced_prompt_header(ctx: RequestContext, prompt: str) -> None:
+    """`x-service-enhanced-prompt`: the rewritten prompt, URL-encoded."""
+    ctx.headers["x-service-enhanced-prompt"] = quote(prompt, safe="")
+
+
+def audio_job_headers(ctx: RequestContext, audio_format: str | None,
+                      inference_ms: float | None) -> None:
+    """A finished audio job's `x-service-audio-format` and `x-service-inference-time` (ms),
+    each when known."""
+    if audio_format:
+        ctx.headers["x-service-audio-format"] = audio_format
+    if inference_ms is not None:
+        ctx.headers["x-service-inference-time"] = str(round(inference_ms))
+
+
+def pagination_headers(ctx: RequestContext, *, page_size: int, page: int, total: int,
+                       total_pages: int) -> None:
+    """`x-pagination-*` of a paged list."""
+    ctx.headers.update({
+        "x-pagination-limit": str(page_size),
+        "x-pagination-page": str(page),
+        "x-pagination-total": str(total),
+        "x-pagination-total-pages": str(total_pages),
+    })
+
+
+def next_cursor_header(ctx: RequestContext, cursor: str | None) -> None:
+    """`x-next-cursor` of a page that has a next one."""
+    if cursor:
+        ctx.headers["x-next-cursor"] = cursor
+
+
+def payment_response_header(ctx: RequestContext, receipt: str) -> None:
+    """`PAYMENT-RESPONSE`: an x402 payment's settlement receipt."""
+    ctx.headers["PAYMENT-RESPONSE"] = receipt
