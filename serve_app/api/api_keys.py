@@ -18,9 +18,9 @@ from serve_app.api.deps import (
 from serve_app.billing.windows import next_epoch
 from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
+from serve_app.http import render
 from serve_app.limits.policy import api_tier_id
 from serve_app.money import as_number
-from serve_app.pipeline import respond
 from serve_app.schemas.api_keys import CreateApiKeyRequest, UpdateApiKeyRequest
 from serve_app.services import GatewayServices
 
@@ -57,7 +57,7 @@ async def rate_limits(request: Request, key: CurrentKey) -> Response:
     # Serialised here (orjson), not through FastAPI's validation of a returned dict: this is
     # the route clients poll.
     # the context read directly, not as a dependency: this is the route clients poll
-    return respond.json_response(context_of(request), {"data": {
+    return render.json_response(context_of(request), {"data": {
         "accessPermitted": balances.usd_nanos + balances.diem_nanos > 0,
         "apiTier": {"id": api_tier_id(tier, is_partner=key.is_partner), "isCharged": True},
         "balances": {"USD": as_number(balances.usd_nanos) or 0,

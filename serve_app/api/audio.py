@@ -25,8 +25,8 @@ from serve_app.audio import serving as service
 from serve_app.audio.voice_change import KIND as VOICE_CHANGE
 from serve_app.audio.voice_change import check_not_voice_changer
 from serve_app.errors import ApiError, invalid_request, payload_too_large
+from serve_app.http.render import json_response
 from serve_app.json_bodies import parse_json
-from serve_app.pipeline.respond import json_response
 from serve_app.schemas.audio import (
     QueueAudioRequest,
     QuoteAudioRequest,

@@ -15,9 +15,9 @@ from serve_app.billing import ledger
 from serve_app.billing.analytics import usage_analytics
 from serve_app.billing.history import Walk, decode_cursor, encode_cursor, line_record, page, to_csv
 from serve_app.errors import ApiError, invalid_request
+from serve_app.http.render import json_response
 from serve_app.money import as_number
 from serve_app.pipeline import respond
-from serve_app.pipeline.respond import json_response
 
 router = APIRouter(prefix="/billing", tags=["Billing"])
 

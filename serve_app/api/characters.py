@@ -10,8 +10,8 @@ from fastapi import APIRouter, Query, Response
 
 from serve_app import characters
 from serve_app.api.deps import Context, CurrentKey, JsonBody, OperatorKey, State, run_db
+from serve_app.http.render import json_response
 from serve_app.pipeline import respond
-from serve_app.pipeline.respond import json_response
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 
 router = APIRouter(prefix="/characters", tags=["Characters"])

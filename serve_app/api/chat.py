@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, unless_client_leaves
-from serve_app.pipeline import respond
-from serve_app.pipeline.billed_stream import BilledStream
+from serve_app.http import render
+from serve_app.http.billed_stream import BilledStream
 from serve_app.schemas.chat import ChatCompletionRequest
 
 router = APIRouter(tags=["Chat"])
@@ -19,7 +19,7 @@ router = APIRouter(tags=["Chat"])
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Context,
                            key: InferenceCaller, state: State) -> Response:
     if not body.stream:
-        return respond.json_response(ctx, await state.chat.completion(ctx, key, body))
+        return render.json_response(ctx, await state.chat.completion(ctx, key, body))
     try:
         stream = await state.chat.completion_stream(ctx, key, body,
                                                     partial(unless_client_leaves, request))

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.billing.pricing import price
 from serve_app.embeddings.serving import encode, most_units, shape
-from serve_app.pipeline import respond
+from serve_app.http import render
 from serve_app.schemas.embeddings import EmbeddingRequest
 
 router = APIRouter(tags=["Embeddings"])
@@ -44,5 +44,5 @@ async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: Inference
             "usage": {"prompt_tokens": embedded.tokens, "total_tokens": embedded.tokens},
         }
         if len(texts) > INLINE_RENDER_TEXTS:
-            return await respond.json_response_off_loop(ctx, payload, compress=True)
-        return respond.json_response(ctx, payload, compress=True)
+            return await render.json_response_off_loop(ctx, payload, compress=True)
+        return render.json_response(ctx, payload, compress=True)

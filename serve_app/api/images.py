@@ -18,10 +18,10 @@ from pydantic import BaseModel
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.errors import invalid_request
+from serve_app.http.render import json_response
 from serve_app.images import serving as service
 from serve_app.images.inputs import read_image_body
 from serve_app.middleware import MEDIA_ROUTES, ONE_IMAGE_BODY_BYTES
-from serve_app.pipeline.respond import json_response
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
     EditRequest,

@@ -7,8 +7,8 @@ from fastapi import APIRouter, Response
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.chat.response_objects import respond as respond_with
 from serve_app.chat.response_objects import stream_response, to_chat_request
-from serve_app.pipeline import respond
-from serve_app.pipeline.billed_stream import BilledStream
+from serve_app.http import render
+from serve_app.http.billed_stream import BilledStream
 from serve_app.schemas.responses import ResponsesRequest
 
 router = APIRouter(tags=["Chat"])
@@ -22,7 +22,7 @@ async def create_response(body: ResponsesRequest, ctx: Context, key: InferenceCa
         return BilledStream(await stream_response(ctx, key, req, state.chat),
                             headers={"Cache-Control": "no-cache"})
     response = await respond_with(ctx, key, req, state.chat)
-    return respond.json_response(ctx, _published(response))
+    return render.json_response(ctx, _published(response))
 
 
 def _published(response: dict) -> dict:

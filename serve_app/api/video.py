@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
-from serve_app.pipeline.respond import json_response
+from serve_app.http.render import json_response
 from serve_app.schemas.video import (
     JobRequest,
     QueueVideoRequest,

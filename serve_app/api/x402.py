@@ -10,9 +10,9 @@ from sqlmodel import Session
 
 from serve_app.api.deps import Context, State, current_key, run_db, signed_in_caller
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
+from serve_app.http.render import json_response
 from serve_app.money import from_nanos
 from serve_app.pipeline import respond
-from serve_app.pipeline.respond import json_response
 from serve_app.wallets.history import wallet_balance, wallet_transactions
 from serve_app.wallets.limits import (
     BALANCE_READS_PER_MINUTE,

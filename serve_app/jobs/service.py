@@ -19,6 +19,7 @@ from serve_app.billing.pricing import Cost
 from serve_app.db.engine import run_in_session
 from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError, invalid_request
+from serve_app.http import render
 from serve_app.jobs import downloads
 from serve_app.jobs.caps import FetchSlots, JobCaps, PendingIntakes
 from serve_app.jobs.idempotency import QueueKeys, request_digest
@@ -82,7 +83,7 @@ class JobService:
                                         **(digested or {})})
 
         async def answer() -> Response:
-            return respond.json_response(ctx, await work())
+            return render.json_response(ctx, await work())
         return await self.keys.once(key.account_id, idempotency_key, digest, answer)
 
     def intake(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
@@ -158,7 +159,7 @@ class JobService:
         job, model = await self._own_job(key, body, kind)
         respond.model_headers(ctx, model, "direct")
         if job.status in OPEN_STATUSES:
-            return respond.json_response(ctx, await self._status(job, "PROCESSING"))
+            return render.json_response(ctx, await self._status(job, "PROCESSING"))
         if job.status == JobStatus.FAILED:
             extra = ({"credits_refunded": not await self.jobs.charged(job.request_id)}
                      if kind in REFUND_TOLD_KINDS else None)
@@ -170,7 +171,7 @@ class JobService:
             _audio_headers(ctx, job)
         if kind == "video" and (model.delivery == "download_url"
                                 or not accepts(accept, job.media_type or "video/mp4")):
-            return respond.json_response(ctx, await self._status(job, "COMPLETED"))
+            return render.json_response(ctx, await self._status(job, "COMPLETED"))
         media = await self.results.get(job.result_key)
         if media is None:
             raise _media_deleted(kind, job)

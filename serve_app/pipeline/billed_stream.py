@@ -1,23 +1,16 @@
-"""A streamed answer that owns its billed call (pipeline/runner.py): one settlement per stream,
-from one place. The events go out until their source yields `SETTLE` (or ends), and the call
-is closed there: what the stream delivered is durable before the stream says it is done
-(chat's `[DONE]`). Whatever ends the stream before (an error, a client that left, a body never
-sent) closes it at the same place. The source's last events follow the settlement.
+"""Where a streamed answer settles: its source yields `SETTLE` once, before its last events
+(chat's `[DONE]`), and the response that sends it (serve_app/http/billed_stream.py) closes
+the billed call (pipeline/runner.py) there, or wherever else the stream ends (an error, a
+client that left, a body never sent): one settlement per stream, from one place.
 
     return BilledStream(BilledEvents(billed, events), headers={...})
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import cast
-
-import anyio
-from starlette.requests import ClientDisconnect
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from serve_app.pipeline.runner import BilledCall
 
@@ -31,67 +24,8 @@ SETTLE = Mark.SETTLE  # yielded once by a stream's source: settle here, before i
 
 @dataclass(eq=False)
 class BilledEvents:
-    """A stream's server-sent events and the billed call they deliver; `BilledStream` sends
-    them and closes the call."""
+    """A stream's server-sent events and the billed call they deliver; the HTTP response
+    (serve_app/http/billed_stream.py) sends them and closes the call."""
 
     billed: BilledCall
     events: AsyncIterator[str | Mark]
-
-
-class BilledStream(StreamingResponse):
-    """`text/event-stream` of `BilledEvents`, settled once however it ends."""
-
-    def __init__(self, stream: BilledEvents, *, headers: Mapping[str, str]) -> None:
-        super().__init__(cast(AsyncIterator[str], stream.events),
-                         media_type="text/event-stream", headers=headers)
-        self.events, self.billed = stream.events, stream.billed
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Starlette's, with the stream run in this task: it then starts however soon the
-        client leaves (a stream started beside the watch for the client's leaving can be
-        cancelled before its first step, and would never settle)."""
-        spec = tuple(map(int, scope.get("asgi", {}).get("spec_version", "2.0").split(".")))
-        if spec >= (2, 4):  # the server tells a client that left by failing a write
-            try:
-                await self.stream_response(send)
-            except OSError:
-                raise ClientDisconnect() from None
-            return
-        failed: Exception | None = None
-        async with anyio.create_task_group() as watch:  # older servers, by a message
-            watch.start_soon(self._cancel_when_gone, receive, watch.cancel_scope)
-            try:
-                await self.stream_response(send)
-            except Exception as exc:  # raised below as itself, not in an exception group
-                failed = exc
-            watch.cancel_scope.cancel()
-        if failed is not None:
-            raise failed
-
-    async def _cancel_when_gone(self, receive: Receive, stream: anyio.CancelScope) -> None:
-        await self.listen_for_disconnect(receive)
-        stream.cancel()
-
-    async def stream_response(self, send: Send) -> None:
-        failure: BaseException | None = None
-        try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-            async for event in self.events:
-                if event is SETTLE:
-                    break
-                await self._send(send, event)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            with anyio.CancelScope(shield=True):  # a stream cancelled still settles
-                await self.billed.close(failure)
-        async for event in self.events:  # the last ones (none when it ended unmarked)
-            await self._send(send, event)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _send(self, send: Send, event: str | Mark) -> None:
-        assert isinstance(event, str), "one SETTLE per stream"
-        await send({"type": "http.response.body", "body": event.encode(self.charset),
-                    "more_body": True})

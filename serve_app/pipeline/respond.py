@@ -1,19 +1,12 @@
 """Step 8 of a request: every header an answer carries beyond the service headers (model,
-balance, rate limits), written here and nowhere else, and the JSON body, compressed when the
-client accepts it. The outermost middleware sends what the context holds."""
+balance, rate limits, the headers of one route's answer), set on the request context here and
+nowhere else. The outermost middleware sends what the context holds."""
 
 from __future__ import annotations
 
-import asyncio
-import gzip
 import logging
 from collections.abc import Container
-from typing import Any
 from urllib.parse import quote
-
-import brotli
-import orjson
-from fastapi import Response
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.ledger import Balances
@@ -25,40 +18,8 @@ from serve_app.pipeline.context import LateHeader, RequestContext
 
 logger = logging.getLogger("serve_app.pipeline")
 
-# Below this size compression costs more than it saves.
-MIN_COMPRESS_BYTES = 1024
 # The longest an answer waits for the key's counts; past it, it goes without the headers.
 KEY_WINDOWS_TIMEOUT_S = 1.0
-
-
-def _accepted_encoding(accept_encoding: str) -> str | None:
-    offered = {part.split(";", 1)[0].strip().lower() for part in accept_encoding.split(",")}
-    if "br" in offered:
-        return "br"
-    if "gzip" in offered:
-        return "gzip"
-    return None
-
-
-def json_response(ctx: RequestContext, payload: Any, *, compress: bool = False) -> Response:
-    """JSON (numpy arrays allowed), compressed with br or gzip when the client accepts it."""
-    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-    headers: dict[str, str] = {}
-    encoding = _accepted_encoding(ctx.accept_encoding) if compress else None
-    if encoding and len(body) >= MIN_COMPRESS_BYTES:
-        body = brotli.compress(body, quality=4) if encoding == "br" else gzip.compress(
-            body, compresslevel=5)
-        headers["Content-Encoding"] = encoding
-        headers["Vary"] = "Accept-Encoding"
-    return Response(body, media_type="application/json", headers=headers)
-
-
-async def json_response_off_loop(ctx: RequestContext, payload: Any, *,
-                                 compress: bool = False) -> Response:
-    """`json_response` in a worker thread, for a large answer (a batch of embeddings: a
-    megabyte of JSON to encode and compress) that would otherwise hold up every other request
-    of the replica's event loop for tens of milliseconds."""
-    return await asyncio.to_thread(json_response, ctx, payload, compress=compress)
 
 
 def model_headers(ctx: RequestContext, model: CatalogModel, router: str) -> None:

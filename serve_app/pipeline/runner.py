@@ -19,7 +19,8 @@
         billed.deliver(price(model, used), tokens=used)
 
 A stream outlives the handler: `open` gives the same `BilledCall` without the `async with`,
-and the stream's end calls its `close` (one settler per stream: pipeline/billed_stream.py).
+and the stream's end calls its `close` (one settler per stream: the response that sends
+it, http/billed_stream.py).
 A request whose price is known only once its inputs are read quotes a floor, then
 `charge.rehold`s the price.
 """
