@@ -33,7 +33,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.accounts.key_store import KeyStore
-from serve_app.errors import ApiError, authentication_failed, error_response, payload_too_large
+from serve_app.errors import ApiError, authentication_failed, payload_too_large
+from serve_app.http.render import error_response
 from serve_app.limits.limit_headers import limit_headers
 from serve_app.middleware import body_cap, body_too_large_message
 from serve_app.pipeline.context import RequestContext

@@ -11,9 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from starlette.datastructures import MutableHeaders
-from starlette.responses import JSONResponse, RedirectResponse
+from starlette.responses import RedirectResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve_app.errors import ApiError
+from serve_app.http.render import error_response
 
 CONSOLE_PREFIX = "/console"
 SECURITY_HEADERS = {
@@ -48,9 +51,9 @@ class ConsoleFiles:
             return
         files = self._static()
         if files is None:
-            response = JSONResponse({"error": "The web console is not built on this server: "
-                                              "run `make install` (it runs `npm run build` "
-                                              "in console/)"}, status_code=503)
+            response = error_response(ApiError(
+                503, "The web console is not built on this server: run `make install` (it "
+                     "runs `npm run build` in console/)"))
             await response(scope, receive, send)
             return
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.db.engine import is_database_outage
-from serve_app.errors import ApiError, error_response, validation_error_response
+from serve_app.errors import ApiError, validation_error_response
+from serve_app.http.render import error_response
 
 logger = logging.getLogger("serve_app.errors")
 
@@ -27,9 +28,6 @@ _STATUS_MESSAGES = {
 }
 
 
-UNKNOWN_ERROR_BODY = {"error": "An unknown error occurred", "code": "UNKNOWN_ERROR"}
-DATABASE_OUTAGE_BODY = {"error": "The service's database is unreachable; try again shortly",
-                        "code": "SERVICE_UNAVAILABLE"}
 DATABASE_OUTAGE_RETRY_AFTER_S = "5"
 
 
@@ -43,25 +41,21 @@ def log_unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> None:
     exc._serve_app_logged = True  # type: ignore[attr-defined]
 
 
-def unexpected_error_body(exc: BaseException, scope: Mapping[str, Any]
-                          ) -> tuple[int, dict[str, str], dict[str, str]]:
-    """Status, body and headers for an exception no handler expected: a 503 with Retry-After
-    while the database is unreachable (the client may retry), else a 500. No stack trace or
-    message of ours reaches the client; either is logged once."""
+def unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> ApiError:
+    """The error an exception no handler expected answers as: a 503 with Retry-After while the
+    database is unreachable (the client may retry), else a 500. No stack trace or message of
+    ours reaches the client; either is logged once."""
     if not is_database_outage(exc):
         log_unexpected_error(exc, scope)
-        return 500, UNKNOWN_ERROR_BODY, {}
+        return ApiError(500, "An unknown error occurred", code="UNKNOWN_ERROR")
     if not getattr(exc, "_serve_app_logged", False):
         exc._serve_app_logged = True  # type: ignore[attr-defined]
         logger.warning("database unreachable in %s %s [request %s]: %s", scope.get("method"),
                        scope.get("path"), scope.get("state", {}).get("request_id", "-"),
                        type(exc.__cause__ or exc).__name__)
-    return 503, DATABASE_OUTAGE_BODY, {"Retry-After": DATABASE_OUTAGE_RETRY_AFTER_S}
-
-
-def unexpected_error_response(exc: BaseException, scope: Mapping[str, Any]) -> JSONResponse:
-    status, body, headers = unexpected_error_body(exc, scope)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return ApiError(503, "The service's database is unreachable; try again shortly",
+                    code="SERVICE_UNAVAILABLE",
+                    headers={"Retry-After": DATABASE_OUTAGE_RETRY_AFTER_S})
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -80,11 +74,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = _STATUS_MESSAGES.get(exc.status_code) or str(exc.detail)
-        return JSONResponse({"error": message}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return error_response(ApiError(exc.status_code, message,
+                                       headers=getattr(exc, "headers", None)))
 
     async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        return unexpected_error_response(exc, request.scope)
+        return error_response(unexpected_error(exc, request.scope))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(Exception, on_unexpected_error)

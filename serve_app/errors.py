@@ -1,5 +1,7 @@
-"""Error bodies of the spec: `ApiError` and the builders of each error the Gateway answers.
-The handlers that turn exceptions into these bodies are in serve_app/error_handlers.py.
+"""Error bodies of the spec: `ApiError`, the builders of each error the Gateway answers, and
+the one pair that turns an `ApiError` into a body: `error_body` for a JSON answer,
+`stream_error_body` for a stream that has started. The handlers that turn exceptions into
+answers are in serve_app/error_handlers.py; serve_app/http/render.py renders the bodies.
 
 Every error leaves the gateway as a standard error `{error[, code]}` or a detailed error
 `{error, details}` whose `details` nest field names to `{_errors: [...]}`.
@@ -8,9 +10,10 @@ Every error leaves the gateway as a standard error `{error[, code]}` or a detail
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
+# The in-stream error of each stream: chat.completion.chunk events, /responses' response.*.
+StreamDialect = Literal["chat", "responses"]
 
 
 class ApiError(Exception):
@@ -38,21 +41,36 @@ class ApiError(Exception):
         self.extra = dict(extra or {})
 
     def body(self) -> dict[str, Any]:
-        if self.raw_body is not None:  # a published body without `error` (x402 requirements)
-            return self.raw_body
-        body: dict[str, Any] = {"error": self.message}
-        if self.code:
-            body["code"] = self.code
-        if self.details is not None:
-            body["details"] = self.details
-        body.update(self.extra)
-        return body
+        return error_body(self)
 
     @property
     def blames_caller(self) -> bool:
         """Whether the failure counts toward the caller's error budget: a model at capacity
         (503 `MODEL_AT_CAPACITY`) is the platform's state, not the caller's failure."""
         return not (self.status == 503 and self.code == "MODEL_AT_CAPACITY")
+
+
+def error_body(err: ApiError) -> dict[str, Any]:
+    """The body of a JSON error answer: the standard or detailed error (or a published body of
+    its own, `raw_body`)."""
+    if err.raw_body is not None:  # a published body without `error` (x402 requirements)
+        return err.raw_body
+    body: dict[str, Any] = {"error": err.message}
+    if err.code:
+        body["code"] = err.code
+    if err.details is not None:
+        body["details"] = err.details
+    body.update(err.extra)
+    return body
+
+
+def stream_error_body(err: ApiError, dialect: StreamDialect) -> dict[str, Any]:
+    """The error as a stream that has started reports it, in the stream's dialect: chat's
+    event is the standard error `{error, code}` of a JSON answer; /responses' is the Responses
+    API's `{code, message}`, the `error` of its `response.failed` (the two are published so)."""
+    if dialect == "responses":
+        return {"code": err.code, "message": err.message}
+    return {"error": err.message, "code": err.code}
 
 
 def refused_for_capacity(failure: BaseException) -> bool:
@@ -126,6 +144,3 @@ def validation_error_response(errors: Sequence[Mapping[str, Any]]) -> ApiError:
     return ApiError(400, "Invalid request parameters", code="INVALID_REQUEST",
                     details=nest_errors(pairs))
 
-
-def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)

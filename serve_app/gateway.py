@@ -40,7 +40,8 @@ from serve_app.billing.ledger import InsufficientBalance
 from serve_app.caller_gate import CallerGate, bearer_secret_of, route_needs_caller
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.error_handlers import install_error_handlers
-from serve_app.errors import ApiError, error_response
+from serve_app.errors import ApiError
+from serve_app.http.render import error_response
 from serve_app.json_bodies import parse_large_bodies_off_loop
 from serve_app.metrics import record_request
 from serve_app.middleware import (
@@ -174,7 +175,7 @@ class Site:
                 await app({**scope, "root_path": root + prefix}, receive, send)
                 return
         if scope["type"] == "http":
-            await JSONResponse({"error": "Not found"}, status_code=404)(scope, receive, send)
+            await error_response(ApiError(404, "Not found"))(scope, receive, send)
 
 
 def _bearer_secret(scope: Scope) -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import os
 import re
@@ -29,7 +28,9 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST
-from serve_app.error_handlers import unexpected_error_body
+from serve_app.error_handlers import unexpected_error
+from serve_app.errors import payload_too_large
+from serve_app.http.render import error_response
 from serve_app.pipeline.context import RequestContext
 from serve_app.version import service_version
 
@@ -81,21 +82,6 @@ class RequestIdLogFilter(logging.Filter):
         return True
 
 
-def _json_error(status: int, body: dict, headers: dict[str, str] | None = None
-                ) -> tuple[Message, Message]:
-    payload = json.dumps(body).encode()
-    start = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items()),
-        ],
-    }
-    return start, {"type": "http.response.body", "body": payload}
-
-
 class ServiceHeadersMiddleware:
     def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES, *,
                  on_start: OnStart | None = None, host_name: str | None = None) -> None:
@@ -145,20 +131,16 @@ class ServiceHeadersMiddleware:
         try:
             cap = body_cap(scope.get("path", ""), self.max_body_bytes)
             if self._declared_length(scope) > cap:
-                for message in _json_error(413, {
-                    "code": "PAYLOAD_TOO_LARGE",
-                    "error": body_too_large_message(cap),
-                }):
-                    await send_with_headers(message)
+                await error_response(payload_too_large(body_too_large_message(cap)))(
+                    scope, receive, send_with_headers)
                 return
             await self.app(scope, receive, send_with_headers)
         except Exception as exc:
             # Starlette has usually answered already (the app's exception handler) and
             # re-raised; otherwise answer here.
-            status, body, headers = unexpected_error_body(exc, scope)
+            error = unexpected_error(exc, scope)
             if not started:
-                for message in _json_error(status, body, headers):
-                    await send_with_headers(message)
+                await error_response(error)(scope, receive, send_with_headers)
         finally:
             request_id_var.reset(token)
 

@@ -17,7 +17,7 @@ from serve_app.chat.serving import (
     ChatService,
     chunks_with_first,
 )
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, stream_error_body
 from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.chat import ChatCompletionRequest
@@ -222,4 +222,4 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
         yield SETTLE  # what was delivered before the failure, nothing more
         yield _event("response.failed", next_seq(), response={
             **_response(plan, model_id, [], "failed", created),
-            "error": {"code": exc.code, "message": exc.message}})
+            "error": stream_error_body(exc, "responses")})

@@ -16,7 +16,7 @@ from deployments.streaming import coalesce
 from serve_app.chat import tools as tool_calls
 from serve_app.chat.filters import TextFilter
 from serve_app.chat.plan import ChatPlan
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, stream_error_body
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.billed_stream import SETTLE, Mark
 
@@ -121,5 +121,5 @@ async def sse_events(plan: ChatPlan, routed: RoutedModel,
         # delivered before it is charged (the prompt the engine read, the tokens sent, the
         # web read, the audio heard), nothing more.
         yield SETTLE
-        yield _sse({"error": exc.message, "code": exc.code})
+        yield _sse(stream_error_body(exc, "chat"))
         yield _sse("[DONE]")

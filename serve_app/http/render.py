@@ -1,5 +1,6 @@
-"""Answers as HTTP: the JSON body, compressed when the client accepts it. The headers come from
-the request context (serve_app/pipeline/respond.py), which the outermost middleware sends."""
+"""Answers as HTTP: the JSON body, compressed when the client accepts it, and an error's
+answer (its body from serve_app/errors.py). The headers come from the request context
+(serve_app/pipeline/respond.py), which the outermost middleware sends."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 import brotli
 import orjson
 from fastapi import Response
+from fastapi.responses import JSONResponse
 
+from serve_app.errors import ApiError, error_body
 from serve_app.pipeline.context import RequestContext
 
 # Below this size compression costs more than it saves.
@@ -45,3 +48,8 @@ async def json_response_off_loop(ctx: RequestContext, payload: Any, *,
     megabyte of JSON to encode and compress) that would otherwise hold up every other request
     of the replica's event loop for tens of milliseconds."""
     return await asyncio.to_thread(json_response, ctx, payload, compress=compress)
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    """An error's JSON answer: its status, its body, its headers."""
+    return JSONResponse(error_body(err), status_code=err.status, headers=err.headers)

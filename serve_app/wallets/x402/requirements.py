@@ -78,12 +78,10 @@ class X402PaymentError(ApiError):
         details: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(status, message, code=code, headers=headers,
-                         details={"reason": reason, **(details or {})})
+        told = {"reason": reason, **(details or {})}
+        super().__init__(status, message, code=code, headers=headers, details=told,
+                         raw_body={"error": code, "message": message, "details": told})
         self.reason = reason
-
-    def body(self) -> dict[str, Any]:
-        return {"error": self.code, "message": self.message, "details": self.details}
 
 
 def invalid_payment(reason: str, message: str = "Invalid payment header",

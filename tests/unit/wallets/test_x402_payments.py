@@ -47,7 +47,8 @@ from x402.schemas import (
     ResourceInfo,
 )
 
-from serve_app.errors import ApiError, error_response
+from serve_app.errors import ApiError
+from serve_app.http.render import error_response
 from serve_app.settings import Settings
 from serve_app.wallets.x402 import (
     BASE_NETWORK,
