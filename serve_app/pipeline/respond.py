@@ -1,6 +1,7 @@
-"""Step 8 of a request: every header an answer carries beyond the service headers (model,
-balance, rate limits, the headers of one route's answer), set on the request context here and
-nowhere else. The outermost middleware sends what the context holds."""
+"""Step 8 of a request: the setters of every header the request's context carries (model,
+balance, rate limits, content safety, a route's own: upscale factor, pagination...), the only
+writers of `ctx.headers`. The outermost middleware sends what the context holds; the headers of
+the body itself (type, encoding, disposition) come with the response that renders it."""
 
 from __future__ import annotations
 
