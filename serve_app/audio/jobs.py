@@ -40,7 +40,8 @@ class QueuedAudio:
         check_not_voice_changer(model, "queue")
 
         def quote() -> Cost:  # the request's checks (400), then its price
-            limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
+            given = model.audio_constraints.prompt_character_limit
+            limit = DEFAULT_PROMPT_LIMIT if given is None else given
             if len(body.prompt) > limit:
                 raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} "
                                       f"takes at most {limit}", "prompt")
@@ -66,12 +67,13 @@ def _voice(model: CatalogModel, requested: str | None) -> str:
 
 def _unsupported(model: CatalogModel, body: QueueAudioRequest) -> None:
     """Options a model does not support are refused, as the model listing says."""
-    flags = {"lyrics_prompt": "supports_lyrics", "force_instrumental":
-             "supports_force_instrumental", "loop": "supports_loop",
-             "lyrics_optimizer": "supports_lyrics_optimizer",
-             "language_code": "supports_language_code", "speed": "supports_speed"}
-    for field, flag in flags.items():
-        if getattr(body, field) is not None and not model.constraints.get(flag):
+    offers = model.audio_constraints
+    supported = {"lyrics_prompt": offers.supports_lyrics,
+                 "force_instrumental": offers.supports_force_instrumental,
+                 "loop": offers.supports_loop, "lyrics_optimizer": offers.supports_lyrics_optimizer,
+                 "language_code": offers.supports_language_code, "speed": offers.supports_speed}
+    for field, flag in supported.items():
+        if getattr(body, field) is not None and not flag:
             raise invalid_request(f"{model.id} does not support {field}", field)
 
 

@@ -38,8 +38,8 @@ def prefix_cache_salt(account_id: str) -> str:
 
 def sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
     model = routed.model
-    defaults = {k: v.get("default") for k, v in model.constraints.items() if isinstance(v, dict)}
-    temperature = req.temperature if req.temperature is not None else defaults.get("temperature")
+    defaults = model.text_constraints
+    temperature = req.temperature if req.temperature is not None else defaults.default_temperature
     if temperature is not None:
         # min_temp/max_temp bound the sampling temperature.
         if req.min_temp is not None:
@@ -49,7 +49,7 @@ def sampling(req: ChatCompletionRequest, routed: RoutedModel) -> Sampling:
     max_tokens = completion_limit(req, model)
     return Sampling(
         temperature=temperature,
-        top_p=req.top_p if req.top_p is not None else defaults.get("top_p"),
+        top_p=req.top_p if req.top_p is not None else defaults.default_top_p,
         top_k=req.top_k, min_p=req.min_p,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty, seed=req.seed,

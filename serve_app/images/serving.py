@@ -301,15 +301,15 @@ def _edit_limits(model: CatalogModel, body: MultiEditRequest, count: int) -> Non
 
 def _quality(model: CatalogModel, requested: str | None) -> str | None:
     """The quality tier of models that publish `qualities`; others ignore the field."""
-    qualities = model.constraints.get("qualities")
+    qualities = model.image_constraints.qualities
     if not qualities:
         return None
-    return requested or model.constraints.get("defaultQuality") or qualities[-1]
+    return requested or model.image_constraints.default_quality or qualities[-1]
 
 
 def _check_prompt_length(model: CatalogModel, prompt: str) -> None:
-    limit = model.constraints.get("promptCharacterLimit")
-    if limit and len(prompt) > int(limit):
+    limit = model.image_constraints.prompt_character_limit
+    if limit and len(prompt) > limit:
         raise invalid_request(f"prompt is {len(prompt)} characters; {model.id} accepts "
                               f"at most {int(limit)}", "prompt")
 
@@ -323,8 +323,9 @@ def _wants_enhancement(model: CatalogModel, asked: bool) -> bool:
 
 
 def _steps(model: CatalogModel, requested: int | None) -> int:
-    steps = model.constraints.get("steps") or {}
-    default, most = int(steps.get("default", 8)), int(steps.get("max", 50))
+    steps = model.image_constraints.steps
+    default = steps.default if steps and steps.default is not None else 8
+    most = steps.max if steps and steps.max is not None else 50
     return min(requested or default, most)
 
 

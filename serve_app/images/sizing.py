@@ -42,7 +42,7 @@ def _ratio(name: str) -> float:
 
 
 def supported_ratios(model: CatalogModel) -> list[str]:
-    published = model.constraints.get("aspectRatios") or ASPECT_RATIOS
+    published = model.image_constraints.aspect_ratios or ASPECT_RATIOS
     return [r for r in published if r != "auto"]
 
 
@@ -54,8 +54,9 @@ def closest_ratio(model: CatalogModel, width: int, height: int) -> str:
 
 
 def resolution_of(model: CatalogModel, requested: str | None) -> str:
-    tiers = model.constraints.get("resolutions") or ["1K"]
-    tier = requested or model.constraints.get("defaultResolution") or "1K"
+    constraints = model.image_constraints
+    tiers = constraints.resolutions or ["1K"]
+    tier = requested or constraints.default_resolution or "1K"
     if tier not in tiers:
         raise invalid_request(f"resolution {tier!r} is not offered by {model.id}; "
                               f"use one of {', '.join(tiers)}", "resolution")
@@ -84,7 +85,7 @@ def output_size(model: CatalogModel, aspect_ratio: str | None, resolution: str |
         ratio_name = aspect_ratio
     tier = resolution_of(model, resolution)
     long_side = TIER_LONG_SIDE.get(tier.upper(), 1024)
-    divisor = int(model.constraints.get("widthHeightDivisor", 16))
+    divisor = _divisor(model, 16)
     ratio = _ratio(ratio_name)
     width, height = (long_side, long_side / ratio) if ratio >= 1 else (long_side * ratio,
                                                                          long_side)
@@ -94,8 +95,13 @@ def output_size(model: CatalogModel, aspect_ratio: str | None, resolution: str |
 
 def fit_divisor(value: int, model: CatalogModel) -> int:
     """A generation dimension rounded down to the model's `widthHeightDivisor`."""
-    divisor = int(model.constraints.get("widthHeightDivisor", 8))
+    divisor = _divisor(model, 8)
     return max(divisor, value // divisor * divisor)
+
+
+def _divisor(model: CatalogModel, default: int) -> int:
+    given = model.image_constraints.width_height_divisor
+    return default if given is None else given
 
 
 def default_output_format(resolution: str) -> str:

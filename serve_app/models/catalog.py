@@ -14,9 +14,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from serve_app.models.chains import VoiceChangerSpec
+from serve_app.models.constraints import (
+    EMPTY_AUDIO,
+    EMPTY_IMAGE,
+    EMPTY_TEXT,
+    EMPTY_VIDEO,
+    AudioConstraints,
+    Constraints,
+    ImageConstraints,
+    TextConstraints,
+    VideoConstraints,
+    constraints_of,
+)
 
 ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
                     "music"]
@@ -61,7 +73,8 @@ class CatalogModel(BaseModel):
     max_completion_tokens: int | None = None
     pricing: dict[str, Any]
     capabilities: dict[str, Any] = Field(default_factory=dict)
-    constraints: dict[str, Any] = Field(default_factory=dict)
+    # One typed section per model family (serve_app/models/constraints.py), by `type`.
+    constraints: Constraints = Field(default_factory=dict, validate_default=True)
     traits: list[str] = Field(default_factory=list)
     model_source: str | None = None
     beta: bool = False
@@ -85,6 +98,11 @@ class CatalogModel(BaseModel):
     default_format: str | None = None
     # Voice changers (`operation: voice-change`): the models they chain and what they accept.
     voice_changer: VoiceChangerSpec | None = None
+
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _constraints_of_family(cls, value: Any, info: ValidationInfo) -> Any:
+        return constraints_of(info.data.get("type"), value)
 
     @model_validator(mode="after")
     def _voice_changer_is_whole(self) -> CatalogModel:
@@ -124,6 +142,28 @@ class CatalogModel(BaseModel):
                 and data.get("type") in _DEFAULT_OPERATION:
             data = {**data, "operation": _DEFAULT_OPERATION[data["type"]]}
         return data
+
+    @property
+    def text_constraints(self) -> TextConstraints:
+        """The sampling defaults (none for a model of another family)."""
+        c = self.constraints
+        return c if isinstance(c, TextConstraints) else EMPTY_TEXT
+
+    @property
+    def image_constraints(self) -> ImageConstraints:
+        c = self.constraints
+        return c if isinstance(c, ImageConstraints) else EMPTY_IMAGE
+
+    @property
+    def video_constraints(self) -> VideoConstraints:
+        c = self.constraints
+        return c if isinstance(c, VideoConstraints) else EMPTY_VIDEO
+
+    @property
+    def audio_constraints(self) -> AudioConstraints:
+        """A queued audio (`music`) model's constraints."""
+        c = self.constraints
+        return c if isinstance(c, AudioConstraints) else EMPTY_AUDIO
 
     @property
     def rate_limit_class(self) -> str | None:

@@ -115,7 +115,7 @@ def model_record(model: CatalogModel, *, offline: bool) -> dict[str, Any]:
 
 def _capabilities_and_constraints(model: CatalogModel
                                   ) -> tuple[dict[str, Any], dict[str, Any]]:
-    constraints = dict(model.constraints)
+    constraints = model.constraints.given()
     capabilities: dict[str, Any] = {}
     if model.type == "text" or model.capabilities:
         capabilities = {**CAPABILITY_DEFAULTS}

@@ -19,6 +19,7 @@ from typing import Any
 
 from serve_app.errors import ApiError
 from serve_app.models.catalog import CatalogModel
+from serve_app.models.constraints import ConsentPolicy
 
 REQUIRED = ("confirmed_terms_and_privacy", "confirmed_legal_right",
             "confirmed_screening_acknowledged")
@@ -28,15 +29,15 @@ FACE_MEDIA_ROLES = {"image_url": "image", "end_image_url": "end_image",
                     "reference_video_urls": "reference_video"}
 
 
-def policy_of(model: CatalogModel) -> dict[str, Any] | None:
-    policy = model.constraints.get("consent")
-    return policy if isinstance(policy, dict) and policy.get("flow") else None
+def policy_of(model: CatalogModel) -> ConsentPolicy | None:
+    policy = model.video_constraints.consent
+    return policy if policy is not None and policy.flow else None
 
 
-def consent_given(policy: dict[str, Any], consents: dict[str, Any] | None) -> bool:
+def consent_given(policy: ConsentPolicy, consents: dict[str, Any] | None) -> bool:
     """Whether `consents` holds the policy's object (under its flow or an alias) with every
     confirmation set to true."""
-    names = [str(policy["flow"]), *(str(a) for a in policy.get("aliases", []))]
+    names = [policy.flow, *policy.aliases]
     for name in names:
         given = (consents or {}).get(name)
         if isinstance(given, dict) and all(given.get(field) is True for field in REQUIRED):
@@ -44,9 +45,9 @@ def consent_given(policy: dict[str, Any], consents: dict[str, Any] | None) -> bo
     return False
 
 
-def needs_consent(model: CatalogModel, policy: dict[str, Any], roles: list[str]) -> ApiError:
+def needs_consent(model: CatalogModel, policy: ConsentPolicy, roles: list[str]) -> ApiError:
     """The published 409 body for media of `roles` that showed a face."""
-    flow = str(policy["flow"])
+    flow = policy.flow
     return ApiError(409, "needs_consent", raw_body={
         "error": {"code": "needs_consent",
                   "message": f"{model.id} needs your consent before it takes media that shows "
@@ -54,7 +55,6 @@ def needs_consent(model: CatalogModel, policy: dict[str, Any], roles: list[str])
                              f"{', '.join(REQUIRED)} set to true"},
         "consent_flow": flow,
         "face_media_roles": roles,
-        "consent": {"consent_version": str(policy["version"]),
-                    "policy_text": str(policy["policy_text"])},
-        "docs_url": str(policy.get("docs_url", "")),
+        "consent": {"consent_version": policy.version, "policy_text": policy.policy_text},
+        "docs_url": policy.docs_url or "",
     })

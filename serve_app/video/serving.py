@@ -176,7 +176,7 @@ class VideoService:
                       "seconds": plan.seconds, "width": plan.width, "height": plan.height,
                       "fps": plan.fps, "audio": plan.audio, "seed": 0,
                       "upscale_factor": body.upscale_factor
-                      or model.constraints.get("default_upscale_factor", 2),
+                      or model.video_constraints.default_upscale_factor,
                       "target_fps": body.target_fps, "slowdown_factor": body.slowdown_factor,
                       "enhancement_model": body.enhancement_model,
                       "creativity": body.creativity}
@@ -205,13 +205,14 @@ def _ask(body: QuoteVideoRequest | QueueVideoRequest) -> VideoAsk:
 
 
 def _check_prompt(model: CatalogModel, body: QueueVideoRequest) -> None:
-    limit = int(model.constraints.get("prompt_character_limit", DEFAULT_PROMPT_LIMIT))
+    given = model.video_constraints.prompt_character_limit
+    limit = DEFAULT_PROMPT_LIMIT if given is None else given
     for field in ("prompt", "negative_prompt"):
         text = getattr(body, field)
         if text is not None and len(text) > limit:
             raise invalid_request(f"{field} is {len(text)} characters; {model.id} takes at "
                                   f"most {limit}", field)
-    refused = [term for term in model.constraints.get("refused_terms", [])
+    refused = [term for term in model.video_constraints.refused_terms
                if re.search(rf"\b{re.escape(term)}\b", body.prompt, re.IGNORECASE)]
     if refused:
         suggestion = body.prompt

@@ -54,7 +54,7 @@ def audio_cost(model: CatalogModel, *, duration_seconds: float | None,
         unit = "character" if "per_thousand_characters" in pricing else "generation"
         raise invalid_request(f"{model.id} takes no duration: it is priced per {unit}",
                               "duration_seconds")
-    seconds = duration_seconds or model.constraints.get("default_duration_seconds")
+    seconds = duration_seconds or model.audio_constraints.default_duration_seconds
     if "per_thousand_characters" in pricing:
         if character_count is None:
             raise invalid_request(f"character_count is required: {model.id} is priced per "

@@ -110,7 +110,7 @@ def _seconds_of(value: str) -> int | None:
 
 def _duration(model: CatalogModel, ask: VideoAsk, source: SourceVideo | None) -> float | None:
     """Output seconds; None for a per-generation job (`1 gen`)."""
-    offered = [str(d) for d in model.constraints.get("durations", [])]
+    offered = model.video_constraints.durations
     value = ask.duration
     if value == "1 gen":
         if "1 gen" not in offered:
@@ -126,7 +126,7 @@ def _duration(model: CatalogModel, ask: VideoAsk, source: SourceVideo | None) ->
                 f"duration {value!r} matches the source clip: give reference_video_total_"
                 "duration (quote) or the source video (queue)", "duration")
         low, high = (SOURCE_MATCHED_RANGE if model.operation == "reference-to-video"
-                     else (0.1, float(model.constraints.get("max_source_seconds", 30))))
+                     else (0.1, float(model.video_constraints.max_source_seconds)))
         if source.seconds < low:
             raise _too("SHORT", f"the source clip is {source.seconds:g} s; {model.id} needs "
                                 f"at least {low:g} s to match its length")
@@ -179,11 +179,10 @@ def frame_size(resolution: str, aspect_ratio: str) -> tuple[int, int]:
     return round(width / 16) * 16, round(height / 16) * 16
 
 
-def _pick(model: CatalogModel, field: str, value: str | None, offered_key: str,
-          default_key: str | None = None) -> str | None:
-    offered = [str(v) for v in model.constraints.get(offered_key, [])]
+def _pick(model: CatalogModel, field: str, value: str | None, offered: list[str],
+          default: str | None = None) -> str | None:
     if value is None:
-        return model.constraints.get(default_key) if default_key else None
+        return default
     if offered and value not in offered:
         raise invalid_request(f"{field} {value!r} is not offered by {model.id}; use one of "
                               f"{', '.join(offered)}", field)
@@ -193,14 +192,15 @@ def _pick(model: CatalogModel, field: str, value: str | None, offered_key: str,
 def _aspect(model: CatalogModel, ask: VideoAsk, source: SourceVideo | None,
             required: bool) -> str | tuple[int, int]:
     """The output aspect: a ratio name, or the source's (width, height) for adaptive."""
-    value = _pick(model, "aspect_ratio", ask.aspect_ratio, "aspect_ratios")
+    constraints = model.video_constraints
+    value = _pick(model, "aspect_ratio", ask.aspect_ratio, constraints.aspect_ratios or [])
     if value is None:
         if required:
-            offered = model.constraints.get("aspect_ratios", [])
+            offered = constraints.aspect_ratios or []
             raise invalid_request(f"aspect_ratio is required for {model.id} (priced by "
                                   f"megapixels); use one of {', '.join(offered)}",
                                   "aspect_ratio")
-        return str(model.constraints.get("default_aspect_ratio", "16:9"))
+        return constraints.default_aspect_ratio
     if value in ADAPTIVE_RATIOS:
         if ask.reference_video_total_duration is None and source is None:
             raise invalid_request(f"aspect_ratio {value!r} matches the source clip: give "
@@ -209,8 +209,8 @@ def _aspect(model: CatalogModel, ask: VideoAsk, source: SourceVideo | None,
         if source is not None and source.width and source.height:
             return source.width, source.height
         # quoting without the clip: the widest ratio the model offers bounds the price
-        return max((r for r in model.constraints.get("aspect_ratios", RATIOS)
-                    if r not in ADAPTIVE_RATIOS),
+        ratios = RATIOS if constraints.aspect_ratios is None else tuple(constraints.aspect_ratios)
+        return max((r for r in ratios if r not in ADAPTIVE_RATIOS),
                    key=lambda r: frame_size("1080p", r)[0] * frame_size("1080p", r)[1])
     return value
 
@@ -233,16 +233,11 @@ def _output_tier(model: CatalogModel, tiers: dict[str, Any], height: int) -> str
                           f"{ordered[-1]}: use a smaller upscale_factor", "upscale_factor")
 
 
-def _enhancement_models(model: CatalogModel) -> list[str]:
-    return [name for block in model.constraints.values() if isinstance(block, dict)
-            for name in block.get("models", [])]
-
-
 def plan_video(model: CatalogModel, ask: VideoAsk,
                source: SourceVideo | None = None) -> VideoPlan:
     """The price of `ask` on `model` (the quote), with the output it pays for. `source`: the
     source clip, when known (upscale and interpolation inputs, reference videos)."""
-    pricing, constraints = model.pricing, model.constraints
+    pricing, constraints = model.pricing, model.video_constraints
     base = next((key for key in BASE_RATES if key in pricing), None)
     if base is None:
         raise ApiError(500, f"the catalog gives {model.id} no video price",
@@ -275,7 +270,7 @@ def plan_video(model: CatalogModel, ask: VideoAsk,
                                   "target_fps")
         if not 16 <= ask.target_fps <= 120:
             raise invalid_request("target_fps must be 16 to 120", "target_fps")
-    names = _enhancement_models(model)
+    names = constraints.enhancement_models
     if ask.enhancement_model is not None and ask.enhancement_model not in names:
         raise invalid_request(
             f"enhancement_model {ask.enhancement_model!r} is not offered by {model.id}"
@@ -289,18 +284,18 @@ def plan_video(model: CatalogModel, ask: VideoAsk,
             and seconds is not None and seconds > source.seconds + 0.5:
         raise invalid_request(f"duration {ask.duration} is longer than the source clip "
                               f"({source.seconds:g} s); use auto to match it", "duration")
-    fps = float(constraints.get("fps", DEFAULT_FPS))
+    fps = float(DEFAULT_FPS if constraints.fps is None else constraints.fps)
     if source is not None and op in ("video-upscale", "video-interpolate"):
         fps = source.fps or fps
     slowdown = ask.slowdown_factor or 1
     billed = (seconds or 0.0) * slowdown
     rate: Decimal
     width = height = 0
-    resolution = _pick(model, "resolution", ask.resolution, "resolutions",
-                       "default_resolution")
+    resolution = _pick(model, "resolution", ask.resolution, constraints.resolutions,
+                       constraints.default_resolution)
     if op in ("video-upscale", "video-interpolate"):
         assert source is not None
-        factor = ask.upscale_factor or int(constraints.get("default_upscale_factor", 2)) \
+        factor = ask.upscale_factor or constraints.default_upscale_factor \
             if op == "video-upscale" else 1
         if factor not in UPSCALE_FACTORS:
             raise invalid_request("upscale_factor must be 1, 2 or 4", "upscale_factor")
@@ -363,13 +358,13 @@ def plan_video(model: CatalogModel, ask: VideoAsk,
         units = max(1, math.ceil(billed - 1e-9))
         lines.append(PricedLine("video_seconds", units,
                                 nanos_of(rate * Decimal(str(billed))), float(rate)))
-    makes_audio = bool(constraints.get("audio")) and (
-        ask.audio is not False or not constraints.get("audio_configurable"))
+    makes_audio = constraints.audio and (
+        ask.audio is not False or not constraints.audio_configurable)
     if makes_audio and "audio_per_second" in pricing and seconds:
         each = _usd(pricing["audio_per_second"], "audio")
         lines.append(PricedLine("video_audio_seconds", max(1, math.ceil(seconds)),
                                 nanos_of(each * Decimal(str(seconds))), float(each)))
-    out_seconds = (seconds or float(constraints.get("generation_seconds", 1))) * slowdown
+    out_seconds = (seconds or float(constraints.generation_seconds)) * slowdown
     out_fps = float(ask.target_fps or fps)
     return VideoPlan(Cost(model, tuple(lines)), out_seconds, width, height, out_fps,
                      makes_audio)
