@@ -177,7 +177,7 @@ def embedding_engine_figures(seconds: float = 4.0) -> tuple[float, float]:
 
     model = load_catalog(CATALOG).find(EMBEDDER, "embedding")
     engine = SentenceTransformersEngine(str(resolve_weights(model.weights)),
-                                        dict(model.engine_options))
+                                        model.engine_options.given())
     batch = [f"Sentence number {i} about lighthouses, storms and the sea." for i in range(32)]
     engine.embed(batch)
     start, done = time.perf_counter(), 0

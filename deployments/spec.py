@@ -15,6 +15,19 @@ DEFAULT_MAX_QUEUE_WAIT_S = 30.0
 DEFAULT_MAX_NUM_SEQS = 10
 
 
+class EngineOptionsView(Protocol):
+    """A catalog model's engine options as the deployments read them."""
+
+    @property
+    def build(self) -> str | None:
+        """The weights builder's name (deployments/weights/registry.py), if any."""
+        ...
+
+    def given(self) -> dict[str, Any]:
+        """Every option as the catalog wrote it (what a replica receives)."""
+        ...
+
+
 class ServedModel(Protocol):
     """The attributes of a catalog model that the deployments read."""
 
@@ -25,7 +38,7 @@ class ServedModel(Protocol):
     def engine(self) -> str: ...
 
     @property
-    def engine_options(self) -> dict[str, Any]: ...
+    def engine_options(self) -> EngineOptionsView: ...
 
     def weights_spec(self, data_dir: Path) -> str | None:
         """The weights location with `${DATA_DIR}` filled in (a path or `package:...`)."""
@@ -69,5 +82,5 @@ def model_specs(models: list[ServedModel], settings: dict[str, Any]) -> list[Mod
     data_dir = Path(settings["data_dir"])
     max_wait = float(settings.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S))
     return [{"id": m.id, "engine": m.engine, "weights": m.weights_spec(data_dir),
-             "engine_options": dict(m.engine_options), "max_queue_wait_s": max_wait}
+             "engine_options": m.engine_options.given(), "max_queue_wait_s": max_wait}
             for m in models]

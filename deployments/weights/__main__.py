@@ -24,13 +24,27 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
+class RawEngineOptions:
+    """A model's `engine_options` as the YAML holds them (an `EngineOptionsView`)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def build(self) -> str | None:
+        return self.values.get("build")
+
+    def given(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     """A catalog model as far as building its weights goes (a `ServedModel`)."""
 
     id: str
     engine: str = ""
     weights: str | None = None
-    engine_options: dict[str, Any] = field(default_factory=dict)
+    engine_options: RawEngineOptions = field(default_factory=RawEngineOptions)
 
     def weights_spec(self, data_dir: Path) -> str | None:
         return expand_spec(self.weights, data_dir)
@@ -39,7 +53,7 @@ class CatalogEntry:
 def read_catalog(path: Path) -> list[CatalogEntry]:
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     return [CatalogEntry(id=m["id"], engine=m.get("engine", ""), weights=m.get("weights"),
-                         engine_options=dict(m.get("engine_options") or {}))
+                         engine_options=RawEngineOptions(dict(m.get("engine_options") or {})))
             for m in raw.get("models", [])]
 
 

@@ -70,7 +70,7 @@ def engine_weights(engine: str, spec: str | None, engine_options: dict) -> Path 
 def weights_to_build(models: Iterable[ServedModel], data_dir: Path) -> list[str]:
     """Ids of the models whose weights are still to be built."""
     return [model.id for model in models
-            if model.engine_options.get("build")
+            if model.engine_options.build
             and not is_built(Path(model.weights_spec(data_dir) or ""))]
 
 
@@ -78,7 +78,7 @@ def check_weights(model: ServedModel, data_dir: Path) -> None:
     """Fail at build time, with the model's name, when its weights cannot be found (Serve would
     otherwise retry a failing replica forever)."""
     spec = model.weights_spec(data_dir)
-    if spec is None or model.engine_options.get("build"):
+    if spec is None or model.engine_options.build:
         return
     path = resolve_weights(spec)
     if not path.exists():
@@ -88,5 +88,5 @@ def check_weights(model: ServedModel, data_dir: Path) -> None:
 
 def prepare_all(models: Iterable[ServedModel], data_dir: Path) -> list[Path]:
     """Build every model's weights that the catalog says how to build; their folders."""
-    return [prepare_weights(str(model.weights_spec(data_dir)), model.engine_options)
-            for model in models if model.engine_options.get("build")]
+    return [prepare_weights(str(model.weights_spec(data_dir)), model.engine_options.given())
+            for model in models if model.engine_options.build]

@@ -153,7 +153,8 @@ class AudioService:
                          body: TranscriptionRequest, audio: bytes) -> protocol.Transcription:
         routed = self.router.resolve(body.model, "asr")
         model = routed.model
-        most = int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
+        given = model.engine_options.max_seconds
+        most = int(DEFAULT_MAX_AUDIO_SECONDS if given is None else given)
         async with self.runner.run(ctx, key, routed,
                                    lambda: price(model, {"audio_seconds": most})) as billed:
             handle = self.router.transcription(model)

@@ -35,7 +35,8 @@ def audio_parts(req: ChatCompletionRequest) -> int:
 
 def most_seconds(model: CatalogModel) -> int:
     """The most audio one part may hold: the transcription model's `max_seconds`."""
-    return int(model.engine_options.get("max_seconds", DEFAULT_MAX_AUDIO_SECONDS))
+    most = model.engine_options.max_seconds
+    return int(DEFAULT_MAX_AUDIO_SECONDS if most is None else most)
 
 
 def heard_line(model: CatalogModel, seconds: int) -> PricedLine:

@@ -49,7 +49,8 @@ class VisionSpec:
 
     @classmethod
     def of(cls, model: CatalogModel) -> VisionSpec:
-        given: dict[str, Any] = dict(model.engine_options.get("vision") or {})
+        vision = model.engine_options.vision
+        given: dict[str, Any] = vision.given() if vision else {}
         known = {f.name: f.type for f in fields(cls)}
         values: dict[str, Any] = {}
         for name, value in given.items():

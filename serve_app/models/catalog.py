@@ -29,6 +29,7 @@ from serve_app.models.constraints import (
     VideoConstraints,
     constraints_of,
 )
+from serve_app.models.engine_options import EngineOptions
 
 ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
                     "music"]
@@ -64,7 +65,7 @@ class CatalogModel(BaseModel):
     deployment: str
     engine: str
     weights: str | None = None
-    engine_options: dict[str, Any] = Field(default_factory=dict)
+    engine_options: EngineOptions = Field(default_factory=EngineOptions)
     size_class: SizeClass | None = None
     privacy: Literal["private", "anonymized"] = "private"
     tee: bool = False
@@ -252,7 +253,8 @@ class Catalog(BaseModel):
         if speaking.supported_formats and spec.output_format not in speaking.supported_formats:
             raise ValueError(f"voice changer {model.id!r}: {speaking.id} does not answer in "
                              f"{spec.output_format}")
-        heard = float(hearing.engine_options.get("max_seconds", 1800))
+        most = hearing.engine_options.max_seconds
+        heard = float(1800 if most is None else most)
         if spec.max_source_audio_duration_seconds > heard:
             raise ValueError(f"voice changer {model.id!r}: its sources may be longer than "
                              f"{hearing.id} hears ({heard:g} s)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
-from deployments.spec import ModelSpec
+from deployments.spec import EngineOptionsView, ModelSpec
 from tests.fakes.handles import DeploymentHandle, Failure, raised_by_serve
 
 FAKE_ENGINE = "fake"
@@ -31,7 +31,7 @@ class ModelOptions(Protocol):
     def id(self) -> str: ...
 
     @property
-    def engine_options(self) -> dict[str, Any]: ...
+    def engine_options(self) -> EngineOptionsView: ...
 
 
 class FakeEngine:
@@ -58,7 +58,7 @@ def fake_specs(models: Sequence[str | ModelOptions]) -> list[ModelSpec]:
     for model in models:
         model_id = model if isinstance(model, str) else model.id
         options = {} if isinstance(model, str) else {
-            k: v for k, v in model.engine_options.items() if k != "build"}
+            k: v for k, v in model.engine_options.given().items() if k != "build"}
         specs.append({"id": model_id, "engine": FAKE_ENGINE, "weights": None,
                       "engine_options": options})
     return specs

@@ -1,5 +1,6 @@
-"""A catalog model's `constraints`, one typed section per family: a typo fails at load, and
-the section gives back the mapping as the catalog wrote it (the public record)."""
+"""A catalog model's `constraints` (one typed section per family) and `engine_options` (typed
+settings, engine arguments passed through): a typo fails at load, and both give back the
+mapping as the catalog wrote it (the public record, the replicas' specs)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,24 @@ def test_typed_reads_and_defaults() -> None:
     assert text.video_constraints.durations == [] and text.image_constraints.steps is None
     music = model("music", constraints={"supports_speed": True, "max_speed": 4})
     assert music.audio_constraints.supports_speed and not music.audio_constraints.supports_loop
+
+
+def test_engine_options_type_what_the_platform_reads() -> None:
+    written = {"build": "tiny", "max_model_len": 4096, "enforce_eager": True,
+               "vision": {"layout": "patches", "images": 2}, "dtype": "bfloat16"}
+    options = model("text", engine_options=written).engine_options
+    assert options.build == "tiny" and options.enforce_eager is True
+    assert options.vision is not None and options.vision.images == 2
+    assert options.engine_arguments == {"max_model_len": 4096, "dtype": "bfloat16"}
+    assert options.given() == written and list(options.given()) == list(written)
+    assert model("asr", engine_options={"max_seconds": 60}).engine_options.max_seconds == 60
+    assert model("tts").engine_options.given() == {}
+
+
+@pytest.mark.parametrize("options", [
+    {"build": 3}, {"enforce_eager": "sometimes"}, {"vision": {"layuot": "tiles"}},
+    {"vision": {"layout": "grid"}}, {"max_seconds": "long"}])
+def test_a_typed_engine_option_of_the_wrong_shape_fails_at_load(options: dict[str, Any]
+                                                                 ) -> None:
+    with pytest.raises(ValidationError):
+        model("text", engine_options=options)
