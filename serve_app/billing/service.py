@@ -66,6 +66,7 @@ class Hold:
     started: float = field(default_factory=time.monotonic)
     done: bool = False
     nanos: int = 0  # the amount held
+    left: Balances | None = None  # the account's balance once it was held
 
     async def settle(self, cost: Cost) -> None:
         if self.done:
@@ -107,7 +108,8 @@ def _count_charge(cost: Cost) -> None:
 
 
 class Billing:
-    def __init__(self, database_url: str, *, clock: Clock = utcnow) -> None:
+    def __init__(self, database_url: str, *, clock: Clock = utcnow,
+                 balance_timer: Callable[[], float] = time.monotonic) -> None:
         self._engine = make_engine(database_url, write_transactions=True)
         # On SQLite an operation of a quiet replica commits on the caller's thread, never
         # waiting for the database's lock there (billing/writer.py), nor copying the log back
@@ -116,8 +118,8 @@ class Billing:
                              checkpoints=False) if is_sqlite_file(database_url) else None
         self.writer = BatchWriter(self._engine, inline_engine=inline)
         self.clock = clock
-        self._balances: TTLCache[str, Balances] = TTLCache(maxsize=100_000,
-                                                            ttl=BALANCE_CACHE_TTL_S)
+        self._balances: TTLCache[str, Balances] = TTLCache(
+            maxsize=100_000, ttl=BALANCE_CACHE_TTL_S, timer=balance_timer)
         self.analytics_cache: TTLCache[tuple[str, str], dict] = TTLCache(
             maxsize=10_000, ttl=ANALYTICS_CACHE_TTL_S)
         # Named on the holds it takes once it beats (run_sweeper); a service that does not
@@ -149,10 +151,10 @@ class Billing:
                 self.writer.submit(lambda s: ledger.release(s, request_id))
             raise
         _observe("hold", started)
-        self._balances[payer.account_id] = Balances(
-            result.before.usd_nanos - result.usd_nanos,
-            result.before.diem_nanos - result.diem_nanos)
-        return Hold(self, request_id, payer, result.before, now, nanos=amount_nanos)
+        left = Balances(result.before.usd_nanos - result.usd_nanos,
+                        result.before.diem_nanos - result.diem_nanos)
+        self._balances[payer.account_id] = left
+        return Hold(self, request_id, payer, result.before, now, nanos=amount_nanos, left=left)
 
     async def settle(self, hold: Hold, cost: Cost) -> ledger.Settled:
         now = self.clock()
@@ -166,7 +168,7 @@ class Billing:
             self._open_holds.discard(hold.request_id)
         _observe("settle", started)
         _count_charge(cost)
-        self._remember(hold.payer.account_id, settled.balance)
+        self._remember(hold, settled.balance)
         return settled
 
     async def release(self, hold: Hold) -> None:
@@ -178,14 +180,20 @@ class Billing:
         finally:
             self._open_holds.discard(hold.request_id)
         _observe("release", started)
-        self._remember(hold.payer.account_id, released.balance if released else None)
+        self._remember(hold, released.balance if released else None)
 
-    def _remember(self, account_id: str, balance: Balances | None) -> None:
-        """The balance a money operation left, for the next request's headers (without it,
-        every request after a settlement would read the account again). None: the operation
-        returned nothing, and the balance the hold left stands."""
+    def _remember(self, hold: Hold, balance: Balances | None) -> None:
+        """The balance a money operation left, for the answer's `X-Balance-Remaining` and
+        the next request's (without it, every request after a settlement would read the
+        account again). None: it gave nothing back, so the balance the hold left stands,
+        remembered again unless a later operation of the account already was (a request
+        that ran longer than the cache keeps an entry must not show the balance before
+        it)."""
+        account_id = hold.payer.account_id
         if balance is not None:
             self._balances[account_id] = balance
+        elif hold.left is not None and account_id not in self._balances:
+            self._balances[account_id] = hold.left
 
     def known_balance(self, account_id: str) -> Balances | None:
         """The balance this replica last saw for the account, without reading it."""

@@ -1,0 +1,84 @@
+"""The balance a wallet's answer shows (`X-Balance-Remaining`) is the one its request left,
+however long the request ran: the replica's cache of balances keeps an entry for two seconds,
+and a request charged exactly what it held gives nothing back, so nothing else refreshes it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from sqlmodel import Session
+
+from serve_app.billing.ledger import Balances, Payer
+from serve_app.billing.pricing import Cost, PricedLine
+from serve_app.billing.service import BALANCE_CACHE_TTL_S, Billing
+from serve_app.db.engine import make_engine
+from serve_app.db.tables import Account
+from serve_app.models.catalog import load_catalog
+from serve_app.settings import PROJECT_ROOT
+
+CATALOG = load_catalog(PROJECT_ROOT / "configs" / "models.yaml")
+USD = 1_000_000_000
+PRICE = 20_000_000  # 0.02 USD
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _account(database_url: str) -> str:
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        account = Account(usd_balance_nanos=5 * USD)
+        session.add(account)
+        session.commit()
+        account_id = account.id
+    engine.dispose()
+    return account_id
+
+
+def _cost() -> Cost:
+    model = CATALOG.of_type("upscale")[0]
+    return Cost(model, (PricedLine("image", 1, PRICE, PRICE / USD),))
+
+
+def test_a_request_charged_what_it_held_shows_the_balance_it_left_after_the_cache_expired(
+        database_url: str) -> None:
+    account_id = _account(database_url)
+    timer = Timer()
+
+    async def main() -> Balances | None:
+        billing = Billing(database_url, balance_timer=timer)
+        try:
+            hold = await billing.hold(f"req-{uuid.uuid4().hex}", Payer(account_id), PRICE)
+            timer.now += BALANCE_CACHE_TTL_S * 3  # the work outlasts the cached balance
+            assert billing.known_balance(account_id) is None
+            await hold.settle(_cost())
+            return billing.known_balance(account_id)
+        finally:
+            billing.close()
+
+    assert asyncio.run(main()) == Balances(5 * USD - PRICE, 0)
+
+
+def test_a_later_operation_of_the_account_is_not_overwritten_by_an_earlier_hold(
+        database_url: str) -> None:
+    account_id = _account(database_url)
+    timer = Timer()
+
+    async def main() -> Balances | None:
+        billing = Billing(database_url, balance_timer=timer)
+        try:
+            first = await billing.hold(f"req-{uuid.uuid4().hex}", Payer(account_id), PRICE)
+            second = await billing.hold(f"req-{uuid.uuid4().hex}", Payer(account_id), PRICE)
+            await first.settle(_cost())  # gives nothing back: the second hold's balance stays
+            assert billing.known_balance(account_id) == second.left
+            return billing.known_balance(account_id)
+        finally:
+            billing.close()
+
+    assert asyncio.run(main()) == Balances(5 * USD - 2 * PRICE, 0)
