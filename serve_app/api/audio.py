@@ -14,17 +14,17 @@ import hashlib
 from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
-from starlette.types import Receive, Scope, Send
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
 from serve_app.audio import serving as service
 from serve_app.audio.voice_change import KIND as VOICE_CHANGE
 from serve_app.audio.voice_change import check_not_voice_changer
 from serve_app.errors import ApiError, invalid_request, payload_too_large
+from serve_app.http.billed_stream import BilledStream
 from serve_app.http.render import json_response
 from serve_app.json_bodies import parse_json
 from serve_app.schemas.audio import (
@@ -52,27 +52,16 @@ async def create_speech(body: SpeechRequest, ctx: Context, key: InferenceCaller,
                         state: State) -> Response:
     speech = await state.audio.speak(ctx, key, body)
     if body.streaming:
-        return _SpeechStream(speech)
+        return BilledStream(speech.stream(), media_type=speech.media_type)
+    failure: BaseException | None = None
     try:
         audio = await speech.whole()
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        await speech.close()
+        await speech.close(failure)
     return Response(audio, media_type=speech.media_type)
-
-
-class _SpeechStream(StreamingResponse):
-    """Streams the speech and closes it however the answer ends (Starlette does not close a
-    body iterator whose client left)."""
-
-    def __init__(self, speech: service.Speech) -> None:
-        super().__init__(speech.pieces, media_type=speech.media_type)
-        self.speech = speech
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.speech.close()
 
 
 async def _upload(request: Request, *, required: bool = True

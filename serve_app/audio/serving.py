@@ -20,6 +20,7 @@ from serve_app.errors import ApiError, invalid_request
 from serve_app.models.calls import call_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
+from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.runner import BilledCall, RequestRunner
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
@@ -35,9 +36,10 @@ DEFAULT_MAX_AUDIO_SECONDS = 1800
 
 @dataclass(eq=False)
 class Speech:
-    """A speech answer on its way: its audio `pieces` (or `whole()`), and its billed call
-    settled when they end. `close()` must run however the answer ends (the router's response
-    does it): it stops the synthesis and settles what was delivered."""
+    """A speech answer on its way: its audio `pieces` and its billed call, which reads what
+    was delivered at its `close` (`delivered`). Streamed, the response settles it
+    (`BilledStream`: `pieces` yields `SETTLE` once all the audio is out); whole, `whole()`
+    reads the pieces and the router's `close()` settles."""
 
     model: CatalogModel
     media_type: str
@@ -47,46 +49,56 @@ class Speech:
     first: protocol.SpeechPiece | None
     rest: AsyncIterator[Any]  # the deployment's stream: SpeechPiece, then its end
     sent: int = 0  # characters of the pieces delivered
-    complete: bool = False  # all the audio is out (and charged)
-    pieces: AsyncIterator[bytes] = field(init=False)
+    complete: bool = False  # all the audio is out
+    pieces: AsyncIterator[bytes | Mark] = field(init=False)
 
     def __post_init__(self) -> None:
         self.pieces = self._audio()
+        self.billed.measure = self.delivered
 
-    async def _audio(self) -> AsyncIterator[bytes]:
+    async def _audio(self) -> AsyncIterator[bytes | Mark]:
         """The audio, piece by piece. A piece counts as delivered when its consumer comes
         back for the next one (a streamed response: once it was written to the client); the
-        whole input is charged once the last piece is out, before the answer ends."""
-        piece = self.first
-        while piece is not None:
-            if piece.audio:
-                yield piece.audio
-            self.sent += piece.characters
-            piece = await anext(self.rest, None)  # a failure here: `sent` is charged
-        self.complete = True
-        self.billed.deliver(self.cost)
-        await self.billed.close()
+        whole input once the last piece is out. Closing it stops the synthesis."""
+        try:
+            piece = self.first
+            while piece is not None:
+                if piece.audio:
+                    yield piece.audio
+                self.sent += piece.characters
+                piece = await anext(self.rest, None)  # a failure here: `sent` is charged
+            self.complete = True
+            yield SETTLE
+        finally:
+            await self.rest.aclose()  # type: ignore[attr-defined]
+
+    def delivered(self) -> tuple[Cost | None, int | None]:
+        """The whole input once all of its audio is out; else the characters of the pieces
+        delivered (a client that left early, a model that broke off); else nothing."""
+        if self.complete:
+            return self.cost, None
+        if self.sent > 0:
+            return price(self.model, {"speech_characters": min(self.sent, self.characters)}), None
+        return None, None
+
+    def stream(self) -> BilledEvents:
+        """The pieces and the call they settle, for the response that streams them."""
+        return BilledEvents(self.billed, self.pieces)
 
     async def whole(self) -> bytes:
         """All the audio as one body: nothing of it is delivered unless all of it is."""
         try:
-            return b"".join([piece async for piece in self.pieces])
+            return b"".join([p async for p in self.pieces if not isinstance(p, Mark)])
         except BaseException:
             self.sent = 0
             raise
 
-    async def close(self) -> None:
-        """Stop the synthesis, then settle: the characters of the pieces delivered (at least
-        one piece) to a client that left early or before the model broke off, else release
-        the hold (nothing delivered). Once all is out, already settled: nothing to do."""
+    async def close(self, failure: BaseException | None = None) -> None:
+        """Stop the synthesis, then settle what was delivered (a whole answer's)."""
         try:
             await self.pieces.aclose()  # type: ignore[attr-defined]
-            await self.rest.aclose()  # type: ignore[attr-defined]
         finally:
-            if not self.complete and self.sent > 0:
-                self.billed.deliver(price(self.model, {
-                    "speech_characters": min(self.sent, self.characters)}))
-            await self.billed.close()
+            await self.billed.close(failure)
 
 
 def pick_voice(model: CatalogModel, requested: str | None) -> str:

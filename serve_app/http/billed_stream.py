@@ -1,8 +1,9 @@
 """A streamed answer that owns its billed call: the events of `BilledEvents` go out until
 their source yields `SETTLE` (or ends), and the call is closed there, so what the stream
 delivered is durable before the stream says it is done; whatever ends the stream before
-(an error, a client that left, a body never sent) closes it at the same place
-(pipeline/billed_stream.py)."""
+(an error, a client that left, a body never sent) closes the source (which stops the model's
+work) and then the call, at the same place (pipeline/billed_stream.py). Chat and
+`/responses` stream server-sent events; speech streams audio bytes."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
 
 
 class BilledStream(StreamingResponse):
-    """`text/event-stream` of `BilledEvents`, settled once however it ends."""
+    """The pieces of `BilledEvents` (server-sent events by default), settled once however it
+    ends."""
 
-    def __init__(self, stream: BilledEvents, *, headers: Mapping[str, str]) -> None:
-        super().__init__(cast(AsyncIterator[str], stream.events),
-                         media_type="text/event-stream", headers=headers)
+    def __init__(self, stream: BilledEvents, *, headers: Mapping[str, str] | None = None,
+                 media_type: str = "text/event-stream") -> None:
+        super().__init__(cast(AsyncIterator[str], stream.events), media_type=media_type,
+                         headers=headers)
         self.events, self.billed = stream.events, stream.billed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,12 +68,22 @@ class BilledStream(StreamingResponse):
             raise
         finally:
             with anyio.CancelScope(shield=True):  # a stream cancelled still settles
+                if failure is not None:  # cut short: the model's work stops before settling
+                    await _aclose(self.events)
                 await self.billed.close(failure)
         async for event in self.events:  # the last ones (none when it ended unmarked)
             await self._send(send, event)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _send(self, send: Send, event: str | Mark) -> None:
-        assert isinstance(event, str), "one SETTLE per stream"
-        await send({"type": "http.response.body", "body": event.encode(self.charset),
-                    "more_body": True})
+    async def _send(self, send: Send, event: str | bytes | Mark) -> None:
+        assert not isinstance(event, Mark), "one SETTLE per stream"
+        body = event.encode(self.charset) if isinstance(event, str) else event
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+async def _aclose(events: AsyncIterator[object]) -> None:
+    """Close a stream's source (an async generator's `finally` runs: the model call stops);
+    a source that is no generator has nothing to close."""
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()

@@ -24,8 +24,9 @@ SETTLE = Mark.SETTLE  # yielded once by a stream's source: settle here, before i
 
 @dataclass(eq=False)
 class BilledEvents:
-    """A stream's server-sent events and the billed call they deliver; the HTTP response
-    (serve_app/http/billed_stream.py) sends them and closes the call."""
+    """A stream's pieces (server-sent events, or audio bytes) and the billed call they
+    deliver; the HTTP response (serve_app/http/billed_stream.py) sends them and closes the
+    call."""
 
     billed: BilledCall
-    events: AsyncIterator[str | Mark]
+    events: AsyncIterator[str | Mark] | AsyncIterator[bytes | Mark]
