@@ -58,7 +58,6 @@ class JobService:
         self.router = router
         self.catalog = catalog
         self.request_runner = request_runner
-        self.admission = request_runner.admission
         self.jobs = jobs
         self.results = results
         self.job_runner = job_runner
@@ -105,17 +104,17 @@ class JobService:
             return await intake.queue(cost, params())
 
     @contextlib.asynccontextmanager
-    async def fetching(self, ctx: RequestContext, key: KeyRecord,
-                       floor: Cost) -> AsyncIterator[None]:
-        """Reading media for a request that queues nothing (a quote): the caller is counted
-        and must be able to pay `floor` (the least the job can cost; held, given back after),
-        and takes one of its account's fetch slots (429 when they are taken)."""
-        charge = await self.admission.admit(ctx, key, floor.model, 0, least_hold(floor))
-        try:
-            async with self.fetch_slots.slot(key.account_id):
-                yield
-        finally:
-            await charge.release()
+    async def fetching(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
+                       floor: Callable[[], Cost]) -> AsyncIterator[None]:
+        """Reading media for a request that queues nothing (a quote), through the request
+        runner: the caller is counted, the request checked (`floor` gives the least the job
+        can cost), and must be able to pay that (held, given back after: a quote charges
+        nothing), then takes one of its account's fetch slots (429 when they are taken). The
+        model need not be running: a quote calls none."""
+        async with (self.request_runner.run(ctx, key, routed, lambda: least_hold(floor()),
+                                            calls_model=False),
+                    self.fetch_slots.slot(key.account_id)):
+            yield
 
     async def download_secret(self) -> str:
         return await run_in_session(self.database, lambda s: ensure_secret(s, DOWNLOAD_SECRET))

@@ -112,13 +112,13 @@ class RequestRunner:
 
     async def open(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                    quote: Quote, *, tokens: int = 0, limit: LimitCheck | None = None,
-                   proxied: bool = False, feature_budget: bool = False,
+                   calls_model: bool = True, feature_budget: bool = False,
                    model_headers: bool = True) -> BilledCall:
         """Steps 1 to 5 (the module's docstring); the caller owns the `close`.
         `tokens`: the most the request may use (its rate-limit count until corrected);
         `limit`: a check in place of the model's own limits (the crypto proxy's caps);
-        `proxied`: the work is a call to a server outside the deployments (the crypto
-        proxy's nodes), so no offline check and no model headers;
+        `calls_model`: False when the work calls no deployment (the crypto proxy's nodes,
+        a video quote's fetch of its clip): no offline check, no model headers;
         `feature_budget`: a refusal for a feature the model lacks counts toward its own
         budget (chat); `model_headers`: False when the caller sets them once it knows which
         model answered (a chat's fallbacks)."""
@@ -137,7 +137,7 @@ class RequestRunner:
         billed = BilledCall(await pending.hold(
             [model, *quoted.fallbacks, *quoted.helpers], quoted.cost), measure=quoted.measure)
         try:
-            if not proxied:
+            if calls_model:
                 self._require_online(model, quoted)
                 if model_headers:
                     respond.model_headers(ctx, model, routed.router)
@@ -157,11 +157,11 @@ class RequestRunner:
     @asynccontextmanager
     async def run(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
                   quote: Quote, *, tokens: int = 0, limit: LimitCheck | None = None,
-                  proxied: bool = False, feature_budget: bool = False,
+                  calls_model: bool = True, feature_budget: bool = False,
                   model_headers: bool = True) -> AsyncIterator[BilledCall]:
         """`open`, the caller's work, then `close`, however the work ends."""
         billed = await self.open(ctx, key, routed, quote, tokens=tokens, limit=limit,
-                                 proxied=proxied, feature_budget=feature_budget,
+                                 calls_model=calls_model, feature_budget=feature_budget,
                                  model_headers=model_headers)
         try:
             yield billed

@@ -62,7 +62,7 @@ class VideoService:
         self.image_sources = image_sources
         # Image headers read in its workers within a deadline; refusals spend the account's
         # budget of refused images.
-        self.inspector = inspector or ImageInspector(job_service.admission.limits)
+        self.inspector = inspector or ImageInspector(job_service.request_runner.admission.limits)
         self.job_service = job_service
         self.public_api_url = public_api_url
         self.faces = faces or FaceDetector()
@@ -83,11 +83,12 @@ class VideoService:
         """The price of a job. Only a model priced by its source clip reads `video_url`
         (counted, paid for and bounded as a queue's inputs are); others ignore it, as clients
         of the published interface send it with every quote."""
-        model = self.video_model(body.model).model
+        routed = self.video_model(body.model)
+        model = routed.model
         source = None
         if body.video_url is not None and model.operation in SOURCE_PRICED:
-            floor = floor_plan(model, _ask(body)).cost
-            async with self.job_service.fetching(ctx, key, floor):
+            async with self.job_service.fetching(
+                    ctx, key, routed, lambda: floor_plan(model, _ask(body)).cost):
                 _, source = await self._video(body.video_url, "video_url")
         return {"quote": plan_video(model, _ask(body), source).quote_usd}
 
