@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from serve_app.limits.policy import FAILED_REQUESTS_MAX
+from tests.unit.flows.asgi import post_scope
 
 CHAT = "/api/v1/chat/completions"
 BODY = {"model": "chat-primary", "messages": [{"role": "user", "content": "Say hi."}]}
@@ -23,16 +24,7 @@ def _leave_when(gateway, key: str, waiting: Callable[[], bool], path: str = CHAT
     """POST `body` to `path` into the gateway's ASGI app as a server would, then cancel it
     once `waiting()`: what Serve's ingress does when the client disconnects."""
     payload = json.dumps(body).encode()
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(),
-        "root_path": "", "query_string": b"", "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"authorization", f"Bearer {key}".encode())],
-    }
+    scope = post_scope(path, payload, {"Authorization": f"Bearer {key}"})
 
     async def run() -> None:
         asked = False

@@ -8,16 +8,14 @@ waits, before 2.4)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.requests import ClientDisconnect
 
 from tests.fakes import FakeSpeechDeployment, crashed
+from tests.unit.flows.asgi import LeavingClient, post_scope
 from tests.unit.flows.books import per_million
 
 INPUT_USD = 10  # speaker (speech_catalog.yaml), USD per million characters
@@ -42,53 +40,10 @@ def _speak(gateway, key: str, body: dict[str, Any], *, leave_after: int | None =
     would. The client reads `leave_after` pieces of audio and goes away (None: it reads all).
     Answers the status, the headers and the pieces it read."""
     payload = json.dumps(body).encode()
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": spec},
-        "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/api/v1/audio/speech", "raw_path": b"/api/v1/audio/speech",
-        "root_path": "", "query_string": b"", "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    *[(k.lower().encode(), v.encode())
-                      for k, v in gateway.auth(key).items()]],
-    }
-
-    async def run() -> tuple[int, dict[str, str], list[bytes]]:
-        gone = asyncio.Event()
-        if leave_after == 0:
-            gone.set()
-        asked = False
-        start: dict[str, Any] = {}
-        pieces: list[bytes] = []
-
-        async def receive() -> dict[str, Any]:
-            nonlocal asked
-            if not asked:
-                asked = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            await gone.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                start.update(message)
-                return
-            if gone.is_set():
-                if spec >= "2.4":
-                    raise OSError("the client is gone")
-                await asyncio.Event().wait()  # a write that never drains, until cancelled
-            if message.get("body"):
-                pieces.append(message["body"])
-                if leave_after is not None and len(pieces) >= leave_after:
-                    gone.set()
-
-        with contextlib.suppress(OSError, ClientDisconnect):  # the client's leaving
-            await gateway.client.app(scope, receive, send)
-        headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
-        return start.get("status", 0), headers, pieces
-
-    return gateway.client.portal.call(run)
+    scope = post_scope("/api/v1/audio/speech", payload, gateway.auth(key), spec=spec)
+    client = LeavingClient(payload, leave_after=leave_after, spec=spec)
+    gateway.client.portal.call(client.call, gateway.client.app, scope)
+    return client.status, client.headers, client.pieces
 
 
 def test_a_streamed_speech_read_to_the_end_pays_for_the_whole_input(fake_gateway, key, books):

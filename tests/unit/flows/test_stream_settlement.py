@@ -7,15 +7,12 @@ while a write waits, before 2.4)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from starlette.requests import ClientDisconnect
 
+from tests.unit.flows.asgi import LeavingClient, post_scope
 from tests.unit.flows.sse import DONE, events
 
 BODY = {"model": "chat-primary", "messages": [{"role": "user", "content": "Name a fast fox"}],
@@ -45,57 +42,18 @@ def _stream(gateway, key: str, books, kind: str, *, leave_after: int | None = No
     None: it reads all)."""
     path, body = PATHS[kind]
     payload = json.dumps(body).encode()
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": spec},
-        "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(),
-        "root_path": "", "query_string": b"", "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    *[(k.lower().encode(), v.encode())
-                      for k, v in gateway.auth(key).items()]],
-    }
     read = Read()
 
-    async def run() -> None:
-        gone = asyncio.Event()
-        asked = False
-        pieces = 0
+    def saw(body: bytes) -> None:
+        text = body.decode()
+        read.body += text
+        if _is_last(text):
+            read.charges_at_end = books.charges(client.headers["cf-ray"])
 
-        async def receive() -> dict[str, Any]:
-            nonlocal asked
-            if not asked:
-                asked = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            await gone.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            nonlocal pieces
-            if message["type"] == "http.response.start":
-                read.status = message["status"]
-                read.headers = {k.decode(): v.decode() for k, v in message["headers"]}
-                if leave_after == 0:
-                    gone.set()
-            if gone.is_set():
-                if spec >= "2.4":
-                    raise OSError("the client is gone")
-                await asyncio.Event().wait()  # a write that never drains, until cancelled
-            if message["type"] != "http.response.body" or not message.get("body"):
-                return
-            text = message["body"].decode()
-            read.body += text
-            if _is_last(text):
-                read.charges_at_end = books.charges(read.headers["cf-ray"])
-            pieces += 1
-            if leave_after is not None and pieces >= leave_after:
-                gone.set()
-
-        with contextlib.suppress(OSError, ClientDisconnect):  # the client's leaving
-            await gateway.client.app(scope, receive, send)
-
-    gateway.client.portal.call(run)
+    client = LeavingClient(payload, leave_after=leave_after, spec=spec, on_body=saw)
+    gateway.client.portal.call(client.call, gateway.client.app,
+                               post_scope(path, payload, gateway.auth(key), spec=spec))
+    read.status, read.headers = client.status, client.headers
     return read
 
 
