@@ -51,7 +51,7 @@ class Gateway:
 
     def __init__(self, settings: dict[str, Any], handles: dict[str, Any], key_hub: Any) -> None:
         hand_over_the_gil_quickly()  # the billing writer's thread answers without a 5 ms wait
-        self._state = GatewayServices.build(
+        self._services = GatewayServices.build(
             Settings.model_validate(settings),
             handles={name: h.resolve() if isinstance(h, OtherAppDeployment) else h
                      for name, h in handles.items()},
@@ -59,7 +59,7 @@ class Gateway:
         )
 
     def __serve_build_asgi_app__(self):
-        return create_prefixed_app(self._state)
+        return create_prefixed_app(self._services)
 
 
 class AppArgs(BaseModel):

@@ -78,16 +78,16 @@ def configure_logging() -> None:
         logger.addHandler(handler)
 
 
-def create_app(state: GatewayServices) -> FastAPI:
+def create_app(services: GatewayServices) -> FastAPI:
     configure_logging()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        await state.start()
+        await services.start()
         try:
             yield
         finally:
-            await state.stop()
+            await services.stop()
 
     app = FastAPI(
         title="Inference Platform API",
@@ -99,7 +99,7 @@ def create_app(state: GatewayServices) -> FastAPI:
         openapi_url="/openapi.json",
         servers=[{"url": API_PREFIX}],
     )
-    app.state.gateway = state
+    app.state.gateway = services
     install_error_handlers(app)
     app.add_exception_handler(InsufficientBalance, _wallet_aware_402)
     app.include_router(models.router)
@@ -126,17 +126,17 @@ def create_app(state: GatewayServices) -> FastAPI:
         record_request(scope, status, seconds,
                        model=ctx.limit_model or str(ctx.headers.get("x-service-model-id", "")),
                        auth="none" if key is None else "wallet" if key.wallet_address else "key")
-        state.limits.request_finished(key, ctx.limit_model, status, ctx.request_id,
-                                      unsupported_feature=ctx.unsupported_feature,
-                                      caller_failure=ctx.caller_failure)
+        services.limits.request_finished(key, ctx.limit_model, status, ctx.request_id,
+                                         unsupported_feature=ctx.unsupported_feature,
+                                         caller_failure=ctx.caller_failure)
 
     parse_large_bodies_off_loop(app)
     # Inside the outcome middleware, so that its answers are counted like any other.
-    app.add_middleware(CallerGate, keys=state.keys,
+    app.add_middleware(CallerGate, keys=services.keys,
                        needs_caller=route_needs_caller(
                            app.router.routes, {caller_key, inference_caller, key_or_wallet}),
-                       body_timeout_s=state.settings.body_timeout_s,
-                       large_bodies_per_client=state.settings.large_bodies_per_client)
+                       body_timeout_s=services.settings.body_timeout_s,
+                       large_bodies_per_client=services.settings.large_bodies_per_client)
     app.add_middleware(RequestOutcomeMiddleware, on_finished=finished)
     return app  # the site (create_prefixed_app) adds the service headers around it
 
@@ -148,9 +148,9 @@ async def _wallet_aware_402(request: Request, exc: InsufficientBalance) -> JSONR
     key = ctx.caller if ctx is not None else None
     if key is None or key.wallet_address is None:
         return error_response(exc)
-    state: GatewayServices = request.app.state.gateway
+    services: GatewayServices = request.app.state.gateway
     return error_response(payment_required.insufficient_credit(
-        request, state.payments, state.wallets.domain_for(request.headers.get("host", "")),
+        request, services.payments, services.wallets.domain_for(request.headers.get("host", "")),
         balance_nanos=exc.available_nanos, needed_nanos=exc.needed_nanos))
 
 
@@ -188,10 +188,10 @@ def _bearer_secret(scope: Scope) -> str | None:
     return None
 
 
-def create_prefixed_app(state: GatewayServices) -> ASGIApp:
+def create_prefixed_app(services: GatewayServices) -> ASGIApp:
     """The Gateway's site: the API under `/api/v1` and the console under `/console`. Serve
     runs it with route prefix `/`; tests and plain uvicorn run it as it is."""
-    console = ConsoleFiles(state.settings.console_dir)
+    console = ConsoleFiles(services.settings.console_dir)
 
     async def key_windows(scope: Scope, ctx: RequestContext, answer: MutableHeaders) -> None:
         """The key's rate-limit windows on an answer that tells none: a route that checked
@@ -204,12 +204,12 @@ def create_prefixed_app(state: GatewayServices) -> ASGIApp:
             if secret is None:
                 return
             try:
-                key = await state.keys.authenticate(secret)
+                key = await services.keys.authenticate(secret)
             except ApiError:
                 return  # a public route answers a bad key as if none was sent
-        await respond.key_rate_limit_headers(ctx, key, state.limits, state.catalog.models)
+        await respond.key_rate_limit_headers(ctx, key, services.limits, services.catalog.models)
 
-    return ServiceHeadersMiddleware(Site(create_app(state), console), on_start=key_windows)
+    return ServiceHeadersMiddleware(Site(create_app(services), console), on_start=key_windows)
 
 
 def create_uvicorn_app() -> ASGIApp:

@@ -11,7 +11,7 @@ from serve_app.api.deps import (
     Context,
     CurrentKey,
     JsonBody,
-    State,
+    Services,
     context_of,
     run_db,
 )
@@ -29,31 +29,31 @@ router = APIRouter(tags=["API Keys"])
 
 @router.post("/api_keys", dependencies=[JsonBody], summary="Create an API key")
 async def create_api_key(body: CreateApiKeyRequest, ctx: Context, key: AdminKey,
-                         state: State) -> dict:
-    await state.admission.admit_key_creation(ctx, key)
-    data = await run_db(state, lambda s: service.create_key(s, key.account_id, body))
+                         services: Services) -> dict:
+    await services.admission.admit_key_creation(ctx, key)
+    data = await run_db(services, lambda s: service.create_key(s, key.account_id, body))
     return {"data": data, "success": True}
 
 
 @router.patch("/api_keys", dependencies=[JsonBody], summary="Update an API key")
-async def update_api_key(body: UpdateApiKeyRequest, key: AdminKey, state: State) -> dict:
-    record, key_hash = await run_db(state, lambda s: service.update_key(s, key.account_id, body))
-    await state.key_changed([key_hash])
+async def update_api_key(body: UpdateApiKeyRequest, key: AdminKey, services: Services) -> dict:
+    record, key_hash = await run_db(services, lambda s: service.update_key(s, key.account_id, body))
+    await services.key_changed([key_hash])
     return {"data": record, "success": True}
 
 
 @router.get("/api_keys", summary="List active API keys")
-async def list_api_keys(key: AdminKey, state: State) -> dict:
-    data = await run_db(state, lambda s: service.list_keys(s, key.account_id))
+async def list_api_keys(key: AdminKey, services: Services) -> dict:
+    data = await run_db(services, lambda s: service.list_keys(s, key.account_id))
     return {"object": "list", "data": data}
 
 
 # Registered before `/api_keys/{key_id}`, which would otherwise take these paths.
 @router.get("/api_keys/rate_limits", summary="Rate limits, tier and balances of this key")
 async def rate_limits(request: Request, key: CurrentKey) -> Response:
-    state: GatewayServices = request.app.state.gateway  # not a dependency: the polled route
-    balances = await state.billing.balances(key.account_id)
-    tier, _ = state.limits.tiers.resolve(key.rate_limit_tier)
+    services: GatewayServices = request.app.state.gateway  # not a dependency: the polled route
+    balances = await services.billing.balances(key.account_id)
+    tier, _ = services.limits.tiers.resolve(key.rate_limit_tier)
     # Serialised here (orjson), not through FastAPI's validation of a returned dict: this is
     # the route clients poll.
     # the context read directly, not as a dependency: this is the route clients poll
@@ -63,36 +63,36 @@ async def rate_limits(request: Request, key: CurrentKey) -> Response:
         "balances": {"USD": as_number(balances.usd_nanos) or 0,
                      "DIEM": as_number(balances.diem_nanos) or 0},
         "keyExpiration": iso_z(key.expires_at),
-        "nextEpochBegins": iso_z(next_epoch(state.billing.clock())),
-        "rateLimits": state.limits.published(state.catalog.models, tier, key.is_partner),
+        "nextEpochBegins": iso_z(next_epoch(services.billing.clock())),
+        "rateLimits": services.limits.published(services.catalog.models, tier, key.is_partner),
     }})
 
 
 @router.get("/api_keys/rate_limits/log", summary="The account's last 50 rate-limit events")
-async def rate_limit_log(key: AdminKey, state: State) -> dict:
+async def rate_limit_log(key: AdminKey, services: Services) -> dict:
     def newest(session) -> list[RateLimitEvent]:
         return list(session.exec(
             select(RateLimitEvent).where(RateLimitEvent.account_id == key.account_id)
             .order_by(col(RateLimitEvent.created_at).desc(), col(RateLimitEvent.id).desc())
             .limit(50)).all())
 
-    events = await run_db(state, newest)
+    events = await run_db(services, newest)
     return {"object": "list", "data": [
         {"apiKeyId": e.api_key_id, "modelId": e.model_id or "", "rateLimitTier": e.tier,
          "rateLimitType": e.limit_type, "timestamp": iso_z(e.created_at)} for e in events]}
 
 
 @router.get("/api_keys/{key_id}", summary="Get an API key")
-async def get_api_key(key_id: str, key: AdminKey, state: State) -> dict:
-    data = await run_db(state, lambda s: service.get_key(s, key.account_id, key_id))
+async def get_api_key(key_id: str, key: AdminKey, services: Services) -> dict:
+    data = await run_db(services, lambda s: service.get_key(s, key.account_id, key_id))
     return {"data": data}
 
 
 @router.delete("/api_keys", summary="Revoke an API key")
-async def delete_api_key(key: AdminKey, state: State,
+async def delete_api_key(key: AdminKey, services: Services,
                          id: str | None = Query(None, max_length=64)) -> dict:
     if not id:
         raise invalid_request("id is required: the id of the API key to delete", "id")
-    key_hash = await run_db(state, lambda s: service.delete_key(s, key.account_id, id))
-    await state.key_changed([key_hash])
+    key_hash = await run_db(services, lambda s: service.delete_key(s, key.account_id, id))
+    await services.key_changed([key_hash])
     return {"success": True}

@@ -19,7 +19,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 
-from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
 from serve_app.audio import serving as service
 from serve_app.audio.voice_change import KIND as VOICE_CHANGE
 from serve_app.audio.voice_change import check_not_voice_changer
@@ -49,8 +49,8 @@ MAX_AUDIO_BYTES = 25 * 1024 * 1024  # files must be smaller
                                           for t in service.CONTENT_TYPES.values()},
                               "description": "The audio"}})
 async def create_speech(body: SpeechRequest, ctx: Context, key: InferenceCaller,
-                        state: State) -> Response:
-    speech = await state.audio.speak(ctx, key, body)
+                        services: Services) -> Response:
+    speech = await services.audio.speak(ctx, key, body)
     if body.streaming:
         return BilledStream(speech.stream(), media_type=speech.media_type)
     failure: BaseException | None = None
@@ -106,36 +106,36 @@ async def _upload(request: Request, *, required: bool = True
                                     **TranscriptionRequest.model_json_schema()["properties"]},
                      "required": ["file"]}}}}})
 async def create_transcription(request: Request, ctx: Context, key: InferenceCaller,
-                               state: State) -> Response:
+                               services: Services) -> Response:
     fields, audio = await _upload(request)
     assert audio is not None  # required
     body = TranscriptionRequest.model_validate(fields)
-    out = await state.audio.transcribe(ctx, key, body, audio)
+    out = await services.audio.transcribe(ctx, key, body, audio)
     if body.response_format == "text":
         return PlainTextResponse(out.text)
     return json_response(ctx, service.transcription_payload(body, out))
 
 
 @router.get("/audio/voices", summary="Voices of the speech models")
-async def list_voices(state: State, model: str | None = Query(None)) -> dict:
-    return {"object": "list", "data": state.audio.voices(model)}
+async def list_voices(services: Services, model: str | None = Query(None)) -> dict:
+    return {"object": "list", "data": services.audio.voices(model)}
 
 
 # ---- queued audio ------------------------------------------------------------------------
 
 @router.post("/audio/quote", dependencies=[JsonBody], summary="Price of an audio job")
 async def quote_audio(body: QuoteAudioRequest, ctx: Context, key: InferenceCaller,
-                      state: State) -> Response:
-    return json_response(ctx, state.queued_audio.quote(body))
+                      services: Services) -> Response:
+    return json_response(ctx, services.queued_audio.quote(body))
 
 
 
 
 @router.post("/audio/queue", dependencies=[JsonBody], summary="Queue an audio job")
 async def queue_audio(body: QueueAudioRequest, ctx: Context, key: InferenceCaller,
-                      state: State, idempotency_key: str | None = Header(None)) -> Response:
-    return await state.job_service.queued(ctx, key, "audio/queue", body, idempotency_key,
-                                          lambda: state.queued_audio.queue(ctx, key, body))
+                      services: Services, idempotency_key: str | None = Header(None)) -> Response:
+    return await services.job_service.queued(ctx, key, "audio/queue", body, idempotency_key,
+                                             lambda: services.queued_audio.queue(ctx, key, body))
 
 
 @router.post("/audio/retrieve", dependencies=[JsonBody], summary="Status or audio of a job",
@@ -143,31 +143,31 @@ async def queue_audio(body: QueueAudioRequest, ctx: Context, key: InferenceCalle
                  t: {"schema": {"type": "string", "format": "binary"}}
                  for t in ("audio/mpeg", "audio/wav", "audio/flac")}}})
 async def retrieve_audio(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
-                         state: State) -> Response:
-    _not_voice_changer(state, body.model, "retrieve")
-    return await state.job_service.retrieve(ctx, key, body, "audio")
+                         services: Services) -> Response:
+    _not_voice_changer(services, body.model, "retrieve")
+    return await services.job_service.retrieve(ctx, key, body, "audio")
 
 
 @router.post("/audio/complete", dependencies=[JsonBody], summary="Delete a job's audio")
 async def complete_audio(body: JobRequest, ctx: Context, key: InferenceCaller,
-                         state: State) -> Response:
-    _not_voice_changer(state, body.model, "complete")
-    return json_response(ctx, await state.job_service.complete(key, body, "audio"))
+                         services: Services) -> Response:
+    _not_voice_changer(services, body.model, "complete")
+    return json_response(ctx, await services.job_service.complete(key, body, "audio"))
 
 
-def _not_voice_changer(state: GatewayServices, name: str, endpoint: str) -> None:
+def _not_voice_changer(services: GatewayServices, name: str, endpoint: str) -> None:
     """A voice changer named on a queued-audio route: 400 naming its own endpoint (a name the
     catalog does not know is left to the route's answer for an unknown job)."""
-    model = state.catalog.find(name, "music")
+    model = services.catalog.find(name, "music")
     if model is not None:
         check_not_voice_changer(model, endpoint)
 
 
-def _voice_changer_only(state: GatewayServices, name: str, endpoint: str) -> None:
+def _voice_changer_only(services: GatewayServices, name: str, endpoint: str) -> None:
     """Another music model named on a voice-changer route: 400 naming its endpoint."""
-    model = state.catalog.find(name, "music")
+    model = services.catalog.find(name, "music")
     if model is not None and model.type == "music" and model.voice_changer is None:
-        state.voice_changer.model(name, endpoint)
+        services.voice_changer.model(name, endpoint)
 
 
 # ---- voice changer (speech to speech) ------------------------------------------------------
@@ -175,8 +175,8 @@ def _voice_changer_only(state: GatewayServices, name: str, endpoint: str) -> Non
 @router.post("/audio/voice-changer/quote", dependencies=[JsonBody],
              summary="Price of a voice change")
 async def quote_voice_change(body: VoiceChangerQuoteRequest, ctx: Context,
-                             key: InferenceCaller, state: State) -> Response:
-    return json_response(ctx, state.voice_changer.quote(body))
+                             key: InferenceCaller, services: Services) -> Response:
+    return json_response(ctx, services.voice_changer.quote(body))
 
 
 @router.post("/audio/voice-changer/queue", summary="Queue a voice change",
@@ -188,7 +188,7 @@ async def quote_voice_change(body: VoiceChangerQuoteRequest, ctx: Context,
                                     **VoiceChangerQueueRequest.model_json_schema()[
                                         "properties"]}}}}}})
 async def queue_voice_change(request: Request, ctx: Context, key: InferenceCaller,
-                             state: State,
+                             services: Services,
                              idempotency_key: str | None = Header(None)) -> Response:
     """The source once: a multipart `file`, or a JSON `audio_url` fetched by the server."""
     upload: bytes | None = None
@@ -208,9 +208,9 @@ async def queue_voice_change(request: Request, ctx: Context, key: InferenceCalle
     if upload is not None and idempotency_key is not None:
         digest = await asyncio.to_thread(hashlib.sha256, upload)  # up to 25 MB: off the loop
         digested = {"file_sha256": digest.hexdigest()}
-    return await state.job_service.queued(
+    return await services.job_service.queued(
         ctx, key, "audio/voice-changer/queue", body, idempotency_key,
-        lambda: state.voice_changer.queue(ctx, key, body, upload), digested)
+        lambda: services.voice_changer.queue(ctx, key, body, upload), digested)
 
 
 @router.post("/audio/voice-changer/retrieve", dependencies=[JsonBody],
@@ -219,14 +219,14 @@ async def queue_voice_change(request: Request, ctx: Context, key: InferenceCalle
                  t: {"schema": {"type": "string", "format": "binary"}}
                  for t in ("audio/mpeg", "audio/wav", "audio/flac")}}})
 async def retrieve_voice_change(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
-                                state: State) -> Response:
-    _voice_changer_only(state, body.model, "retrieve")
-    return await state.job_service.retrieve(ctx, key, body, VOICE_CHANGE)
+                                services: Services) -> Response:
+    _voice_changer_only(services, body.model, "retrieve")
+    return await services.job_service.retrieve(ctx, key, body, VOICE_CHANGE)
 
 
 @router.post("/audio/voice-changer/complete", dependencies=[JsonBody],
              summary="Delete a voice change's audio")
 async def complete_voice_change(body: JobRequest, ctx: Context, key: InferenceCaller,
-                                state: State) -> Response:
-    _voice_changer_only(state, body.model, "complete")
-    return json_response(ctx, await state.job_service.complete(key, body, VOICE_CHANGE))
+                                services: Services) -> Response:
+    _voice_changer_only(services, body.model, "complete")
+    return json_response(ctx, await services.job_service.complete(key, body, VOICE_CHANGE))

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from sqlmodel import Session
 
 from serve_app.accounts.provisioning import CURSOR_SECRET, ensure_secret
-from serve_app.api.deps import AdminKey, Context, State, run_db
+from serve_app.api.deps import AdminKey, Context, Services, run_db
 from serve_app.billing import ledger
 from serve_app.billing.analytics import usage_analytics
 from serve_app.billing.history import Walk, decode_cursor, encode_cursor, line_record, page, to_csv
@@ -25,9 +25,9 @@ MAX_LOOKBACK_DAYS = 90
 
 
 @router.get("/balance", summary="Current balances")
-async def get_balance(ctx: Context, key: AdminKey, state: State) -> Response:
-    now = state.billing.clock()
-    found, staked = await run_db(state, lambda s: ledger.balances(s, key.account_id, now))
+async def get_balance(ctx: Context, key: AdminKey, services: Services) -> Response:
+    now = services.billing.clock()
+    found, staked = await run_db(services, lambda s: ledger.balances(s, key.account_id, now))
     usd, diem = found.usd_nanos, found.diem_nanos
     currency = "DIEM" if diem > 0 else "USD" if usd > 0 else None
     return json_response(ctx, {
@@ -51,15 +51,15 @@ async def usage_sunset() -> Response:
 
 @router.get("/usage-history", summary="Usage history, cursor-paged (JSON or CSV)")
 async def usage_history(
-    request: Request, ctx: Context, key: AdminKey, state: State,
+    request: Request, ctx: Context, key: AdminKey, services: Services,
     cursor: Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_-]+$")] = None,
     pageSize: Annotated[int | None, Query(ge=10, le=1000)] = None,
     startTimestamp: datetime | None = None,
     endTimestamp: datetime | None = None,
     currency: Literal["USD", "DIEM", "BUNDLED_CREDITS"] | None = None,
 ) -> Response:
-    now = state.billing.clock()
-    secret = (await run_db(state, lambda s: ensure_secret(s, CURSOR_SECRET))).encode()
+    now = services.billing.clock()
+    secret = (await run_db(services, lambda s: ensure_secret(s, CURSOR_SECRET))).encode()
     if cursor is not None:
         given = [n for n, v in (("pageSize", pageSize), ("startTimestamp", startTimestamp),
                                 ("endTimestamp", endTimestamp), ("currency", currency))
@@ -75,7 +75,7 @@ async def usage_history(
             raise invalid_request("endTimestamp must be later than startTimestamp",
                                   "endTimestamp")
         walk = Walk(page_size=pageSize or 1000, start=start, end=end, currency=currency)
-    lines, more = await run_db(state, lambda s: page(s, key.account_id, walk))
+    lines, more = await run_db(services, lambda s: page(s, key.account_id, walk))
     next_cursor = None
     if more:
         last = lines[-1]
@@ -132,19 +132,19 @@ def _analytics_range(lookback: str | None, start: str | None, end: str | None,
 
 @router.get("/usage-analytics", summary="Usage analytics (beta; cached 10 minutes)")
 async def get_usage_analytics(
-    ctx: Context, key: AdminKey, state: State,
+    ctx: Context, key: AdminKey, services: Services,
     lookback: Annotated[str | None, Query(max_length=8)] = None,
     startDate: Annotated[str | None, Query(pattern=r"^\d{4}-\d{2}-\d{2}$")] = None,
     endDate: Annotated[str | None, Query(pattern=r"^\d{4}-\d{2}-\d{2}$")] = None,
 ) -> Response:
-    today = state.billing.clock().astimezone(UTC).date()
+    today = services.billing.clock().astimezone(UTC).date()
     first, last, label = _analytics_range(lookback, startDate, endDate, today)
     cache_key = (key.account_id, f"{label}@{today}")
-    result = state.billing.analytics_cache.get(cache_key)
+    result = services.billing.analytics_cache.get(cache_key)
     if result is None:
         def compute(session: Session) -> dict:
-            return usage_analytics(session, state.catalog, key.account_id, first, last, label)
+            return usage_analytics(session, services.catalog, key.account_id, first, last, label)
 
-        result = await run_db(state, compute)
-        state.billing.analytics_cache[cache_key] = result
+        result = await run_db(services, compute)
+        services.billing.analytics_cache[cache_key] = result
     return json_response(ctx, result, compress=True)

@@ -6,7 +6,7 @@ from functools import partial
 
 from fastapi import APIRouter, Request, Response
 
-from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, unless_client_leaves
 from serve_app.http import render
 from serve_app.http.billed_stream import BilledStream
@@ -17,12 +17,12 @@ router = APIRouter(tags=["Chat"])
 
 @router.post("/chat/completions", dependencies=[JsonBody], summary="Chat completion")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Context,
-                           key: InferenceCaller, state: State) -> Response:
+                           key: InferenceCaller, services: Services) -> Response:
     if not body.stream:
-        return render.json_response(ctx, await state.chat.completion(ctx, key, body))
+        return render.json_response(ctx, await services.chat.completion(ctx, key, body))
     try:
-        stream = await state.chat.completion_stream(ctx, key, body,
-                                                    partial(unless_client_leaves, request))
+        stream = await services.chat.completion_stream(ctx, key, body,
+                                                       partial(unless_client_leaves, request))
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return BilledStream(stream, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Path, Request, Response
 
-from serve_app.api.deps import Context, JsonBody, KeyOrWallet, State
+from serve_app.api.deps import Context, JsonBody, KeyOrWallet, Services
 
 router = APIRouter(prefix="/crypto/rpc", tags=["Crypto RPC"])
 
@@ -29,14 +29,14 @@ _BODY = {
 
 
 @router.get("/networks", summary="List supported crypto RPC networks")
-async def list_networks(state: State) -> dict:
+async def list_networks(services: Services) -> dict:
     """The alphabetically sorted network slugs `POST /crypto/rpc/{network}` accepts. Public."""
-    return {"networks": state.crypto_rpc.networks}
+    return {"networks": services.crypto_rpc.networks}
 
 
 @router.post("/{network}", dependencies=[JsonBody], openapi_extra={"requestBody": _BODY},
              summary="Proxy a JSON-RPC request to a supported blockchain")
-async def rpc_proxy(request: Request, ctx: Context, key: KeyOrWallet, state: State,
+async def rpc_proxy(request: Request, ctx: Context, key: KeyOrWallet, services: Services,
                     network: str = Path(description="Network slug; GET /crypto/rpc/networks "
                                                     "lists them", examples=["ethereum-mainnet"]),
                     ) -> Response:
@@ -44,4 +44,4 @@ async def rpc_proxy(request: Request, ctx: Context, key: KeyOrWallet, state: Sta
     per call are the network's base credits (20 for EVM chains and Starknet, 30 for zkSync and
     Solana) times the method's tier; a call answered with a JSON-RPC error costs 5 credits.
     The answer carries `X-Venice-RPC-Credits` and `X-Venice-RPC-Cost-USD`."""
-    return await state.crypto_rpc.proxy(request, ctx, key, network)
+    return await services.crypto_rpc.proxy(request, ctx, key, network)

@@ -1,4 +1,5 @@
-"""Typed dependencies, so a route's signature says what it needs (state, key, admin key).
+"""Typed dependencies, so a route's signature says what it needs (the services, the key, an
+admin key).
 
 Every dependency is `async def`, even those that never await: FastAPI runs a plain `def`
 dependency in a worker thread, a hop that cost the ingress about a sixth of its CPU."""
@@ -30,11 +31,11 @@ T = TypeVar("T")
 WALLET_SLOT = "wallet_slot"
 
 
-async def get_state(request: Request) -> GatewayServices:
+async def get_services(request: Request) -> GatewayServices:
     return request.app.state.gateway
 
 
-State = Annotated[GatewayServices, Depends(get_state)]
+Services = Annotated[GatewayServices, Depends(get_services)]
 
 
 def context_of(request: Request) -> RequestContext:
@@ -42,11 +43,11 @@ def context_of(request: Request) -> RequestContext:
     run without it). The auth dependencies read it through this call rather than through a
     dependency of their own: each dependency FastAPI solves costs a few microseconds on every
     request."""
-    state = request.scope.setdefault("state", {})
-    ctx = state.get("context")
+    scope_state = request.scope.setdefault("state", {})
+    ctx = scope_state.get("context")
     if ctx is None:
-        ctx = state["context"] = RequestContext(state.get("request_id", "-"),
-                                                request.headers.get("accept-encoding", ""))
+        ctx = scope_state["context"] = RequestContext(
+            scope_state.get("request_id", "-"), request.headers.get("accept-encoding", ""))
     return ctx
 
 
@@ -61,14 +62,14 @@ def bearer_secret(request: Request) -> str:
     return bearer_secret_of(request.headers.get("authorization"))
 
 
-async def current_key(request: Request, state: State) -> KeyRecord:
+async def current_key(request: Request, services: Services) -> KeyRecord:
     ctx = context_of(request)
     with ctx.step("auth"):
         # Found by the caller gate before the body was read; looked up here without it.
-        key = ctx.authenticated_key or await state.keys.authenticate(bearer_secret(request))
+        key = ctx.authenticated_key or await services.keys.authenticate(bearer_secret(request))
         ctx.caller = key
-        state.limits.check_failed_budget(key)
-        respond.balance_headers(ctx, await state.billing.balances(key.account_id))
+        services.limits.check_failed_budget(key)
+        respond.balance_headers(ctx, await services.billing.balances(key.account_id))
     return key
 
 
@@ -80,17 +81,17 @@ async def caller_key(request: Request) -> KeyRecord:
 
 CurrentKey = Annotated[KeyRecord, Depends(caller_key)]
 
-async def inference_caller(request: Request, state: State) -> KeyRecord:
+async def inference_caller(request: Request, services: Services) -> KeyRecord:
     """The caller of an inference endpoint: a wallet signed in with SIGN-IN-WITH-X, or else a
     Bearer key (`key_or_wallet`). With neither, the x402 discovery 402."""
     if not request.headers.get("authorization") and siwx_header(request.headers) is None:
         host = request.headers.get("host", "")
-        raise payment_required.discovery(request, state.payments,
-                                         state.wallets.domain_for(host))
-    return await key_or_wallet(request, state)
+        raise payment_required.discovery(request, services.payments,
+                                         services.wallets.domain_for(host))
+    return await key_or_wallet(request, services)
 
 
-async def key_or_wallet(request: Request, state: State) -> KeyRecord:
+async def key_or_wallet(request: Request, services: Services) -> KeyRecord:
     """A wallet signed in with SIGN-IN-WITH-X, or else a Bearer key; 401 with neither.
 
     The wallet header decides: a request carrying both (a client that sends its usual
@@ -99,14 +100,14 @@ async def key_or_wallet(request: Request, state: State) -> KeyRecord:
     header = siwx_header(request.headers)
     if header is None:
         if request.headers.get("authorization"):
-            return await current_key(request, state)
+            return await current_key(request, services)
         raise authentication_failed("Authentication failed: send an API key "
                                     "('Authorization: Bearer <key>') or a SIGN-IN-WITH-X header")
-    caller = await signed_in_caller(request, state, header)
+    caller = await signed_in_caller(request, services, header)
     scope_state = request.scope.setdefault("state", {})
     if WALLET_SLOT not in scope_state and caller.wallet_address:
         # One of the wallet's requests in flight until its answer ends (release_wallet_slot).
-        scope_state[WALLET_SLOT] = state.wallets.in_flight.take(caller.wallet_address)
+        scope_state[WALLET_SLOT] = services.wallets.in_flight.take(caller.wallet_address)
     return caller
 
 
@@ -117,29 +118,29 @@ def release_wallet_slot(scope: Scope) -> None:
         release()
 
 
-async def signed_in_caller(request: Request, state: GatewayServices,
+async def signed_in_caller(request: Request, services: GatewayServices,
                            header: str) -> KeyRecord:
     """The wallet of a SIGN-IN-WITH-X header, as the request's caller (401 if it does not
     verify), with its balance headers."""
     ctx = context_of(request)
     with ctx.step("auth"):
-        wallet = await state.wallets.authenticate(
+        wallet = await services.wallets.authenticate(
             header, request.headers.get("host", ""),
             client=request.client.host if request.client else None)
         key = ctx.caller = wallet.caller
-        state.limits.check_failed_budget(key)
-        respond.balance_headers(ctx, await remaining_credit(ctx, state, wallet))
+        services.limits.check_failed_budget(key)
+        respond.balance_headers(ctx, await remaining_credit(ctx, services, wallet))
     return key
 
 
-async def remaining_credit(ctx: RequestContext, state: GatewayServices,
+async def remaining_credit(ctx: RequestContext, services: GatewayServices,
                            wallet: SignedInWallet) -> Balances:
     """`X-Balance-Remaining` on a wallet's answer; returns the balance before the request
     (0 for a wallet whose account row is not written yet: nothing to read)."""
     account_id = wallet.caller.account_id
-    before = (await state.billing.balances(account_id) if wallet.has_account
+    before = (await services.billing.balances(account_id) if wallet.has_account
               else Balances(0, 0))
-    respond.remaining_credit_header(ctx, RemainingCredit(state.billing, account_id, before))
+    respond.remaining_credit_header(ctx, RemainingCredit(services.billing, account_id, before))
     return before
 
 
@@ -184,6 +185,6 @@ async def require_json(request: Request) -> None:
 JsonBody = Depends(require_json)
 
 
-async def run_db(state: GatewayServices, work: Callable[[Session], T]) -> T:
+async def run_db(services: GatewayServices, work: Callable[[Session], T]) -> T:
     """Run blocking database work off the event loop, in a session of its own."""
-    return await run_in_session(state.engine, work)
+    return await run_in_session(services.engine, work)

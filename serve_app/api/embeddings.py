@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
 from serve_app.billing.pricing import price
 from serve_app.embeddings.serving import encode, most_units, shape
 from serve_app.http import render
@@ -20,15 +20,15 @@ INLINE_RENDER_TEXTS = 8
 
 @router.post("/embeddings", dependencies=[JsonBody], summary="Create embeddings")
 async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: InferenceCaller,
-                            state: State) -> Response:
-    routed = state.router.resolve(body.model, "embedding")
+                            services: Services) -> Response:
+    routed = services.router.resolve(body.model, "embedding")
     model, texts = routed.model, body.texts
     estimate = sum(len(t) for t in texts) // 4 + 1
-    async with state.runner.run(
+    async with services.runner.run(
             ctx, key, routed, lambda: price(model, most_units(model, texts, body.dimensions)),
             tokens=estimate) as billed:
         with ctx.step("model"):
-            embedded = await state.embedder.embed(model, texts, state.admission.tenant(key))
+            embedded = await services.embedder.embed(model, texts, services.admission.tenant(key))
         ctx.record("replica", embedded.replica_ms)
         if embedded.engine_ms:
             ctx.record("engine", embedded.engine_ms)

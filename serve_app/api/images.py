@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
 from serve_app.errors import invalid_request
 from serve_app.http.render import json_response
 from serve_app.images import serving as service
@@ -57,14 +57,14 @@ def _uploaded(data: bytes) -> Source:
     return read
 
 
-def _sent(state: GatewayServices, value: str, field: str, *, allow_urls: bool) -> Source:
+def _sent(services: GatewayServices, value: str, field: str, *, allow_urls: bool) -> Source:
     async def read() -> bytes:
-        return await state.image_sources.read(value, field, allow_urls=allow_urls)
+        return await services.image_sources.read(value, field, allow_urls=allow_urls)
 
     return read
 
 
-def _one_image(state: GatewayServices, fields: dict[str, Any], files: dict[str, list[bytes]],
+def _one_image(services: GatewayServices, fields: dict[str, Any], files: dict[str, list[bytes]],
                value: str | None, *, allow_urls: bool, url: str | None = None) -> Source:
     uploads = files.get("image", [])
     if len(uploads) > 1:
@@ -72,9 +72,9 @@ def _one_image(state: GatewayServices, fields: dict[str, Any], files: dict[str, 
     if uploads:
         return _uploaded(uploads[0])
     if value:
-        return _sent(state, value, "image", allow_urls=allow_urls)
+        return _sent(services, value, "image", allow_urls=allow_urls)
     if url:
-        return _sent(state, url, "image_url", allow_urls=True)
+        return _sent(services, url, "image_url", allow_urls=True)
     if "image" in fields:
         raise invalid_request("image must be a non-empty base64 string"
                               + (" or image URL" if allow_urls else ""), "image")
@@ -92,11 +92,11 @@ async def _read(request: Request, route: str, file_fields: set[str]
 @router.post("/image/upscale", summary="Upscale an image", response_class=Response,
              openapi_extra=_body_doc(UpscaleRequest), responses=_image_answer("image/png"))
 async def upscale_image(request: Request, ctx: Context, key: InferenceCaller,
-                        state: State) -> Response:
+                        services: Services) -> Response:
     fields, files = await _read(request, "/image/upscale", {"image"})
     body = UpscaleRequest.model_validate(fields)
-    source = _one_image(state, fields, files, body.image, allow_urls=False)
-    produced = await state.images.upscale(ctx, key, body, source)
+    source = _one_image(services, fields, files, body.image, allow_urls=False)
+    produced = await services.images.upscale(ctx, key, body, source)
     return Response(produced.images[0], media_type="image/png")
 
 
@@ -104,15 +104,15 @@ async def upscale_image(request: Request, ctx: Context, key: InferenceCaller,
              response_class=Response, openapi_extra=_body_doc(BackgroundRemoveRequest),
              responses=_image_answer("image/png"))
 async def remove_background(request: Request, ctx: Context, key: InferenceCaller,
-                            state: State) -> Response:
+                            services: Services) -> Response:
     fields, files = await _read(request, "/image/background-remove", {"image"})
     body = BackgroundRemoveRequest.model_validate(fields)
-    source = _one_image(state, fields, files, body.image, allow_urls=True, url=body.image_url)
-    produced = await state.images.remove_background(ctx, key, body, source)
+    source = _one_image(services, fields, files, body.image, allow_urls=True, url=body.image_url)
+    produced = await services.images.remove_background(ctx, key, body, source)
     return Response(produced.images[0], media_type="image/png")
 
 
-def _edit_sources(state: GatewayServices, body: MultiEditRequest, files: dict[str, list[bytes]],
+def _edit_sources(services: GatewayServices, body: MultiEditRequest, files: dict[str, list[bytes]],
                   *, multipart: bool) -> tuple[list[Source], list[str]]:
     if multipart:
         if files.get("images") and files.get("image"):
@@ -128,7 +128,7 @@ def _edit_sources(state: GatewayServices, body: MultiEditRequest, files: dict[st
         if not value:
             raise invalid_request("must be a non-empty base64 string or image URL",
                                   f"images[{i}]")
-    return ([_sent(state, v, f"images[{i}]", allow_urls=True) for i, v in enumerate(values)],
+    return ([_sent(services, v, f"images[{i}]", allow_urls=True) for i, v in enumerate(values)],
             [f"images[{i}]" for i in range(len(values))])
 
 
@@ -142,39 +142,39 @@ def _edited(produced: service.Produced) -> Response:
              response_class=Response, openapi_extra=_body_doc(MultiEditRequest),
              responses=_image_answer("image/png"))
 async def multi_edit(request: Request, ctx: Context, key: InferenceCaller,
-                     state: State) -> Response:
+                     services: Services) -> Response:
     fields, files = await _read(request, "/image/multi-edit", {"images", "image"})
     multipart = request.headers.get("content-type", "").lower().startswith("multipart/")
     if multipart and ("images" in fields or "image" in fields):
         raise invalid_request("multipart requests take image files only: upload each image "
                               "as a file in `images`", "images")
     body = MultiEditRequest.model_validate(fields)
-    sources, names = _edit_sources(state, body, files, multipart=multipart)
-    produced = await state.images.edit(ctx, key, body, sources, names)
+    sources, names = _edit_sources(services, body, files, multipart=multipart)
+    produced = await services.images.edit(ctx, key, body, sources, names)
     return _edited(produced)
 
 
 @router.post("/image/edit", summary="Edit an image", response_class=Response,
              openapi_extra=_body_doc(EditRequest), responses=_image_answer("image/png"))
 async def edit_image(request: Request, ctx: Context, key: InferenceCaller,
-                     state: State) -> Response:
+                     services: Services) -> Response:
     fields, files = await _read(request, "/image/edit", {"image"})
     body = EditRequest.model_validate(fields)
     if files.get("image"):
         sources, names = [_uploaded(files["image"][0])], ["image"]
     elif body.image:
-        sources, names = [_sent(state, body.image, "image", allow_urls=True)], ["image"]
+        sources, names = [_sent(services, body.image, "image", allow_urls=True)], ["image"]
     else:
         raise invalid_request("image is required", "image")
-    produced = await state.images.edit(ctx, key, body, sources, names)
+    produced = await services.images.edit(ctx, key, body, sources, names)
     return _edited(produced)
 
 
 @router.post("/image/generate", dependencies=[JsonBody], summary="Generate images")
 async def generate_image(body: GenerateRequest, ctx: Context, key: InferenceCaller,
-                         state: State) -> Response:
+                         services: Services) -> Response:
     started = time.perf_counter()
-    produced = await state.images.generate(ctx, key, body)
+    produced = await services.images.generate(ctx, key, body)
     if body.return_binary:
         return Response(produced.images[0], media_type=produced.media_type)
     return json_response(ctx, service.generate_payload(body, produced, started), compress=True)
@@ -183,9 +183,9 @@ async def generate_image(body: GenerateRequest, ctx: Context, key: InferenceCall
 @router.post("/images/generations", dependencies=[JsonBody],
              summary="Generate an image (chat-completion convention)")
 async def openai_generations(body: OpenAIImageRequest, ctx: Context, key: InferenceCaller,
-                             state: State) -> Response:
-    produced = await state.images.generate(ctx, key,
-                                      state.images.native_generation(body))
+                             services: Services) -> Response:
+    produced = await services.images.generate(ctx, key,
+                                              services.images.native_generation(body))
     encoded = base64.b64encode(produced.images[0]).decode("ascii")
     item = ({"url": f"data:{produced.media_type};base64,{encoded}"}
             if body.response_format == "url" else {"b64_json": encoded})

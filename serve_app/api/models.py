@@ -6,7 +6,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Query
 
-from serve_app.api.deps import State
+from serve_app.api.deps import Services
 from serve_app.errors import ApiError
 from serve_app.models.records import model_record
 
@@ -19,38 +19,38 @@ AliasTypeFilter = Literal["asr", "embedding", "image", "music", "text", "tts", "
 
 
 @router.get("/models", summary="List models")
-async def list_models(state: State, type: TypeFilter = Query("all")) -> dict:
-    models = state.catalog.of_type(type)
+async def list_models(services: Services, type: TypeFilter = Query("all")) -> dict:
+    models = services.catalog.of_type(type)
     return {
         "object": "list",
         "type": type,
-        "data": [model_record(m, offline=not state.router.is_online(m)) for m in models],
+        "data": [model_record(m, offline=not services.router.is_online(m)) for m in models],
     }
 
 
 @router.get("/models/traits", summary="Model traits and the model behind each")
-async def list_traits(state: State, type: AliasTypeFilter = Query("text")) -> dict:
-    return {"object": "list", "type": type, "data": state.catalog.traits.get(type, {})}
+async def list_traits(services: Services, type: AliasTypeFilter = Query("text")) -> dict:
+    return {"object": "list", "type": type, "data": services.catalog.traits.get(type, {})}
 
 
 @router.get("/models/compatibility_mapping", summary="Model names of other APIs we answer to")
-async def list_compatibility(state: State, type: AliasTypeFilter = Query("text")) -> dict:
+async def list_compatibility(services: Services, type: AliasTypeFilter = Query("text")) -> dict:
     return {"object": "list", "type": type,
-            "data": state.catalog.compatibility_mapping.get(type, {})}
+            "data": services.catalog.compatibility_mapping.get(type, {})}
 
 
 @router.get("/image/styles", tags=["Image"], summary="Image styles for generation")
-async def list_image_styles(state: State) -> dict:
-    return {"object": "list", "data": list(state.catalog.image_styles)}
+async def list_image_styles(services: Services) -> dict:
+    return {"object": "list", "data": list(services.catalog.image_styles)}
 
 
 @router.get("/models/{model_id:path}", summary="One model, as the listing shows it")
-async def get_model(model_id: str, state: State) -> dict:
+async def get_model(model_id: str, services: Services) -> dict:
     """The record `GET /models` lists for this id (a compatibility alias or trait, such as
     `gpt-4o-mini` or `default`, answers its model's record); registered after the
     `/models/...` listings so that their paths are not read as model ids."""
-    model = state.catalog.find(model_id)
+    model = services.catalog.find(model_id)
     if model is None:
         raise ApiError(404, f"Model {model_id!r} not found; GET /models lists the models",
                        code="MODEL_NOT_FOUND")
-    return model_record(model, offline=not state.router.is_online(model))
+    return model_record(model, offline=not services.router.is_online(model))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
 from serve_app.chat.response_objects import respond as respond_with
 from serve_app.chat.response_objects import stream_response, to_chat_request
 from serve_app.http import render
@@ -16,12 +16,12 @@ router = APIRouter(tags=["Chat"])
 
 @router.post("/responses", dependencies=[JsonBody], summary="Create a model response")
 async def create_response(body: ResponsesRequest, ctx: Context, key: InferenceCaller,
-                          state: State) -> Response:
+                          services: Services) -> Response:
     req = to_chat_request(body)
     if body.stream:
-        return BilledStream(await stream_response(ctx, key, req, state.chat),
+        return BilledStream(await stream_response(ctx, key, req, services.chat),
                             headers={"Cache-Control": "no-cache"})
-    response = await respond_with(ctx, key, req, state.chat)
+    response = await respond_with(ctx, key, req, services.chat)
     return render.json_response(ctx, _published(response))
 
 

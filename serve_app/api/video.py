@@ -17,7 +17,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
-from serve_app.api.deps import Context, InferenceCaller, JsonBody, State
+from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
 from serve_app.http.render import json_response
 from serve_app.schemas.video import (
     JobRequest,
@@ -36,18 +36,18 @@ _STATUS = {"application/json": {"schema": {"type": "object", "properties": {
 
 @router.post("/video/quote", dependencies=[JsonBody], summary="Price of a video job")
 async def quote_video(body: QuoteVideoRequest, ctx: Context, key: InferenceCaller,
-                      state: State) -> Response:
-    return json_response(ctx, await state.video.quote(ctx, key, body))
+                      services: Services) -> Response:
+    return json_response(ctx, await services.video.quote(ctx, key, body))
 
 
 @router.post("/video/queue", dependencies=[JsonBody], summary="Queue a video job")
 async def queue_video(body: QueueVideoRequest, request: Request, ctx: Context,
-                      key: InferenceCaller, state: State,
+                      key: InferenceCaller, services: Services,
                       idempotency_key: Annotated[str | None, Header()] = None) -> Response:
     """Safe to retry with an `Idempotency-Key`; `callback_url` gets a signed event at the
     end."""
-    return await state.job_service.queued(ctx, key, "video/queue", body, idempotency_key,
-                                          lambda: state.video.queue(request, ctx, key, body))
+    return await services.job_service.queued(ctx, key, "video/queue", body, idempotency_key,
+                                             lambda: services.video.queue(request, ctx, key, body))
 
 
 @router.post("/video/retrieve", dependencies=[JsonBody], summary="Status or video of a job",
@@ -55,9 +55,9 @@ async def queue_video(body: QueueVideoRequest, request: Request, ctx: Context,
                  **_STATUS, "video/mp4": {"schema": {"type": "string",
                                                          "format": "binary"}}}}})
 async def retrieve_video(body: RetrieveRequest, ctx: Context, key: InferenceCaller,
-                         state: State, accept: Annotated[str | None, Header()] = None
+                         services: Services, accept: Annotated[str | None, Header()] = None
                          ) -> Response:
-    return await state.job_service.retrieve(ctx, key, body, "video", accept)
+    return await services.job_service.retrieve(ctx, key, body, "video", accept)
 
 
 @router.get("/video/retrieve", summary="Status or video of a job (query form)",
@@ -65,11 +65,11 @@ async def retrieve_video(body: RetrieveRequest, ctx: Context, key: InferenceCall
                 **_STATUS, "video/mp4": {"schema": {"type": "string",
                                                         "format": "binary"}}}}})
 async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Context,
-                                  key: InferenceCaller, state: State,
+                                  key: InferenceCaller, services: Services,
                                   accept: Annotated[str | None, Header()] = None) -> Response:
     """The spec names `GET /video/retrieve`; the published interface has the POST. Both
     answer alike; the GET only reads (deleting is the POST's `delete_media_on_completion`)."""
-    return await state.job_service.retrieve(ctx, key, RetrieveRequest(**query.model_dump()),
+    return await services.job_service.retrieve(ctx, key, RetrieveRequest(**query.model_dump()),
                                            "video", accept)
 
 
@@ -77,13 +77,13 @@ async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Co
             response_class=Response, responses={200: {"content": {
                 "video/mp4": {"schema": {"type": "string", "format": "binary"}}}}})
 async def download_video(queue_id: str, expires: int, signature: str,
-                         state: State) -> Response:
+                         services: Services) -> Response:
     """The queue result's `download_url` (models that deliver by link): no API key, valid for
     24 hours."""
-    return await state.job_service.download(queue_id, expires, signature)
+    return await services.job_service.download(queue_id, expires, signature)
 
 
 @router.post("/video/complete", dependencies=[JsonBody], summary="Delete a job's video")
 async def complete_video(body: JobRequest, ctx: Context, key: InferenceCaller,
-                         state: State) -> Response:
-    return json_response(ctx, await state.job_service.complete(key, body, "video"))
+                         services: Services) -> Response:
+    return json_response(ctx, await services.job_service.complete(key, body, "video"))

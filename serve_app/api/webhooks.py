@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import AdminKey, State
+from serve_app.api.deps import AdminKey, Services
 from serve_app.jobs.webhooks import SIGNATURE_HEADER
 
 router = APIRouter(tags=["Webhooks"])
@@ -17,10 +17,10 @@ def _answer(secret: str) -> dict:
 
 
 @router.get("/webhooks/secret", summary="The secret that signs job events")
-async def read_secret(key: AdminKey, state: State) -> dict:
-    return _answer(await state.webhooks.secrets.get(key.account_id))
+async def read_secret(key: AdminKey, services: Services) -> dict:
+    return _answer(await services.webhooks.secrets.get(key.account_id))
 
 
 @router.post("/webhooks/secret", summary="Rotate the secret that signs job events")
-async def rotate_secret(key: AdminKey, state: State) -> dict:
-    return _answer(await state.webhooks.secrets.rotate(key.account_id))
+async def rotate_secret(key: AdminKey, services: Services) -> dict:
+    return _answer(await services.webhooks.secrets.rotate(key.account_id))

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlmodel import Session
 
-from serve_app.api.deps import Context, State, current_key, run_db, signed_in_caller
+from serve_app.api.deps import Context, Services, current_key, run_db, signed_in_caller
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.http.render import json_response
 from serve_app.money import from_nanos
@@ -29,19 +29,20 @@ ADDRESS_PATTERN = r"^(0x[a-fA-F0-9]{40}|[1-9A-HJ-NP-Za-km-z]{32,44})$"
 
 
 @router.post("/top-up", summary="Top up a wallet's credit with an x402 payment")
-async def top_up(request: Request, ctx: Context, state: State,
+async def top_up(request: Request, ctx: Context, services: Services,
                  amount: Annotated[str | None, Query(
                      description="USD to top up (default: the minimum)")] = None) -> Response:
     header = payment_header(request.headers)
     if header is None:
-        raise state.top_ups.requirements(str(request.url), parse_amount(amount, state.payments))
+        raise services.top_ups.requirements(str(request.url),
+                                            parse_amount(amount, services.payments))
     client_address = request.client.host if request.client else "-"
-    body, receipt = await state.top_ups.top_up(header, client_address)
+    body, receipt = await services.top_ups.top_up(header, client_address)
     respond.payment_response_header(ctx, receipt)
     return json_response(ctx, body)
 
 
-async def wallet_reader(request: Request, state: State,
+async def wallet_reader(request: Request, services: Services,
                         wallet_address: Annotated[str, Path(alias="walletAddress")]) -> str:
     """The wallet of the path, readable by that wallet signed in or the operator's admin;
     each read counted against its route's per-minute cap of the reader."""
@@ -51,22 +52,22 @@ async def wallet_reader(request: Request, state: State,
                           else ("balance", BALANCE_READS_PER_MINUTE))
     header = siwx_header(request.headers)
     if header is not None:  # the wallet decides, whatever Authorization says (key_or_wallet)
-        caller = await signed_in_caller(request, state, header)
+        caller = await signed_in_caller(request, services, header)
         if caller.wallet_address != address:
             raise ApiError(403, "The signed-in wallet does not match the requested wallet",
                            code="X402_WALLET_MISMATCH")
-        await count_read(state.limits, f"wallet:{address}", route, per_minute)
+        await count_read(services.limits, f"wallet:{address}", route, per_minute)
         return address
     if not request.headers.get("authorization"):
         raise authentication_failed("Authentication failed: sign in with the wallet "
                                     "(SIGN-IN-WITH-X header)")
-    key = await current_key(request, state)
+    key = await current_key(request, services)
     if not key.is_admin:
         raise admin_key_required()
     if not key.is_operator:
         raise ApiError(403, "Only the wallet itself or the operator's ADMIN key may read "
                             "a wallet's credit", code="UNAUTHORIZED")
-    await count_read(state.limits, key.account_id, route, per_minute)
+    await count_read(services.limits, key.account_id, route, per_minute)
     return address
 
 
@@ -74,16 +75,16 @@ WalletReader = Annotated[str, Depends(wallet_reader)]
 
 
 @router.get("/balance/{walletAddress}", summary="A wallet's x402 credit")
-async def get_balance(ctx: Context, address: WalletReader, state: State) -> Response:
-    now = state.billing.clock()
-    found = await run_db(state, lambda s: wallet_balance(s, address, now))
+async def get_balance(ctx: Context, address: WalletReader, services: Services) -> Response:
+    now = services.billing.clock()
+    found = await run_db(services, lambda s: wallet_balance(s, address, now))
     usd, diem = found.balances.usd_nanos, found.balances.diem_nanos
     data = {
         "walletAddress": address,
         "balanceUsd": float(from_nanos(usd)),
         "canConsume": usd + diem > 0,
-        "minimumTopUpUsd": float(state.payments.min_top_up_usd),
-        "suggestedTopUpUsd": float(suggested_top_up(state.payments)),
+        "minimumTopUpUsd": float(services.payments.min_top_up_usd),
+        "suggestedTopUpUsd": float(suggested_top_up(services.payments)),
     }
     if diem:
         data["diemBalanceUsd"] = float(from_nanos(diem))
@@ -92,14 +93,14 @@ async def get_balance(ctx: Context, address: WalletReader, state: State) -> Resp
 
 @router.get("/transactions/{walletAddress}", summary="A wallet's top-ups and charges")
 async def get_transactions(
-    ctx: Context, address: WalletReader, state: State,
+    ctx: Context, address: WalletReader, services: Services,
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
     offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
 ) -> Response:
     def read(session: Session):
         return wallet_transactions(session, address, limit, offset)
 
-    balance, page, more = await run_db(state, read)
+    balance, page, more = await run_db(services, read)
     return json_response(ctx, {"success": True, "data": {
         "walletAddress": address,
         "currentBalance": float(from_nanos(balance)),

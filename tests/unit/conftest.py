@@ -22,7 +22,7 @@ from tests.fakes import DeploymentHandle, fake_deployments
 @dataclass
 class Gateway:
     client: TestClient
-    state: GatewayServices
+    services: GatewayServices
     admin_key: str
     account_id: str
     settings: Settings
@@ -55,9 +55,9 @@ def make_gateway(settings: Settings, handles: dict[str, Any] | None = None
     """The gateway on `settings`; `handles`: its model deployments by name (tests/fakes), none
     by default (every model offline)."""
     result = bootstrap(settings)
-    state = GatewayServices.build(settings, handles=handles)
-    with TestClient(create_prefixed_app(state)) as client:
-        yield Gateway(client, state, result.generated_admin_key or settings.admin_api_key,
+    services = GatewayServices.build(settings, handles=handles)
+    with TestClient(create_prefixed_app(services)) as client:
+        yield Gateway(client, services, result.generated_admin_key or settings.admin_api_key,
                       result.account_id, settings)
 
 

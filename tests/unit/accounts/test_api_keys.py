@@ -156,7 +156,7 @@ def test_get_by_id_and_delete(pg_gateway):
 
 
 def test_an_account_holds_at_most_500_active_keys(pg_gateway):
-    with Session(pg_gateway.state.engine) as session:
+    with Session(pg_gateway.services.engine) as session:
         existing = len(pg_gateway.client.get("/api/v1/api_keys",
                                              headers=pg_gateway.auth()).json()["data"])
         for i in range(MAX_ACTIVE_KEYS - existing - 1):
@@ -175,13 +175,13 @@ def test_keys_of_another_account_are_invisible(gateway):
     from serve_app.cli import run as cli
     from serve_app.db.tables import Account
 
-    with Session(gateway.state.engine) as session:
+    with Session(gateway.services.engine) as session:
         other = Account()
         session.add(other)
         session.commit()
         other_id = other.id
     foreign = cli(["create-key", "--type", "ADMIN", "--account", other_id],
-                  settings=gateway.state.settings)
+                  settings=gateway.services.settings)
     mine = gateway.client.get("/api/v1/api_keys", headers=gateway.auth()).json()["data"]
     assert foreign["id"] not in {k["id"] for k in mine}
     assert gateway.client.get(f"/api/v1/api_keys/{foreign['id']}",

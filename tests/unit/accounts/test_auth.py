@@ -66,8 +66,8 @@ def test_key_revoked_from_the_cli_stops_working_after_the_sync(gateway):
     created = gateway.create_key(apiKeyType="ADMIN")
     headers = gateway.auth(created["apiKey"])
     assert gateway.client.get("/api/v1/api_keys", headers=headers).status_code == 200
-    cli(["revoke-key", created["id"]], settings=gateway.state.settings)
-    deadline = time.monotonic() + 3 * gateway.state.settings.key_sync_interval_s + 120
+    cli(["revoke-key", created["id"]], settings=gateway.services.settings)
+    deadline = time.monotonic() + 3 * gateway.services.settings.key_sync_interval_s + 120
     status = 200
     while time.monotonic() < deadline and status == 200:
         time.sleep(0.2)
@@ -77,7 +77,7 @@ def test_key_revoked_from_the_cli_stops_working_after_the_sync(gateway):
 
 def test_secrets_are_stored_only_as_hashes(gateway):
     secret = gateway.create_key()["apiKey"]
-    with Session(gateway.state.engine) as session:
+    with Session(gateway.services.engine) as session:
         rows = session.exec(select(ApiKey)).all()
     stored = " ".join(str(v) for row in rows for v in row.model_dump().values())
     assert secret not in stored
@@ -88,7 +88,7 @@ def test_secrets_are_stored_only_as_hashes(gateway):
 def test_last_used_at_is_recorded(gateway):
     created = gateway.create_key(apiKeyType="ADMIN")
     gateway.client.get("/api/v1/api_keys", headers=gateway.auth(created["apiKey"]))
-    deadline = time.monotonic() + 3 * gateway.state.settings.key_sync_interval_s + 120
+    deadline = time.monotonic() + 3 * gateway.services.settings.key_sync_interval_s + 120
     used = None
     while time.monotonic() < deadline and used is None:
         time.sleep(0.3)

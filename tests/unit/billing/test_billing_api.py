@@ -35,7 +35,7 @@ class Clock:
 
 def _fill(gateway, entries: list[tuple[datetime, str | None, CatalogModel, dict]]) -> None:
     """Charge the gateway's account through the billing service, one entry per request."""
-    url = gateway.state.settings.resolved_database_url
+    url = gateway.services.settings.resolved_database_url
 
     async def main():
         clock = Clock(entries[0][0])
@@ -254,7 +254,7 @@ def test_characters_and_reviews(gateway):
                                   json={"slug": "x", "name": "x"})
     assert refused.status_code == 401
     # Another account's ADMIN key may not publish to every account.
-    other = cli(["create-account", "--usd", "1"], settings=gateway.state.settings)["apiKey"]
+    other = cli(["create-account", "--usd", "1"], settings=gateway.services.settings)["apiKey"]
     denied = gateway.client.post("/api/v1/characters", headers=gateway.auth(other),
                                  json={"slug": "x", "name": "x"})
     assert denied.status_code == 403 and denied.json()["code"] == "UNAUTHORIZED"
@@ -271,7 +271,7 @@ def test_a_limit_set_after_spending_counts_what_was_spent(gateway):
     assert resp.status_code == 200
 
     async def attempt():
-        billing = Billing(gateway.state.settings.resolved_database_url)
+        billing = Billing(gateway.services.settings.resolved_database_url)
         try:
             payer = Payer(gateway.account_id, api_key_id=key["id"], limit_period="EPOCH",
                           limit_usd_nanos=to_nanos("0.04"))

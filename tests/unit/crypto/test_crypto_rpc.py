@@ -354,7 +354,7 @@ def test_a_node_answer_that_is_not_json_rpc_is_a_500(gw: Gateway, node: RpcNode,
 
 def test_the_101st_request_in_a_minute_is_refused(gw: Gateway) -> None:
     now = time.time()
-    gw.state.crypto_rpc.limits.clock = lambda: now  # the 101 within the minute, however slow
+    gw.services.crypto_rpc.limits.clock = lambda: now  # the 101 within the minute, however slow
     for i in range(100):
         resp = post(gw, "ethereum-mainnet", call("eth_chainId", id=i))
         assert resp.status_code == 200, (i, resp.text)
@@ -376,7 +376,7 @@ def test_the_daily_credit_cap(tmp_path: Path, node: RpcNode,
     for gw in rpc_gateway(tmp_path, node, monkeypatch,
                           limits={"requests_per_minute": 100, "credits_per_day": 50}):
         now = [datetime.now(UTC) - timedelta(hours=3)]
-        gw.state.billing.clock = gw.state.crypto_rpc.clock = lambda now=now: now[0]
+        gw.services.billing.clock = gw.services.crypto_rpc.clock = lambda now=now: now[0]
         first_at = now[0]
         assert post(gw, "ethereum-mainnet", call("eth_chainId")).status_code == 200
         now[0] += timedelta(hours=1)

@@ -90,7 +90,7 @@ def test_a_caller_over_its_request_cap_writes_nothing_and_a_retry_is_still_repla
         first = _post(gw, call("eth_chainId"), "first")
         assert first.status_code == 200, first.text
         with idempotency_writes() as writes, \
-                money_operations(gw.state.billing.writer) as operations:
+                money_operations(gw.services.billing.writer) as operations:
             refused = [_post(gw, call("eth_chainId", id=i), f"fresh-{i}") for i in range(5)]
             retried = _post(gw, call("eth_chainId"), "first")
 
@@ -104,7 +104,7 @@ def test_a_caller_over_its_request_cap_writes_nothing_and_a_retry_is_still_repla
 def test_a_caller_without_balance_writes_no_idempotency_key(
         tmp_path: Path, node: RpcNode, monkeypatch: pytest.MonkeyPatch) -> None:
     for gw in rpc_gateway(tmp_path, node, monkeypatch, initial_credit_usd=0):
-        writer = gw.state.billing.writer
+        writer = gw.services.billing.writer
         assert post(gw, "ethereum-mainnet", call("eth_blockNumber")).status_code == 402
         with money_operations(writer) as without_key:
             plain = post(gw, "ethereum-mainnet", call("eth_blockNumber"))

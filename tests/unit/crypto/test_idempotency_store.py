@@ -66,7 +66,7 @@ def test_an_entry_is_gone_after_its_24_hours(tmp_path: Path, node: RpcNode,
             assert _post(gw, "ethereum-mainnet", call("eth_blockNumber"),
                          f"old-{i}").status_code == 200
         assert _kept(gw) == 3
-        crypto = gw.state.crypto_rpc
+        crypto = gw.services.crypto_rpc
         assert asyncio.run(crypto.sweep_idempotency()) == 0  # not old yet: kept
         crypto.clock = lambda: utcnow() + timedelta(hours=24, seconds=1)
         assert _post(gw, "ethereum-mainnet", call("eth_blockNumber"), "new").status_code == 200

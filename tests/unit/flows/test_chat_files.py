@@ -147,7 +147,7 @@ def test_a_zip_bomb_docx_is_refused_and_nothing_is_charged(fake_gateway, fakes, 
 def test_a_pdf_that_stalls_its_worker_is_cut_at_the_deadline(fake_gateway, fakes, key, books):
     """3 MB of text operators would take pypdf tens of seconds; the worker is killed at the
     deadline (1 s here), the caller gets a 400, and the next file is read as usual."""
-    extractor = fake_gateway.state.extractor
+    extractor = fake_gateway.services.extractor
     usual = extractor.limits
     extractor.limits = type(extractor.limits)(deadline_s=1.0)
     before = books.balance_nanos()
@@ -172,7 +172,7 @@ def test_other_requests_are_served_while_a_file_is_being_read(fake_gateway, fake
     warm = _chat(fake_gateway, key, _file(documents.pdf([["warm"]]), "warm.pdf",
                                           documents.PDF_TYPE))
     assert warm.status_code == 200, warm.text
-    extractor = fake_gateway.state.extractor
+    extractor = fake_gateway.services.extractor
     (worker,) = extractor.worker_pids
     os.kill(worker, signal.SIGSTOP)
     answers: list = []
@@ -204,7 +204,7 @@ def test_a_caller_refused_by_its_limits_gets_no_file_read(fake_gateway, fakes, k
                  model="chat-limited", max_tokens=TPM + 50)
 
     assert resp.status_code == 429, resp.text
-    assert fake_gateway.state.extractor.worker_pids == []
+    assert fake_gateway.services.extractor.worker_pids == []
     assert fakes["text-xs"].calls == []
     assert books.entries() == 0
 
@@ -229,7 +229,7 @@ def test_a_caller_without_credit_gets_402_before_any_file_is_read(fake_gateway, 
 
     assert resp.status_code == 402, resp.text
     assert resp.json()["code"] == "INSUFFICIENT_BALANCE"
-    assert fake_gateway.state.extractor.worker_pids == []  # no worker was even started
+    assert fake_gateway.services.extractor.worker_pids == []  # no worker was even started
     assert fakes["text-xs"].calls == []
     assert books.entries() == 0 and books.open_holds() == 0
     assert books.balance_nanos(account_id) == 0
@@ -254,7 +254,7 @@ def test_a_fresh_wallet_gets_402_before_any_file_is_read(tmp_path: Path, gateway
                     _file(documents.pdf([["parse me"]]), "x.pdf", documents.PDF_TYPE)]}]})
             assert resp.status_code == 402, resp.text
             assert resp.json()["code"] == "PAYMENT_REQUIRED"
-        assert gateway.state.extractor.worker_pids == []
+        assert gateway.services.extractor.worker_pids == []
         assert books.entries() == 0 and books.open_holds() == 0
         books.close()
 
@@ -270,7 +270,7 @@ def test_the_floor_is_the_known_text_a_key_cannot_pay_for_reads_nothing(fake_gat
 
     assert resp.status_code == 402, resp.text
     assert resp.json()["code"] == "API_KEY_USD_SPEND_LIMIT_EXCEEDED"
-    assert fake_gateway.state.extractor.worker_pids == []
+    assert fake_gateway.services.extractor.worker_pids == []
     assert books.entries() == 0 and books.open_holds() == 0
 
 
@@ -315,7 +315,7 @@ def test_one_account_reads_one_request_of_documents_at_a_time(fake_gateway, fake
     """While one of its requests has a worker, the account's next request with a document
     gets 429 at once (the pool is shared by every tenant), nothing held; a plain text file
     needs no worker and is read meanwhile."""
-    extractor = fake_gateway.state.extractor
+    extractor = fake_gateway.services.extractor
     with _reading_frozen(fake_gateway, key, extractor) as answers:
         second = _chat(fake_gateway, key, _file(documents.docx(["second"]), "b.docx",
                                                 documents.DOCX_TYPE))
@@ -335,7 +335,7 @@ def test_one_account_reads_one_request_of_documents_at_a_time(fake_gateway, fake
 def _small_pool(gateway, limits: ExtractionLimits) -> Iterator[Extractor]:
     """The chat's file reader on a pool of one worker with these limits."""
     pool = Extractor(workers=1, limits=limits)
-    chat = gateway.state.chat
+    chat = gateway.services.chat
     real, chat.files = chat.files, FileReader(pool)
     yield pool
     chat.files = real

@@ -87,7 +87,7 @@ def test_a_client_that_hangs_up_while_its_limits_are_decided_gets_its_hold_back(
     # A key with a recent count well inside its limits: its hold runs beside the decision.
     assert fake_gateway.client.post("/api/v1/embeddings", headers=fake_gateway.auth(key),
                                     json=embed).status_code == 200
-    backend = fake_gateway.state.limits.backend
+    backend = fake_gateway.services.limits.backend
     decide = backend.decide
 
     async def slow_decide(*args, **kwargs):

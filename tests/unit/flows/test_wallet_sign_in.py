@@ -38,7 +38,7 @@ def wallet_books(wallet_gateway: Gateway) -> Iterator[Books]:
 
 
 def _accounts(gateway: Gateway) -> list[tuple]:
-    with gateway.state.engine.connect() as db:
+    with gateway.services.engine.connect() as db:
         return sorted(tuple(row) for row in db.execute(select(Account)))
 
 
@@ -74,7 +74,7 @@ def test_a_wallet_with_credit_is_charged_for_its_embeddings(wallet_gateway, wall
     charge = wallet_books.only_charge(resp.headers["cf-ray"])
     assert charge.lines == {"input": (tokens, per_million(5, tokens))}
     assert wallet_books.balance_nanos(staked["id"]) == 2 * 10**9 - charge.total_nanos
-    with wallet_gateway.state.engine.connect() as db:
+    with wallet_gateway.services.engine.connect() as db:
         payer = db.execute(select(LedgerEntry.wallet_address, LedgerEntry.api_key_id).where(
             LedgerEntry.request_id == resp.headers["cf-ray"])).one()
     assert tuple(payer) == (wallet.address, None)

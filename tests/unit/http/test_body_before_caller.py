@@ -256,7 +256,7 @@ def test_large_legitimate_bodies_are_still_read(gateway: Gateway):
 def test_the_only_route_taking_a_body_from_anyone_is_the_top_up(gateway: Gateway):
     """Every other route with a body needs a caller, so an unknown one's body is never read;
     the top-up reads none (its payment comes in a header): 1 MB is plenty."""
-    app = create_app(gateway.state)
+    app = create_app(gateway.services)
     needs_caller = route_needs_caller(app.router.routes,
                                       {caller_key, inference_caller, key_or_wallet})
     public = []

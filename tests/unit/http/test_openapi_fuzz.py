@@ -44,8 +44,8 @@ def server(tmp_path_factory) -> Iterator[tuple[str, GatewayServices]]:
                         initial_credit_usd=10, rate_limit_backend="local")
     bootstrap(settings)
     port = _free_port()
-    state = GatewayServices.build(settings)
-    config = uvicorn.Config(create_prefixed_app(state),
+    services = GatewayServices.build(settings)
+    config = uvicorn.Config(create_prefixed_app(services),
                             host="127.0.0.1", port=port, log_level="error", lifespan="on")
     running = uvicorn.Server(config)
     thread = threading.Thread(target=running.run, daemon=True)
@@ -58,7 +58,7 @@ def server(tmp_path_factory) -> Iterator[tuple[str, GatewayServices]]:
                 break
         except httpx.HTTPError:
             time.sleep(0.1)
-    yield base, state
+    yield base, services
     running.should_exit = True
     thread.join(timeout=10)
 
@@ -74,7 +74,7 @@ def no_server_error(ctx, response, case) -> bool | None:
 def test_no_route_answers_500_or_outside_its_schema(server: tuple[str, GatewayServices]):
     # Operations are walked here rather than with schemathesis' pytest plugin, which does not
     # load under this pytest; each runs Hypothesis' examples the same way.
-    server, state = server
+    server, services = server
     schema = schemathesis.openapi.from_url(f"{server}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) > 40
@@ -83,7 +83,7 @@ def test_no_route_answers_500_or_outside_its_schema(server: tuple[str, GatewaySe
     for hour, (operation, mode) in enumerate(itertools.product(operations, GenerationMode)):
         # Each operation an hour later on the limiter's clock: the key's failed-request budget
         # (50 a minute, as the spec says) would otherwise answer 429 to most of the fuzzing.
-        state.limits.clock = lambda later=3600.0 * (hour + 1): time.time() + later
+        services.limits.clock = lambda later=3600.0 * (hour + 1): time.time() + later
 
         @given(case=operation.as_strategy(mode))
         @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

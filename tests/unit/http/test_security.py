@@ -34,7 +34,7 @@ def _dependency_calls(dependant) -> Iterator:
 
 
 def _admin_routes(gateway: Gateway) -> list[tuple[str, str]]:
-    app = create_app(gateway.state)
+    app = create_app(gateway.services)
     found = []
     for route in app.routes:
         if isinstance(route, APIRoute) and {admin_key, operator_key} & set(
@@ -78,7 +78,7 @@ def _spend(gateway: Gateway) -> None:
     from serve_app.billing.pricing import price
     from serve_app.db.engine import make_engine
 
-    model = gateway.state.catalog.by_id["text-embedding-all-minilm-l6-v2"]
+    model = gateway.services.catalog.by_id["text-embedding-all-minilm-l6-v2"]
     payer, now = ledger.Payer(gateway.account_id), datetime.now(UTC)
     engine = make_engine(gateway.settings.resolved_database_url, write_transactions=True)
     with Session(engine) as session:

@@ -96,7 +96,7 @@ def tier_gateway(database_url: str, tmp_path: Path) -> Iterator[Gateway]:
 
 def _keys_last_changed_long_ago(gw: Gateway) -> None:
     """As for keys made before the replica started: its sync no longer sees them as new."""
-    with gw.state.engine.begin() as conn:
+    with gw.services.engine.begin() as conn:
         conn.execute(text("UPDATE api_keys SET updated_at = :then"),
                      {"then": datetime.now(UTC) - timedelta(hours=1)})
 
@@ -126,7 +126,7 @@ def test_an_account_set_to_scale_gets_ten_times_the_limits_on_its_requests(tier_
     """The tier reaches a key the replica has cached within KEY_SYNC_INTERVAL_S."""
     gw = tier_gateway
     now = time.time()
-    gw.state.limits.clock = lambda: now  # one window however long the sync takes
+    gw.services.limits.clock = lambda: now  # one window however long the sync takes
     _keys_last_changed_long_ago(gw)
     before = _embed(gw)
     assert _limit_headers(before) == ("500", "5000000")

@@ -91,7 +91,7 @@ def test_key_creation_is_limited_to_20_per_minute(gateway):
     import time
 
     now = time.time()
-    gateway.state.limits.clock = lambda: now  # the 21 requests within the minute, however slow
+    gateway.services.limits.clock = lambda: now  # the 21 requests within the minute, however slow
     statuses = []
     for i in range(21):
         resp = gateway.client.post("/api/v1/api_keys", headers=gateway.auth(),
@@ -137,7 +137,7 @@ def test_failed_requests_trip_the_error_budget(gateway):
     import time
 
     now = time.time()
-    gateway.state.limits.clock = lambda: now  # the 51 failures within 30 s, however slow
+    gateway.services.limits.clock = lambda: now  # the 51 failures within 30 s, however slow
     key = gateway.create_key()["apiKey"]
     body = {"model": "text-embedding-all-minilm-l6-v2", "input": "hello"}
     for _ in range(51):
@@ -169,7 +169,7 @@ def test_failed_requests_on_endpoints_without_a_model_trip_and_recover(gateway):
     import time
 
     now = [time.time()]
-    gateway.state.limits.clock = lambda: now[0]
+    gateway.services.limits.clock = lambda: now[0]
     key = gateway.create_key(apiKeyType="ADMIN")["apiKey"]
     for i in range(51):
         resp = gateway.client.get(f"/api/v1/api_keys/missing-{i}", headers=gateway.auth(key))
@@ -196,7 +196,7 @@ def test_a_chat_refused_by_its_limits_beside_its_hold_gives_the_hold_back(gatewa
     import time
 
     now = time.time()
-    gateway.state.limits.clock = lambda: now  # the 51 failures within 30 s, however slow
+    gateway.services.limits.clock = lambda: now  # the 51 failures within 30 s, however slow
     key = gateway.create_key()["apiKey"]
     body = {"model": "smollm2-135m-instruct", "max_tokens": 8,
             "messages": [{"role": "user", "content": "hello"}]}

@@ -88,7 +88,7 @@ def test_keys_are_per_account(gateway, key):
 
 def test_a_key_still_being_queued_is_a_409_in_progress_with_nothing_charged(gateway, key,
                                                                             books):
-    keys = gateway.state.job_service.keys
+    keys = gateway.services.job_service.keys
     engine = make_engine(gateway.settings.resolved_database_url)
     digest = idempotency.request_digest("video/queue", JOB)
     with Session(engine) as session:  # the first request has claimed it and not answered
@@ -132,7 +132,7 @@ def test_two_requests_with_the_same_key_at_once_make_one_job(gateway, key, books
 
 
 def test_a_key_is_forgotten_after_24_hours_and_swept(gateway, key, books):
-    keys = gateway.state.job_service.keys
+    keys = gateway.services.job_service.keys
     first = _queue(gateway, key, JOB, "daily")
     later = [utcnow() + timedelta(hours=23, minutes=59)]
     keys.clock = lambda: later[0]

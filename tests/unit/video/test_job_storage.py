@@ -52,7 +52,7 @@ def test_inputs_go_when_a_job_is_made_or_fails_and_media_when_its_link_expires(
         session.add(job)
         session.commit()
     engine.dispose()
-    gateway.client.portal.call(gateway.state.job_runner.sweep)
+    gateway.client.portal.call(gateway.services.job_runner.sweep)
 
     gone = post(gateway, key, "retrieve", {"model": body["model"], "queue_id": queue_id})
     assert gone.status_code == 404 and gone.json()["code"] == "MEDIA_NOT_FOUND"

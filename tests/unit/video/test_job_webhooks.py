@@ -174,7 +174,7 @@ def test_a_rotated_secret_signs_what_follows(gateway, key, receiver):
 
 
 def test_a_failing_receiver_is_tried_again_after_the_backoff(gateway, key, receiver):
-    webhooks = gateway.state.webhooks
+    webhooks = gateway.services.webhooks
     now = [utcnow()]
     webhooks.clock = lambda: now[0]
     receiver.statuses = [503]
@@ -199,7 +199,7 @@ def test_a_failing_receiver_is_tried_again_after_the_backoff(gateway, key, recei
 
 
 def test_a_receiver_that_never_answers_is_given_up_after_its_tries(gateway, key, receiver):
-    webhooks = gateway.state.webhooks
+    webhooks = gateway.services.webhooks
     webhooks.max_attempts = 3
     now = [utcnow()]
     webhooks.clock = lambda: now[0]

@@ -45,7 +45,7 @@ def _claims(gw: Gateway, status: PaymentStatus | None = None) -> int:
     query = select(func.count()).select_from(X402Payment)
     if status is not None:
         query = query.where(X402Payment.status == status)
-    with Session(gw.state.engine) as session:
+    with Session(gw.services.engine) as session:
         return session.execute(query).scalar_one()
 
 

@@ -250,11 +250,11 @@ def test_a_wallet_pays_from_its_credit_with_balance_headers(
 
 def test_concurrent_charges_never_overdraw_a_wallet(each_db_gw: Gateway) -> None:
     gw = each_db_gw
-    gw.state.wallets.in_flight.limit = 8  # all eight in flight at once: the balance decides
+    gw.services.wallets.in_flight.limit = 8  # all eight in flight at once: the balance decides
     wallet = Wallet()
     assert top_up(gw, wallet, "5").status_code == 200
     # Leave credit for exactly three calls (and 1000 nanos more).
-    with gw.state.engine.begin() as db:
+    with gw.services.engine.begin() as db:
         db.execute(update(AccountRow).where(AccountRow.wallet_address == wallet.address)
                    .values(usd_balance_nanos=3 * NANOS_PER_CALL + 1000))
     headers = [signed_in(gw.client, wallet, RPC_URL, CHAT_URL) for _ in range(8)]
@@ -384,7 +384,7 @@ def _cap_per_payer(gw: Gateway) -> None:
     # another payer is not throttled by it
     assert top_up(gw, other, "5").status_code == 200
     # a minute later the refused payment is still good, and credited once
-    limits = gw.state.limits
+    limits = gw.services.limits
     real_clock = limits.clock
     limits.clock = lambda: real_clock() + 61
     assert gw.client.post(TOP_UP, headers=fresh).status_code == 200

@@ -54,7 +54,7 @@ def test_the_sixth_request_in_flight_of_a_wallet_is_refused_and_charged_nothing(
     assert [t["type"] for t in data["transactions"]] == ["CHARGE"] * 5 + ["TOP_UP"]
     assert nanos(data["currentBalance"]) == 5 * 10**9 - 5 * NANOS_PER_CALL
     # The slots are free once the answers have ended.
-    assert gw.state.wallets.in_flight.open_requests(wallet.address.lower()) == 0
+    assert gw.services.wallets.in_flight.open_requests(wallet.address.lower()) == 0
     node.gate = None
     assert gw.client.post(RPC_URL, json=CALL, headers=headers[6]).status_code == 200
 
@@ -76,7 +76,7 @@ def test_a_wallet_reads_its_balance_30_times_a_minute(gw: Gateway) -> None:
     other = Wallet()
     assert gw.client.get(f"/api/v1/x402/balance/{other.address}", headers=signed_in(
         gw.client, other, RPC_URL, CHAT_URL)).status_code == 200
-    limits = gw.state.limits
+    limits = gw.services.limits
     real_clock = limits.clock
     limits.clock = lambda: real_clock() + 61
     assert gw.client.get(url, headers=signed_in(
@@ -126,10 +126,10 @@ def test_sign_ins_from_one_client_address_are_capped_before_a_nonce_is_written(
     from serve_app.wallets.limits import SignInsPerClient
 
     now = [1000.0]
-    gw.state.wallets.sign_ins = SignInsPerClient(3, clock=lambda: now[0])
+    gw.services.wallets.sign_ins = SignInsPerClient(3, clock=lambda: now[0])
 
     def nonces() -> int:
-        with Session(gw.state.engine) as session:
+        with Session(gw.services.engine) as session:
             return session.exec(select(func.count()).select_from(SiwxNonce)).one()
 
     def balance(wallet: Wallet):

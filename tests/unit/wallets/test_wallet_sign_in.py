@@ -30,7 +30,7 @@ from tests.wallets import Wallet, signed_in
 
 def _books(gw: Gateway) -> dict[str, list]:
     """Every row a sign-in must not write: accounts, holds, ledger entries, payments."""
-    with gw.state.engine.connect() as db:
+    with gw.services.engine.connect() as db:
         return {table: sorted(tuple(row) for row in db.execute(select(model)))
                 for table, model in (("accounts", AccountRow), ("holds", Reservation),
                                      ("ledger", LedgerEntry), ("payments", X402Payment))}
