@@ -351,7 +351,7 @@ class CryptoRpc:
             async with self.runner.run(
                     ctx, key, RoutedModel(model),
                     lambda: price(model, {LINE_TYPE: rpc.max_credits}), limit=caps,
-                    calls_model=False) as billed:
+                    calls_model=False, model_headers=False) as billed:
                 instead = await admitted() if admitted is not None else None
                 if instead is not None:
                     return instead  # nothing delivered: the hold goes back

@@ -112,7 +112,7 @@ class JobService:
         nothing), then takes one of its account's fetch slots (429 when they are taken). The
         model need not be running: a quote calls none."""
         async with (self.request_runner.run(ctx, key, routed, lambda: least_hold(floor()),
-                                            calls_model=False),
+                                            calls_model=False, model_headers=False),
                     self.fetch_slots.slot(key.account_id)):
             yield
 

@@ -118,10 +118,11 @@ class RequestRunner:
         `tokens`: the most the request may use (its rate-limit count until corrected);
         `limit`: a check in place of the model's own limits (the crypto proxy's caps);
         `calls_model`: False when the work calls no deployment (the crypto proxy's nodes,
-        a video quote's fetch of its clip): no offline check, no model headers;
+        a video quote's fetch of its clip): no offline check;
         `feature_budget`: a refusal for a feature the model lacks counts toward its own
         budget (chat); `model_headers`: False when the caller sets them once it knows which
-        model answered (a chat's fallbacks)."""
+        model answered (a chat's fallbacks), or the answer names no model (the crypto
+        proxy's, a quote's)."""
         model = routed.model
         pending = self.admission.start(ctx, key, model, tokens, limit=limit,
                                        feature_budget=feature_budget)
@@ -139,8 +140,8 @@ class RequestRunner:
         try:
             if calls_model:
                 self._require_online(model, quoted)
-                if model_headers:
-                    respond.model_headers(ctx, model, routed.router)
+            if model_headers:
+                respond.model_headers(ctx, model, routed.router)
         except BaseException as failure:
             await billed.close(failure)
             raise
