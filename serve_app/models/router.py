@@ -91,9 +91,9 @@ class ModelRouter:
         return RoutedModel(model=model, suffix_params=params,
                            router="direct" if base == model.id else "alias")
 
-    def handle(self, model: CatalogModel) -> Any:
+    def _handle(self, model: CatalogModel) -> DeploymentHandle[Any]:
         """The handle of the deployment that runs `model` (503 MODEL_OFFLINE when it is not
-        running). Callers take it typed by family, through the accessors below."""
+        running), untyped: callers take it typed by family, through the accessors below."""
         handle = self._handles.get(model.deployment)
         if handle is None:
             raise ApiError(503, f"Model {model.id!r} is offline: its deployment "
@@ -104,19 +104,19 @@ class ModelRouter:
     # on each. The catalog decides which family a model's deployment is.
 
     def text(self, model: CatalogModel) -> DeploymentHandle[TextServer]:
-        return self.handle(model)
+        return self._handle(model)
 
     def embedding(self, model: CatalogModel) -> DeploymentHandle[EmbeddingServer]:
-        return self.handle(model)
+        return self._handle(model)
 
     def image(self, model: CatalogModel) -> DeploymentHandle[ImageServer]:
-        return self.handle(model)
+        return self._handle(model)
 
     def speech(self, model: CatalogModel) -> DeploymentHandle[SpeechServer]:
-        return self.handle(model)
+        return self._handle(model)
 
     def transcription(self, model: CatalogModel) -> DeploymentHandle[TranscriptionServer]:
-        return self.handle(model)
+        return self._handle(model)
 
     def video(self, model: CatalogModel) -> DeploymentHandle[JobServer]:
-        return self.handle(model)
+        return self._handle(model)

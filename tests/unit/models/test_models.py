@@ -108,7 +108,7 @@ def test_router_resolves_ids_aliases_and_reports_missing_or_offline_models():
     router = ModelRouter(catalog, {"text-xs": handle})
     routed = router.resolve("gpt-4o:character_slug=alan", "text")
     assert routed.model.id == "m1" and routed.suffix_params == {"character_slug": "alan"}
-    assert router.handle(routed.model) is handle
+    assert router.text(routed.model) is handle
     with pytest.raises(ApiError) as missing:
         router.resolve("unknown-model")
     assert (missing.value.status, missing.value.code) == (404, "MODEL_NOT_FOUND")
@@ -116,7 +116,7 @@ def test_router_resolves_ids_aliases_and_reports_missing_or_offline_models():
         router.resolve("m1", "embedding")
     assert wrong_type.value.code == "INVALID_MODEL"
     with pytest.raises(ApiError) as offline:
-        ModelRouter(catalog, {}).handle(routed.model)
+        ModelRouter(catalog, {}).text(routed.model)
     assert (offline.value.status, offline.value.code) == (503, "MODEL_OFFLINE")
 
 
