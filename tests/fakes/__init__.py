@@ -1,13 +1,12 @@
 """Stand-ins for the platform's outside parts, for tests that run the Gateway in process: the
-real deployment classes behind Serve-like handles, their engines fakes (tests/fakes/served.py);
-whole fake deployments (`FakeDeployment`) for the call not run here (queued speech)."""
+real deployment classes behind Serve-like handles, their engines fakes (tests/fakes/served.py).
+"""
 
 from tests.fakes.embedding import FakeEmbeddingDeployment, FakeEmbeddingEngine
 from tests.fakes.fleet import fake_deployments
 from tests.fakes.handles import (
     Call,
     DeploymentHandle,
-    FakeDeployment,
     at_capacity,
     crashed,
     offline,
@@ -23,7 +22,6 @@ from tests.fakes.video import FakeVideoDeployment, FakeVideoEngine, plain_mp4
 __all__ = [
     "Call",
     "DeploymentHandle",
-    "FakeDeployment",
     "FakeEmbeddingDeployment",
     "FakeEmbeddingEngine",
     "FakeEngine",

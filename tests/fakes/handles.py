@@ -6,8 +6,7 @@ The Gateway calls a deployment as `await handle.<method>.remote(*args)` (serve_a
 and reads `deployment_name` for its metrics. A `DeploymentHandle` here has those; it records
 every call, can hold calls in flight (`pause`/`resume`) and can fail them the way Serve does
 (`at_capacity()`, `offline()`). What answers is `_answer(name)`: a method of a real deployment
-instance (`ServedDeployment`, whose engines are fakes) or of the test's own stand-in
-(`FakeDeployment`, a whole fake for the families whose deployments are not run here).
+instance (`ServedDeployment`, whose engines are fakes).
 
     text.fail_with(at_capacity())                      # Serve refuses: 503 MODEL_AT_CAPACITY
     text.fail_with(offline())                          # the replica died: 503 MODEL_OFFLINE
@@ -32,7 +31,7 @@ from typing import Any, ClassVar
 from ray.exceptions import ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
 
-from deployments.protocol import EngineError, not_served
+from deployments.protocol import EngineError
 
 # An exception raised when the call is awaited, or an engine error answered as a value.
 Failure = BaseException | EngineError
@@ -237,24 +236,3 @@ class DeploymentHandle:
     def _reported_answer(self, method: str, error: EngineError) -> Any:
         """How the method answers an error (a list of chunks answers `[error]`)."""
         return error
-
-
-class FakeDeployment(DeploymentHandle):
-    """A whole fake deployment, for a family whose deployment class is not run in process:
-    subclasses implement `async def _<method>(...)` for each name in `METHODS`, and every
-    failure is answered here."""
-
-    def __init__(self, deployment_name: str, models: list[str] | None = None) -> None:
-        super().__init__(deployment_name)
-        # The model ids this deployment holds; None: any (a model it does not hold gets the
-        # real deployments' answer, `not_served`: a 404 EngineError).
-        self.models = set(models) if models is not None else None
-
-    def _answer(self, name: str) -> Callable[..., Any]:
-        return getattr(self, f"_{name}")
-
-    def _refusal(self, model_id: Any) -> tuple[Failure | None, int]:
-        refusal = super()._refusal(model_id)
-        if refusal[0] is None and self.models is not None and model_id not in self.models:
-            return not_served(model_id), 0
-        return refusal

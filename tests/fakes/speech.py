@@ -54,12 +54,17 @@ class FakeSpeechEngine(FakeEngine):
             raise self.failure
         assert self.failure is None, "a speech engine reports a failure by raising"
 
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[np.ndarray]:
+        """The whole text (a queued job's), one array per sentence, as the real engine."""
+        return (sentence.pcm for sentence in self.sentences(text, voice, speed))
+
 
 class FakeSpeechDeployment(ServedDeployment):
-    """The speech deployment: the real `SpeechDeployment`, its models on `FakeSpeechEngine`s
-    each offering `voices`."""
+    """The speech deployment: the real `SpeechDeployment` (a stream's `speak`, a queued job's
+    `synthesize`), its models on `FakeSpeechEngine`s each offering `voices` (or, for a catalog
+    model, the voices the catalog lists for it)."""
 
-    METHODS = ("speak",)
+    METHODS = ("speak", "synthesize")
     DEPLOYMENT = class_of(SpeechDeployment)
     ENGINE = FakeSpeechEngine
     SAMPLE_RATE = SAMPLE_RATE
@@ -68,8 +73,10 @@ class FakeSpeechDeployment(ServedDeployment):
                  models: Sequence[str | ModelOptions] = ("speaker",), *,
                  voices: Sequence[str] = ("narrator",)) -> None:
         super().__init__(deployment_name, models)
-        for engine in self.engines.values():
-            engine.offered = list(voices)
+        listed = {m.id: list(offered) for m in models
+                  if not isinstance(m, str) and (offered := getattr(m, "voices", None))}
+        for model_id, engine in self.engines.items():
+            engine.offered = listed.get(model_id, list(voices))
 
     @staticmethod
     def pieces_for(text: str) -> list[SpeechPiece]:

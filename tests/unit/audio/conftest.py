@@ -1,8 +1,7 @@
-"""The voice-changer tests: the gateway in process with a voice changer whose transcription
-model runs on the real deployment class with a fake engine and whose queued speech is a whole
-fake (what they heard and were asked to say is recorded), a
-media server on loopback for `audio_url`s (let through the private-address guard), and the
-books of the gateway's database."""
+"""The voice-changer tests: the gateway in process with a voice changer whose transcription and
+speech models run on the real deployment classes with fake engines (what they heard and were
+asked to say is recorded), a media server on loopback for `audio_url`s (let through the
+private-address guard), and the books of the gateway's database."""
 
 from __future__ import annotations
 
@@ -13,29 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.protocol import MediaJob, MediaResult
+from serve_app.models.catalog import load_catalog
 from serve_app.settings import Settings
-from tests.fakes import DeploymentHandle, FakeDeployment, FakeTranscriptionDeployment
+from tests.fakes import DeploymentHandle, FakeSpeechDeployment, FakeTranscriptionDeployment
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.flows.books import Books
 from tests.unit.video.media_server import MediaServer
 
 CATALOG = Path(__file__).with_name("voice_catalog.yaml")
 RATE = 8000
-
-
-class FakeSpeech(FakeDeployment):
-    """`synthesize(model_id, MediaJob)`: an MP3-typed file of the text (as queued speech)."""
-
-    METHODS = ("synthesize",)
-
-    def __init__(self) -> None:
-        super().__init__("speech", ["speaking", "narrator"])
-        self.asked: list[dict] = []
-
-    async def _synthesize(self, model_id: str, job: MediaJob) -> MediaResult:
-        self.asked.append(dict(job.params))
-        return MediaResult(b"ID3" + job.params["prompt"].encode(), "audio/mpeg", 3.0)
 
 
 @pytest.fixture
@@ -47,10 +32,17 @@ def media() -> Iterator[MediaServer]:
 
 @pytest.fixture
 def fakes() -> dict[str, DeploymentHandle]:
-    """The real transcription deployment on a fake engine (it hears `said`: empty, silence),
-    and queued speech's whole fake."""
+    """The real transcription and speech deployments on fake engines (the transcription
+    hears `said`; the speech reads silence in the catalog's voices)."""
+    catalog = load_catalog(CATALOG)
     return {"transcription": FakeTranscriptionDeployment("transcription", ["hearing"]),
-            "speech": FakeSpeech()}
+            "speech": FakeSpeechDeployment("speech", [catalog.by_id["speaking"],
+                                                      catalog.by_id["narrator"]])}
+
+
+def asked(speech: DeploymentHandle) -> list[dict]:
+    """The params of each queued speech job the speech deployment was called with."""
+    return [dict(call.args[1].params) for call in speech.calls_to("synthesize")]
 
 
 @pytest.fixture

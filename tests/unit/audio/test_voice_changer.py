@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.audio.conftest import encoded, mp4_clip, wav
+from serve_app.audio.sources import sniff
+from tests.unit.audio.conftest import asked, encoded, mp4_clip, wav
 from tests.unit.audio.voice_api import (
     call,
     job_rows,
@@ -35,13 +36,13 @@ def test_an_upload_is_heard_then_spoken_and_charged_its_whole_minutes(gateway, k
 
     assert made.status_code == 200, made.text
     assert made.headers["content-type"] == "audio/mpeg"
-    assert made.content == b"ID3Hello there, how are you?"
+    assert sniff(made.content) == "mp3"
     assert made.headers["x-service-audio-format"] == "mp3"
     assert made.headers["x-service-model-id"] == "changer"
     assert made.headers["x-service-model-name"] == "Voice changer (fake models)"
     assert int(made.headers["x-service-inference-time"]) >= 0
     assert fakes["transcription"].heard == [source]
-    assert fakes["speech"].asked == [{"prompt": "Hello there, how are you?", "voice": "joe",
+    assert asked(fakes["speech"]) == [{"prompt": "Hello there, how are you?", "voice": "joe",
                                       "format": "mp3", "speed": 1.0}]
     charge = books.only_charge(queued.headers["cf-ray"])
     assert charge.total_nanos == nanos("0.05")
@@ -65,7 +66,7 @@ def test_an_audio_url_is_fetched_and_its_bytes_decide_the_format(gateway, key, b
     assert queued.status_code == 200, queued.text
     assert 19.9 <= queued.json()["duration_seconds"] <= 20.1
     assert wait(gateway, key, queued.json()["queue_id"]).status_code == 200
-    assert fakes["speech"].asked[0]["voice"] == "amy"
+    assert asked(fakes["speech"])[0]["voice"] == "amy"
     assert books.only_charge(queued.headers["cf-ray"]).total_nanos == nanos("0.03")
     job = job_rows(gateway)[0]
     assert job.params["source_format"] == "ogg" and job.kind == "voice-change"

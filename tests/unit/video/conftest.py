@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from deployments.protocol import MediaJob, MediaResult
 from serve_app.models.catalog import load_catalog
 from serve_app.settings import Settings
-from tests.fakes import DeploymentHandle, FakeDeployment, fake_deployments
+from tests.fakes import DeploymentHandle, FakeSpeechDeployment, fake_deployments
 from tests.unit.conftest import Gateway, make_gateway
 from tests.unit.flows.books import Books
 from tests.unit.video.media_server import MediaServer
@@ -42,22 +41,13 @@ def gateway_settings(request: pytest.FixtureRequest, tmp_path: Path,
             **getattr(request, "param", {})}
 
 
-class FakeQueuedSpeech(FakeDeployment):
-    """The speech deployment as queued audio calls it: `synthesize(model_id, MediaJob)`
-    answers a short MP3-typed file."""
-
-    METHODS = ("synthesize",)
-
-    async def _synthesize(self, model_id: str, job: MediaJob) -> MediaResult:
-        return MediaResult(media=b"ID3" + job.params["prompt"].encode(),
-                           media_type="audio/mpeg", replica_ms=1.0)
-
-
 @pytest.fixture
 def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
-    """The video deployments of the catalog, and the speech deployment of queued audio."""
-    fleet = fake_deployments(load_catalog(gateway_catalog))
-    fleet["speech"] = FakeQueuedSpeech("speech", ["narrator"])
+    """The video deployments of the catalog, and the speech deployment of queued audio: the
+    real classes on fake engines."""
+    catalog = load_catalog(gateway_catalog)
+    fleet = fake_deployments(catalog)
+    fleet["speech"] = FakeSpeechDeployment("speech", catalog.of_type("music"))
     return fleet
 
 

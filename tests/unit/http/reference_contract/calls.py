@@ -14,7 +14,7 @@ import httpx
 from PIL import Image
 
 from serve_app.wallets.x402 import BASE_NETWORK
-from tests.fakes import FakeDeployment
+from tests.fakes import DeploymentHandle
 from tests.unit.conftest import Gateway, account_key
 from tests.unit.wallets.wallet_gateway import CHAT_URL
 from tests.wallets import Wallet, signed_in
@@ -37,12 +37,12 @@ class Caller:
     and an INFERENCE key ($10 of credit)."""
 
     gw: Gateway
-    handles: dict[str, FakeDeployment]
+    handles: dict[str, DeploymentHandle]
     admin_key: str
     key: str
 
     @classmethod
-    def of_new_account(cls, gw: Gateway, handles: dict[str, FakeDeployment]) -> Caller:
+    def of_new_account(cls, gw: Gateway, handles: dict[str, DeploymentHandle]) -> Caller:
         admin_key = gw.cli("create-account", "--usd", "10")["apiKey"]
         created = gw.client.post(f"{API}/api_keys", headers=gw.auth(admin_key),
                                  json={"apiKeyType": "INFERENCE", "description": "client"})
