@@ -220,8 +220,7 @@ def _give_back(db: _Statements, res: _HoldRow, usd_nanos: int, diem_nanos: int,
                now: datetime) -> Balances | None:
     """Return unused parts of a hold to the balance and the key window; DIEM only into the
     epoch it came from (yesterday's DIEM does not come back today). The account's balance
-    after it, when anything was returned."""
-    balance = None
+    after it, returned or not (the answer's balance header shows it); None: no account row."""
     if usd_nanos or diem_nanos:
         row = db.first(
             "UPDATE accounts SET usd_balance_nanos = usd_balance_nanos + ?, "
@@ -229,14 +228,17 @@ def _give_back(db: _Statements, res: _HoldRow, usd_nanos: int, diem_nanos: int,
             "ELSE diem_balance_nanos END WHERE id = ? "
             "RETURNING usd_balance_nanos, diem_balance_nanos, diem_epoch, staked_tokens",
             (usd_nanos, res.diem_epoch, diem_nanos, res.account_id))
-        if row is not None:
-            usd, diem, epoch, staked = row
-            # A new UTC day's DIEM is the staked amount, whatever the row still says.
-            balance = Balances(usd, diem if epoch == epoch_day(now) else staked * NANOS_PER_UNIT)
         if res.window_start is not None and res.api_key_id is not None:
             _add_to_window(db, res.api_key_id, res.window_start, -usd_nanos, -diem_nanos)
+    else:  # charged all it held: the balance is as the hold (and anything since) left it
+        row = db.first("SELECT usd_balance_nanos, diem_balance_nanos, diem_epoch, "
+                       "staked_tokens FROM accounts WHERE id = ?", (res.account_id,))
     db.run("DELETE FROM reservations WHERE request_id = ?", (res.request_id,))
-    return balance
+    if row is None:
+        return None
+    usd, diem, epoch, staked = row
+    # A new UTC day's DIEM is the staked amount, whatever the row still says.
+    return Balances(usd, diem if epoch == epoch_day(now) else staked * NANOS_PER_UNIT)
 
 
 def _locked_hold(db: _Statements, request_id: str) -> _HoldRow | None:
@@ -266,7 +268,7 @@ class Settled:
     usd_nanos: int
     diem_nanos: int
     repeated: bool = False
-    balance: Balances | None = None  # the account's balance after it, when it changed
+    balance: Balances | None = None  # the account's balance after it
 
 
 def _late_hold(session: Session, request_id: str, payer: Payer, cost_nanos: int,

@@ -66,7 +66,6 @@ class Hold:
     started: float = field(default_factory=time.monotonic)
     done: bool = False
     nanos: int = 0  # the amount held
-    left: Balances | None = None  # the account's balance once it was held
 
     async def settle(self, cost: Cost) -> None:
         if self.done:
@@ -151,10 +150,10 @@ class Billing:
                 self.writer.submit(lambda s: ledger.release(s, request_id))
             raise
         _observe("hold", started)
-        left = Balances(result.before.usd_nanos - result.usd_nanos,
-                        result.before.diem_nanos - result.diem_nanos)
-        self._balances[payer.account_id] = left
-        return Hold(self, request_id, payer, result.before, now, nanos=amount_nanos, left=left)
+        self._balances[payer.account_id] = Balances(
+            result.before.usd_nanos - result.usd_nanos,
+            result.before.diem_nanos - result.diem_nanos)
+        return Hold(self, request_id, payer, result.before, now, nanos=amount_nanos)
 
     async def settle(self, hold: Hold, cost: Cost) -> ledger.Settled:
         now = self.clock()
@@ -168,7 +167,7 @@ class Billing:
             self._open_holds.discard(hold.request_id)
         _observe("settle", started)
         _count_charge(cost)
-        self._remember(hold, settled.balance)
+        self._remember(hold.payer.account_id, settled.balance)
         return settled
 
     async def release(self, hold: Hold) -> None:
@@ -180,20 +179,15 @@ class Billing:
         finally:
             self._open_holds.discard(hold.request_id)
         _observe("release", started)
-        self._remember(hold, released.balance if released else None)
+        self._remember(hold.payer.account_id, released.balance if released else None)
 
-    def _remember(self, hold: Hold, balance: Balances | None) -> None:
-        """The balance a money operation left, for the answer's `X-Balance-Remaining` and
-        the next request's (without it, every request after a settlement would read the
-        account again). None: it gave nothing back, so the balance the hold left stands,
-        remembered again unless a later operation of the account already was (a request
-        that ran longer than the cache keeps an entry must not show the balance before
-        it)."""
-        account_id = hold.payer.account_id
+    def _remember(self, account_id: str, balance: Balances | None) -> None:
+        """The balance a money operation left (read in its transaction, whether it gave
+        anything back or not), for the answer's `X-Balance-Remaining` and the next request's
+        headers: without it, every request after a settlement would read the account again,
+        and a request that outlasted the cached entry would show the balance before it."""
         if balance is not None:
             self._balances[account_id] = balance
-        elif hold.left is not None and account_id not in self._balances:
-            self._balances[account_id] = hold.left
 
     def known_balance(self, account_id: str) -> Balances | None:
         """The balance this replica last saw for the account, without reading it."""
