@@ -68,6 +68,9 @@ class Metrics:
         count = self._in_flight[deployment] = max(0, self._in_flight.get(deployment, 1) - 1)
         self.in_flight.set(count, tags={"deployment": deployment})
 
+    def calls_in_flight(self, deployment: str) -> int:
+        return self._in_flight.get(deployment, 0)
+
 
 @cache
 def metrics() -> Metrics:

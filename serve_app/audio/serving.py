@@ -59,18 +59,15 @@ class Speech:
     async def _audio(self) -> AsyncIterator[bytes | Mark]:
         """The audio, piece by piece. A piece counts as delivered when its consumer comes
         back for the next one (a streamed response: once it was written to the client); the
-        whole input once the last piece is out. Closing it stops the synthesis."""
-        try:
-            piece = self.first
-            while piece is not None:
-                if piece.audio:
-                    yield piece.audio
-                self.sent += piece.characters
-                piece = await anext(self.rest, None)  # a failure here: `sent` is charged
-            self.complete = True
-            yield SETTLE
-        finally:
-            await self.rest.aclose()  # type: ignore[attr-defined]
+        whole input once the last piece is out."""
+        piece = self.first
+        while piece is not None:
+            if piece.audio:
+                yield piece.audio
+            self.sent += piece.characters
+            piece = await anext(self.rest, None)  # a failure here: `sent` is charged
+        self.complete = True
+        yield SETTLE
 
     def delivered(self) -> tuple[Cost | None, int | None]:
         """The whole input once all of its audio is out; else the characters of the pieces
@@ -83,7 +80,15 @@ class Speech:
 
     def stream(self) -> BilledEvents:
         """The pieces and the call they settle, for the response that streams them."""
-        return BilledEvents(self.billed, self.pieces)
+        return BilledEvents(self.billed, self.pieces, stop=self.stop)
+
+    async def stop(self) -> None:
+        """Stop the synthesis (started or not: the deployment's stream is open from
+        `speak` on)."""
+        try:
+            await self.pieces.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.rest.aclose()  # type: ignore[attr-defined]
 
     async def whole(self) -> bytes:
         """All the audio as one body: nothing of it is delivered unless all of it is."""
@@ -96,7 +101,7 @@ class Speech:
     async def close(self, failure: BaseException | None = None) -> None:
         """Stop the synthesis, then settle what was delivered (a whole answer's)."""
         try:
-            await self.pieces.aclose()  # type: ignore[attr-defined]
+            await self.stop()
         finally:
             await self.billed.close(failure)
 

@@ -1,8 +1,8 @@
 """A streamed answer that owns its billed call: the events of `BilledEvents` go out until
 their source yields `SETTLE` (or ends), and the call is closed there, so what the stream
 delivered is durable before the stream says it is done; whatever ends the stream before
-(an error, a client that left, a body never sent) closes the source (which stops the model's
-work) and then the call, at the same place (pipeline/billed_stream.py). Chat and
+(an error, a client that left, a body never sent) stops the source (speech: the synthesis
+stops) and then closes the call, at the same place (pipeline/billed_stream.py). Chat and
 `/responses` stream server-sent events; speech streams audio bytes."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class BilledStream(StreamingResponse):
                  media_type: str = "text/event-stream") -> None:
         super().__init__(cast(AsyncIterator[str], stream.events), media_type=media_type,
                          headers=headers)
-        self.events, self.billed = stream.events, stream.billed
+        self.events, self.billed, self.stop = stream.events, stream.billed, stream.stop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Starlette's, with the stream run in this task: it then starts however soon the
@@ -68,9 +68,11 @@ class BilledStream(StreamingResponse):
             raise
         finally:
             with anyio.CancelScope(shield=True):  # a stream cancelled still settles
-                if failure is not None:  # cut short: the model's work stops before settling
-                    await _aclose(self.events)
-                await self.billed.close(failure)
+                try:
+                    if failure is not None:  # cut short: the model's work stops first
+                        await (self.stop() if self.stop is not None else _aclose(self.events))
+                finally:
+                    await self.billed.close(failure)
         async for event in self.events:  # the last ones (none when it ended unmarked)
             await self._send(send, event)
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -8,7 +8,7 @@ client that left, a body never sent): one settlement per stream, from one place.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -30,3 +30,7 @@ class BilledEvents:
 
     billed: BilledCall
     events: AsyncIterator[str | Mark] | AsyncIterator[bytes | Mark]
+    # Stops the model's work when the stream is cut short (None: the events are closed;
+    # a generator closed before its first step runs none of its code, so a source that
+    # holds a call open before then gives its own).
+    stop: Callable[[], Awaitable[None]] | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import ClientDisconnect
 
@@ -28,14 +28,16 @@ def post_scope(path: str, payload: bytes, headers: Mapping[str, str], *,
 
 
 class LeavingClient:
-    """Sends `payload`, reads `leave_after` body messages and goes away (0: once the answer
-    starts; None: it reads all). It leaves the two ways servers report it: a write that
-    fails (ASGI 2.4), or `http.disconnect` while a write waits (before 2.4). `on_body` sees
-    each body message it reads."""
+    """Sends `payload`, reads `leave_after` body messages and goes away (0: before the answer
+    starts, the start's write fails; "start": once the start is written, before any body;
+    None: it reads all). It leaves the two ways servers report it: a write that fails
+    (ASGI 2.4), or `http.disconnect` while a write waits (before 2.4). `on_body` sees each
+    body message it reads."""
 
-    def __init__(self, payload: bytes, *, leave_after: int | None = None, spec: str = "2.4",
-                 on_body: Callable[[bytes], None] | None = None) -> None:
-        self.payload, self.leave_after, self.spec = payload, leave_after, spec
+    def __init__(self, payload: bytes, *, leave_after: int | Literal["start"] | None = None,
+                 spec: str = "2.4", on_body: Callable[[bytes], None] | None = None) -> None:
+        self.payload, self.leave_after = payload, leave_after
+        self.fails_writes = tuple(map(int, spec.split("."))) >= (2, 4)
         self.on_body = on_body
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -54,10 +56,13 @@ class LeavingClient:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             self.headers = {k.decode(): v.decode() for k, v in message.get("headers", [])}
+            if self.leave_after == "start":
+                self._gone.set()
+                return
             if self.leave_after == 0:
                 self._gone.set()
         if self._gone.is_set():
-            if self.spec >= "2.4":
+            if self.fails_writes:
                 raise OSError("the client is gone")
             await asyncio.Event().wait()  # a write that never drains, until cancelled
         if message["type"] != "http.response.body" or not message.get("body"):
@@ -65,7 +70,7 @@ class LeavingClient:
         self.pieces.append(message["body"])
         if self.on_body is not None:
             self.on_body(message["body"])
-        if self.leave_after is not None and len(self.pieces) >= self.leave_after:
+        if isinstance(self.leave_after, int) and len(self.pieces) >= self.leave_after:
             self._gone.set()
 
     async def call(self, app: Any, scope: dict[str, Any]) -> None:

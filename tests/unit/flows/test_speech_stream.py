@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
+from serve_app.metrics import metrics
 from tests.fakes import FakeSpeechDeployment, crashed
 from tests.unit.flows.asgi import LeavingClient, post_scope
 from tests.unit.flows.books import per_million
@@ -34,7 +35,8 @@ def fakes() -> dict[str, FakeSpeechDeployment]:
                                            voices=["narrator", "whisperer"])}
 
 
-def _speak(gateway, key: str, body: dict[str, Any], *, leave_after: int | None = None,
+def _speak(gateway, key: str, body: dict[str, Any], *,
+           leave_after: int | Literal["start"] | None = None,
            spec: str = "2.4") -> tuple[int, dict[str, str], list[bytes]]:
     """POST /api/v1/audio/speech into the gateway's ASGI app on its own loop, as a server
     would. The client reads `leave_after` pieces of audio and goes away (None: it reads all).
@@ -81,12 +83,16 @@ def test_a_client_leaving_after_the_first_piece_pays_for_its_characters(fake_gat
     assert books.held(headers["cf-ray"]) is None and books.open_holds() == 0
 
 
+@pytest.mark.parametrize("leave", [0, "start"], ids=["before-the-start", "after-the-start"])
 @pytest.mark.parametrize("spec", SERVER_SPECS)
-def test_a_client_gone_before_any_audio_pays_nothing(fake_gateway, key, books, spec):
-    before = books.balance_nanos()
+def test_a_client_gone_before_any_audio_pays_nothing(fake_gateway, key, books, spec, leave):
+    """...and its synthesis is stopped: no call to the speech deployment stays open."""
+    before, calls = books.balance_nanos(), metrics().calls_in_flight("speech")
 
     status, headers, pieces = _speak(fake_gateway, key, {"input": TEXT, "streaming": True},
-                                     leave_after=0, spec=spec)
+                                     leave_after=leave, spec=spec)
+
+    assert metrics().calls_in_flight("speech") == calls
 
     assert status == 200 and pieces == []
     assert books.charges(headers["cf-ray"]) == []
