@@ -46,6 +46,8 @@ from serve_app.jobs.wake import run_rounds
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
+from serve_app.pipeline.context import RequestContext
+from serve_app.pipeline.settlement import Charge
 
 logger = logging.getLogger("serve_app.jobs")
 
@@ -137,14 +139,14 @@ class JobRunner:
             if model is not None:
                 logger.warning("settling job %s, completed without its settlement",
                                job.queue_id)
-                await self._hold(job).settle(job_cost(model, job))
+                await self._charge(job).settle(job_cost(model, job))
         await self.expire()
 
     async def _fail_unowned(self, job: JobView, condition: Any, message: str) -> None:
         if await self.queue.fail_if(job.queue_id, condition, 500, "INFERENCE_FAILED",
                                     message):
             logger.warning("job %s failed: %s", job.queue_id, message)
-            await self._hold(job).finish(None)
+            await self._charge(job).release()
             await self._delete_files(job)
 
     async def expire(self) -> None:
@@ -177,12 +179,14 @@ class JobRunner:
         for stored in job.inputs.values():
             await self.results.delete(stored)
 
-    def _hold(self, job: JobView) -> Hold:
-        """The hold taken when the job was queued (keyed by its request id)."""
+    def _charge(self, job: JobView) -> Charge:
+        """The job's charge: the hold taken when it was queued (keyed by its request id),
+        settled or released as a request's is (pipeline/settlement.py), exactly once."""
         age_s = (utcnow() - job.created_at).total_seconds()
-        return Hold(self.billing, job.request_id,
+        hold = Hold(self.billing, job.request_id,
                     Payer(job.account_id, job.api_key_id, wallet_address=job.wallet_address),
                     Balances(0, 0), job.created_at, started=time.monotonic() - age_s)
+        return Charge(RequestContext(job.request_id), hold)
 
     async def _renew_lease(self, job: JobView, work: asyncio.Task) -> None:
         while not work.done():
@@ -223,7 +227,7 @@ class JobRunner:
         # The job is marked first: should this replica die before the release, the hold
         # sweeper releases a hold that no open job keeps (and the expiry, its inputs).
         if await self.queue.fail(job.queue_id, self.owner, status, code, message):
-            await self._hold(job).finish(None)
+            await self._charge(job).release()
             await self._delete_files(job)
 
     async def _make(self, job: JobView) -> None:
@@ -259,7 +263,7 @@ class JobRunner:
                            job.queue_id)
             await self._drop_if_failed(job)
             return
-        await self._hold(job).settle(job_cost(model, job))
+        await self._charge(job).settle(job_cost(model, job))
         # Made: the inputs have served (the media stays until it is deleted or expires).
         await self._delete_inputs(job)
         await self.queue.set_stored_bytes(job.queue_id, len(out.media))
