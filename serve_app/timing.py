@@ -1,9 +1,10 @@
 """Where the time of one request goes, as a `Server-Timing` response header
 (`auth;dur=0.12, limits;dur=0.80, hold;dur=0.95, model;dur=15.2, settle;dur=1.10, app;dur=18.6`).
 
-Each step of a request (ARCHITECTURE.md) records its wall time here; the middleware that
-identifies requests writes the header when the response starts. Browsers' developer tools and
-the benchmarks read it; a few `perf_counter` calls per request cost nothing measurable.
+Each step of a request (docs/architecture/request.md) records its wall time here; the
+middleware that identifies requests writes the header when the response starts. Browsers'
+developer tools and the benchmarks read it; a few `perf_counter` calls per request cost nothing
+measurable.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ async def retrieve_video_by_query(query: Annotated[JobRequest, Query()], ctx: Co
     """The spec names `GET /video/retrieve`; the published interface has the POST. Both
     answer alike; the GET only reads (deleting is the POST's `delete_media_on_completion`)."""
     return await services.job_service.retrieve(ctx, key, RetrieveRequest(**query.model_dump()),
-                                           "video", accept)
+                                              "video", accept)
 
 
 @router.get("/video/download/{queue_id}", summary="A finished video by its delivery URL",

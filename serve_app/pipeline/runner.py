@@ -1,4 +1,5 @@
-"""Steps 4 to 8 of every billable request (ARCHITECTURE.md), in one order for every modality:
+"""Steps 3 to 5 of every billable request (docs/architecture/request.md: admit, call the
+model, settle), in one order for every modality:
 
 1. the limiter's decision starts (the model is resolved first: its 404 or 400 comes before);
 2. the request's checks run meanwhile (`quote`: what they refuse comes after a 429, so 429

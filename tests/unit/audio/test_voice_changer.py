@@ -43,7 +43,7 @@ def test_an_upload_is_heard_then_spoken_and_charged_its_whole_minutes(gateway, k
     assert int(made.headers["x-service-inference-time"]) >= 0
     assert fakes["transcription"].heard == [source]
     assert asked(fakes["speech"]) == [{"prompt": "Hello there, how are you?", "voice": "joe",
-                                      "format": "mp3", "speed": 1.0}]
+                                       "format": "mp3", "speed": 1.0}]
     charge = books.only_charge(queued.headers["cf-ray"])
     assert charge.total_nanos == nanos("0.05")
     assert charge.lines == {"audio_minutes": (2, nanos("0.05"))}
