@@ -4,11 +4,8 @@ cost (402). The limiter's decision starts first; when the key's last count left 
 its limits, the hold runs beside it and a refusal by the limiter gives the hold back; near its
 limits they run one after the other, so that a flood of refused requests writes nothing to the
 ledger. The answers are the same either way: 429 before 400 before 402, and an admitted request
-counts even when the hold refuses.
-
-    charge = await admission.admit(ctx, key, model, tokens, max_cost)
-
-or, for a request checked while the limiter decides (chat):
+counts even when the hold refuses. Its caller is the request runner (pipeline/runner.py),
+which checks the request while the limiter decides:
 
     pending = admission.start(ctx, key, model, tokens)
     try:
@@ -88,12 +85,6 @@ class Admission:
         beside = self.limits.has_room(key, model, tokens)
         deciding = self._decide(ctx, key, model, tokens, feature_budget)
         return PendingAdmission(self, ctx, key, asyncio.ensure_future(deciding), beside)
-
-    async def admit(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel,
-                    tokens: int, max_cost: Cost | MaxUnits, *,
-                    limit: LimitCheck | None = None) -> Charge:
-        """Limits and hold for a request already checked."""
-        return await self.start(ctx, key, model, tokens, limit=limit).hold([model], max_cost)
 
     async def admit_fallback(self, charge: Charge, key: KeyRecord, model: CatalogModel,
                              tokens: int, *, left_tokens: int) -> None:
