@@ -4,6 +4,11 @@ engines choose a dtype or a state layout by."""
 from __future__ import annotations
 
 import functools
+import os
+
+# ATEN_CPU_CAPABILITY values that cap PyTorch's kernels below AVX-512 (PyTorch's own setting;
+# vLLM's CPU kernels and TorchInductor follow it too): no native bf16 then, whatever the CPU.
+BELOW_AVX512 = frozenset({"default", "avx2"})
 
 
 @functools.cache
@@ -20,5 +25,8 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether the CPU computes in bfloat16 natively (AVX-512 BF16 or AMX)."""
+    """Whether the CPU computes in bfloat16 natively (AVX-512 BF16 or AMX), unless
+    ATEN_CPU_CAPABILITY keeps the kernels below AVX-512."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in BELOW_AVX512:
+        return False
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())

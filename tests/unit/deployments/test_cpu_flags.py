@@ -54,3 +54,16 @@ def test_no_cpuinfo_means_no_flags(cpuinfo):
     cpuinfo(None)
     assert module.cpu_flags() == frozenset()
     assert not module.cpu_has_bf16()
+
+
+@pytest.mark.parametrize("capability", ["avx2", "AVX2", "default"])
+def test_kernels_capped_below_avx512_compute_without_bf16(cpuinfo, monkeypatch, capability):
+    cpuinfo(CPUINFO)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+    assert not module.cpu_has_bf16()
+
+
+def test_kernels_allowed_avx512_keep_the_cpus_bf16(cpuinfo, monkeypatch):
+    cpuinfo(CPUINFO)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
+    assert module.cpu_has_bf16()
