@@ -31,6 +31,8 @@ folders, with LiteLLM's proxy in front of it in a second column), the same clien
   peer_stream_s1          one 128-token stream's tokens/s / vLLM's server's
   peer_stream_s8          8 streams' tokens/s / vLLM's server's
   peer_embeddings_c32     POST /embeddings at concurrency 32 / vLLM's server on the embedder
+  peer_cheap_route        GET /api_keys/rate_limits at concurrency 8 / LiteLLM's
+                          authenticated GET /v1/models (its key checked, no model called)
 
 Figures ending in `_ms`/`_s` hold the figure itself as `ratio`, with its ceiling as `goal`.
 The API keys belong to an account on the `benchmark` rate-limit tier, so no request is refused
@@ -39,6 +41,7 @@ for its rate; the limiter still decides every request. Results go to `bench-resu
     make bench                    # all of it (~12 minutes on 2 cores)
     .venv/bin/python benchmarks/bench.py --only embeddings,cheap_route
     .venv/bin/python benchmarks/bench.py --only peers --seconds 5
+    .venv/bin/python benchmarks/bench.py --only chat,peers --isa avx2   # an AVX2-only CPU's kernels
 """
 
 from __future__ import annotations
@@ -56,11 +59,18 @@ import time
 from pathlib import Path
 
 import httpx
+import isa
 from clients import PROMPT, RUNS, best, format_steps, step_profile, stream_chats, wrk
 from fairness import measure_fairness, two_accounts
 from figures import Figure, Progress, ceiling_figure, rate_figure, report, write
 from floor import durable_charge_ms, serve_hop_ms
-from peers import chat_figures, embedding_figure, measure_peers, peer_figures
+from peers import (
+    authenticated_get,
+    chat_figures,
+    embedding_figure,
+    measure_peers,
+    peer_figures,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -356,7 +366,11 @@ def main() -> None:
                         help=f"comma-separated parts: {', '.join(PARTS)}")
     parser.add_argument("--seconds", type=int, default=10, help="seconds per wrk point")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per streamed chat")
+    parser.add_argument("--isa", choices=isa.CHOICES, default="native",
+                        help="avx2: every engine and peer on the kernels of a CPU without "
+                             "AVX-512 (benchmarks/isa.py)")
     args = parser.parse_args()
+    isa.run_as(args.isa)
     parts = set(args.only.split(","))
     unknown = parts - set(PARTS)
     if unknown:
@@ -402,9 +416,12 @@ def main() -> None:
             if peers:
                 ours = chat_figures(platform.base, key, SMOLLM2, args.tokens, args.seconds)
                 ours["emb32"] = embedding_figure(platform.base, key, EMBEDDER, args.seconds)
+                ours["cheap8"] = authenticated_get(f"{platform.base}/api_keys/rate_limits",
+                                                   key, args.seconds)
                 step(f"ours, as the peers are measured: {ours['short8']:.1f} 1-token chats/s "
                      f"(8), TTFT {ours['ttft1']:.0f} ms, {ours['s1']:.1f} tok/s (1), "
-                     f"{ours['s8']:.1f} tok/s (8), {ours['emb32']:.0f} embeddings/s (32)")
+                     f"{ours['s8']:.1f} tok/s (8), {ours['emb32']:.0f} embeddings/s (32), "
+                     f"{ours['cheap8']:.0f} GET /api_keys/rate_limits/s (8)")
         finally:
             platform.stop()
     if peers:
