@@ -65,10 +65,12 @@ from fairness import measure_fairness, two_accounts
 from figures import Figure, Progress, ceiling_figure, rate_figure, report, write
 from floor import durable_charge_ms, serve_hop_ms
 from peers import (
+    VLLM_DEFAULT_DTYPE,
     authenticated_get,
     chat_figures,
     embedding_figure,
     measure_peers,
+    our_dtype,
     peer_figures,
 )
 
@@ -377,7 +379,8 @@ def main() -> None:
         raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
     chat, peers = "chat" in parts, "peers" in parts
     steps = 1 + 2 * ("embeddings" in parts) + 3 * chat + ("cheap_route" in parts) \
-        + bool(parts - {"startup", "fairness"}) + ("startup" in parts) + 4 * peers \
+        + bool(parts - {"startup", "fairness"}) + ("startup" in parts) \
+        + peers * (5 + (our_dtype() != VLLM_DEFAULT_DTYPE)) \
         + 4 * ("fairness" in parts)
     step = Progress(steps)
     data_dir = prepare_data_dir()

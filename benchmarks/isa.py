@@ -9,17 +9,32 @@ import sys
 from pathlib import Path
 
 CHOICES = ("native", "avx2")
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "DNNL_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-SITECUSTOMIZE = Path(__file__).resolve().parent / "avx2"
+ROOT = Path(__file__).resolve().parent.parent
+SITECUSTOMIZE = ROOT / "benchmarks" / "avx2"
+# Set in the command run again: the marker that it runs under `--isa`.
+MARKER = "BENCH_ISA"
+AVX2_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",  # PyTorch's kernels, and TorchInductor's vector code
+    "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3",  # its compiler flags (AVX2, FMA, F16C), not native
+    "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    # Compiled graphs of their own: vLLM's cache key does not tell the two kinds of code apart.
+    "VLLM_CACHE_ROOT": str(ROOT / ".cache" / "isa-avx2" / "vllm"),
+    "TORCHINDUCTOR_CACHE_DIR": str(ROOT / ".cache" / "isa-avx2" / "inductor"),
+}
 
 
 def run_as(isa: str) -> None:
-    """Return at once for `native`, or where this process already runs as `isa`; otherwise
-    replace this process by the same command under `isa`'s environment."""
-    if isa == "native" or os.environ.get("ATEN_CPU_CAPABILITY") == AVX2_ENV["ATEN_CPU_CAPABILITY"]:
+    """Return where this process already runs as `isa` (`native`: nothing capped); otherwise
+    replace it by the same command, interpreter options included, under `isa`'s environment."""
+    if os.environ.get(MARKER, "native") == isa:
         return
+    if isa == "native":
+        raise SystemExit(f"this environment runs as {os.environ[MARKER]} ({MARKER}): start "
+                         "the native run from a shell without it")
     path = os.pathsep.join(p for p in (str(SITECUSTOMIZE), os.environ.get("PYTHONPATH", ""))
                            if p)
-    os.execve(sys.executable, [sys.executable, *sys.argv],
-              {**os.environ, **AVX2_ENV, "PYTHONPATH": path})
+    env = {**os.environ, **AVX2_ENV, "PYTHONPATH": path, MARKER: isa}
+    for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):  # an explicit one wins
+        env[name] = os.environ.get(name, AVX2_ENV[name])
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

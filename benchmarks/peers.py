@@ -168,8 +168,8 @@ def embedding_figure(base: str, key: str, model: str, seconds: int) -> float:
 
 def authenticated_get(url: str, key: str, seconds: int) -> float:
     """GETs per second at concurrency 8 of a route that checks the key and calls no model:
-    our `/api_keys/rate_limits`, LiteLLM's `/v1/models` (its key checked against the master
-    key, the list read from its configuration)."""
+    our `/api_keys/rate_limits` (an account's key looked up, its limits read), LiteLLM's
+    `/v1/models` (its master key compared, the list read from its configuration)."""
     auth = {"Authorization": f"Bearer {key}"}
     wrk(url, 8, 2, headers=auth)  # warm-up
     return wrk(url, 8, seconds, headers=auth)["rps"]
@@ -194,8 +194,12 @@ def measure_peers(text: tuple[str, Path] | None, embedder: tuple[str, Path] | No
     out: dict[str, dict[str, float]] = {"vllm": {}, "litellm": {}}
     print(f"    peer logs in {logs}", flush=True)
     with server("litellm", litellm, env, f"{proxy}/health/liveliness", logs):
-        out["litellm"]["cheap8"] = authenticated_get(f"{proxy}/v1/models", LITELLM_KEY,
-                                                     seconds)
+        try:
+            out["litellm"]["cheap8"] = authenticated_get(f"{proxy}/v1/models", LITELLM_KEY,
+                                                         seconds)
+        except (RuntimeError, subprocess.CalledProcessError) as failed:  # 0, never a crash
+            print(f"    LiteLLM's GET failed ({failed}): see {logs / 'litellm.log'}", flush=True)
+            out["litellm"]["cheap8"] = 0.0
         step(f"LiteLLM's authenticated GET /v1/models: {out['litellm']['cheap8']:.0f}/s at 8")
         if text:
             name, folder = text
@@ -268,7 +272,8 @@ def peer_figures(ours: dict[str, float], peers: dict[str, dict[str, float]]) -> 
             rate_figure("peer_default_stream_s8", "tok/s", ours["s8"], default["s8"], 0.95)]
     if "cheap8" in ours and "cheap8" in litellm:
         figures.append(rate_figure("peer_cheap_route", "req/s", ours["cheap8"],
-                                   litellm["cheap8"], 5.0))
+                                   litellm["cheap8"], 5.0,
+                                   note="LiteLLM's GET answered nothing: its log, peer logs"))
     if "emb32" in ours and "emb32" in vllm:
         figures.append(with_litellm(rate_figure("peer_embeddings_c32", "texts/s",
                                                 ours["emb32"], vllm["emb32"], 0.95),
