@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import os
 
-# ATEN_CPU_CAPABILITY values that cap PyTorch's kernels below AVX-512 (PyTorch's own setting;
-# vLLM's CPU kernels and TorchInductor follow it too): no native bf16 then, whatever the CPU.
+# PyTorch's ATEN_CPU_CAPABILITY values below AVX-512 (compared as PyTorch does, case and
+# all): where an operator caps PyTorch's kernels there (as `benchmarks/isa.py` does to measure
+# an AVX2-only CPU's kernels), the engine takes the dtype of a CPU without native bf16.
 BELOW_AVX512 = frozenset({"default", "avx2"})
 
 
@@ -27,6 +28,6 @@ def cpu_flags() -> frozenset[str]:
 def cpu_has_bf16() -> bool:
     """Whether the CPU computes in bfloat16 natively (AVX-512 BF16 or AMX), unless
     ATEN_CPU_CAPABILITY keeps the kernels below AVX-512."""
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in BELOW_AVX512:
+    if os.environ.get("ATEN_CPU_CAPABILITY") in BELOW_AVX512:
         return False
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
