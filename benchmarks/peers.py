@@ -42,11 +42,13 @@ VLLM_DEFAULT_DTYPE = "bfloat16"
 
 
 def our_dtype() -> str:
-    """The dtype our text engine picks on this CPU (deployments/engines/text.py): bfloat16
-    where the CPU computes it natively, float32 where it would be emulated."""
-    from deployments.engines.cpu_flags import cpu_has_bf16
+    """The dtype our text engine picks on this CPU (imported here: this module is loaded
+    before the repository is on sys.path)."""
+    from deployments.engines.cpu_flags import cpu_dtype
 
-    return "bfloat16" if cpu_has_bf16() else "float32"
+    return cpu_dtype()
+
+
 READY_TIMEOUT_S = 900
 
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from deployments.engines import vllm_fork_server
-from deployments.engines.cpu_flags import cpu_has_bf16
+from deployments.engines.cpu_flags import cpu_dtype
 from deployments.engines.vision import (
     DEFAULT_FRAME_SIDE,
     MediaError,
@@ -124,10 +124,7 @@ class VLLMEngine:
 
         dtype = options.get("dtype", "auto")
         if dtype == "auto" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
-            # Without native bf16, float32 prefills about 4x and runs 8 streams about 2.5x
-            # faster than emulated bf16, which wins only one stream's decode (about 1.3x):
-            # docs/models/adding-a-model.md, "The dtype on a CPU".
-            dtype = "bfloat16" if cpu_has_bf16() else "float32"
+            dtype = cpu_dtype()
         self.max_model_len = int(options.get("max_model_len", 2048))
         # The batch (`max_num_seqs`), and on top of it the room kept for tenants other than
         # the busiest (deployments/fair_share.py): the engine admits both.

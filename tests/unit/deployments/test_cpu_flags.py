@@ -47,6 +47,13 @@ def test_a_cpu_without_bf16_gets_none(cpuinfo):
     assert not module.cpu_has_bf16()
 
 
+def test_an_engine_runs_bf16_only_where_the_cpu_computes_it(cpuinfo):
+    cpuinfo(CPUINFO)
+    assert module.cpu_dtype() == "bfloat16"
+    cpuinfo(CPUINFO.replace(" avx512_bf16", ""))
+    assert module.cpu_dtype() == "float32"
+
+
 def test_a_flag_is_matched_whole_not_as_part_of_another(cpuinfo):
     cpuinfo("flags\t: avx512_bf16x amx_bf16_not\n")
     assert not module.cpu_has_bf16()
