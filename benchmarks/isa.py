@@ -18,7 +18,10 @@ AVX2_ENV = {
     "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3",  # its compiler flags (AVX2, FMA, F16C), not native
     "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-    # Compiled graphs of their own: vLLM's cache key does not tell the two kinds of code apart.
+}
+# Compiled graphs of their own (vLLM's cache key does not tell the two kinds of code apart),
+# unless the environment names its own.
+AVX2_CACHES = {
     "VLLM_CACHE_ROOT": str(ROOT / ".cache" / "isa-avx2" / "vllm"),
     "TORCHINDUCTOR_CACHE_DIR": str(ROOT / ".cache" / "isa-avx2" / "inductor"),
 }
@@ -34,7 +37,5 @@ def run_as(isa: str) -> None:
                          "the native run from a shell without it")
     path = os.pathsep.join(p for p in (str(SITECUSTOMIZE), os.environ.get("PYTHONPATH", ""))
                            if p)
-    env = {**os.environ, **AVX2_ENV, "PYTHONPATH": path, MARKER: isa}
-    for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):  # an explicit one wins
-        env[name] = os.environ.get(name, AVX2_ENV[name])
+    env = {**AVX2_CACHES, **os.environ, **AVX2_ENV, "PYTHONPATH": path, MARKER: isa}
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
