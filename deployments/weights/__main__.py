@@ -1,5 +1,9 @@
 """`python -m deployments.weights prepare [--catalog FILE] [--data-dir DIR]`: build the weights
-the catalog says how to build (`engine_options.build`), with progress on the console.
+the catalog says how to build (`engine_options.build`), with progress on the console (copies,
+where `make install` built them ahead).
+
+`python -m deployments.weights prebuild [--catalog FILE] [--into DIR]`: build them ahead, one
+folder per builder (`make install` does, into .cache/weights).
 
 The catalog and data folder default as the platform's settings do: MODEL_CATALOG
 (configs/models.yaml) and DATA_DIR (./data). Only the models' `id`, `weights` and
@@ -17,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from deployments.weights.registry import prepare_all
-from deployments.weights.store import expand_spec
+from deployments.weights.registry import prebuild_all, prepare_all
+from deployments.weights.store import PREBUILT_DIR, expand_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,9 +68,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "(`engine_options.build`), with progress.")
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="build the weights the catalog asks for")
-    prepare.add_argument("--catalog", type=Path, default=Path(os.environ.get(
-        "MODEL_CATALOG", PROJECT_ROOT / "configs" / "models.yaml")),
-        help="the model catalog (default: $MODEL_CATALOG or configs/models.yaml)")
+    prebuild = commands.add_parser("prebuild", help="build them ahead, one folder per builder")
+    for command in (prepare, prebuild):
+        command.add_argument("--catalog", type=Path, default=Path(os.environ.get(
+            "MODEL_CATALOG", PROJECT_ROOT / "configs" / "models.yaml")),
+            help="the model catalog (default: $MODEL_CATALOG or configs/models.yaml)")
+    prebuild.add_argument("--into", type=Path, default=PREBUILT_DIR,
+                          help=f"where (default: {PREBUILT_DIR.relative_to(PROJECT_ROOT)})")
     prepare.add_argument("--data-dir", type=Path,
                          default=Path(os.environ.get("DATA_DIR", "./data")),
                          help="where ${DATA_DIR} of the catalog points (default: $DATA_DIR "
@@ -76,8 +84,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    data_dir = args.data_dir.expanduser().resolve()
-    prepare_all(read_catalog(args.catalog.expanduser().resolve()), data_dir)
+    catalog = read_catalog(args.catalog.expanduser().resolve())
+    if args.command == "prebuild":
+        prebuild_all(catalog, args.into.expanduser().resolve())
+    else:
+        prepare_all(catalog, args.data_dir.expanduser().resolve())
     return 0
 
 

@@ -3,8 +3,10 @@ folder a model's engine loads (built first when the catalog says how), the check
 that a model's weights exist, and the models whose weights are still to be built.
 
 A catalog model names its builder with `engine_options: {build: <name>}`; its `weights` is
-then the folder the builder fills. Builders live one module per family (text, image, video,
-audio); this module imports them, none of them imports it.
+then the folder the builder fills, or a copy of the folder built ahead for that builder (by
+`make install`, `prebuild_all`), since what a builder makes depends on nothing else.
+Builders live one module per family (text, image, video, audio); this module imports them,
+none of them imports it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from deployments.weights.image import (
     build_tiny_matting_onnx,
     build_tiny_sd,
 )
-from deployments.weights.store import is_built, resolve_weights
+from deployments.weights.store import PREBUILT_DIR, copy_prebuilt, is_built, resolve_weights
 from deployments.weights.text import build_tiny_chat_model, convert_smollm2
 from deployments.weights.video import build_tiny_wan
 from deployments.weights.vision import build_tiny_smolvlm
@@ -50,12 +52,16 @@ DEFAULT_WEIGHTS: dict[str, Callable[[], Path]] = {"faster-whisper": default_whis
                                                   "kokoro": default_kokoro_model}
 
 
-def prepare_weights(spec: str, engine_options: dict) -> Path:
-    """The weights folder of a model, built first when the catalog says how."""
+def prepare_weights(spec: str, engine_options: dict,
+                    prebuilt_dir: Path | None = PREBUILT_DIR) -> Path:
+    """The weights folder of a model, built first when the catalog says how (copied from
+    `prebuilt_dir` when that holds the builder's folder)."""
     builder = engine_options.get("build")
-    if builder:
-        return BUILDERS[builder](Path(spec))
-    return resolve_weights(spec)
+    if not builder:
+        return resolve_weights(spec)
+    if prebuilt_dir is not None:
+        copy_prebuilt(prebuilt_dir / builder, Path(spec))
+    return BUILDERS[builder](Path(spec))
 
 
 def engine_weights(engine: str, spec: str | None, engine_options: dict) -> Path | None:
@@ -84,6 +90,13 @@ def check_weights(model: ServedModel, data_dir: Path) -> None:
     if not path.exists():
         raise FileNotFoundError(f"weights of model {model.id!r} not found at {path} "
                                 f"(catalog: {spec})")
+
+
+def prebuild_all(models: Iterable[ServedModel], into: Path) -> list[Path]:
+    """Build, once, the folder of each builder the catalog names, into `into/<builder>`: the
+    folders `prepare_weights` copies instead of building again."""
+    builders = sorted({b for model in models if (b := model.engine_options.build)})
+    return [BUILDERS[builder](into / builder) for builder in builders]
 
 
 def prepare_all(models: Iterable[ServedModel], data_dir: Path) -> list[Path]:

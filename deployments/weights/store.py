@@ -1,7 +1,8 @@
 """Where weights are, and how a built folder is made once: `resolve_weights` turns a catalog's
 weights spec into a folder, `build_once` runs a builder under a file lock and marks the folder
-complete last. Every builder of the package goes through `build_once`; this module imports
-none of them.
+complete last, and `copy_prebuilt` fills a folder from one built ahead (by `make install`,
+into `PREBUILT_DIR`). Every builder of the package goes through `build_once`; this module
+imports none of them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,10 @@ from filelock import FileLock
 logger = logging.getLogger("deployments.weights")
 
 PACKAGE_PREFIX = "package:"
+
+# Where `make install` builds, once per checkout, the weights the catalog says how to build
+# (`python -m deployments.weights prebuild`): one folder per builder.
+PREBUILT_DIR = Path(__file__).resolve().parents[2] / ".cache" / "weights"
 
 # Written into the folders of the test weights the builders make (tiny random networks).
 WEIGHTS_LABEL = "TEST WEIGHTS: tiny random networks built locally; their output is noise"
@@ -77,3 +83,20 @@ def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
             done.parent.mkdir(parents=True, exist_ok=True)
             done.write_text(json.dumps(build(target)))
     return target
+
+
+def copy_prebuilt(source: Path, target: Path) -> bool:
+    """Fill `target` with a copy of `source`, a folder a builder completed ahead (its marker
+    too, written last); False, and nothing done, when `source` is not complete. A builder's
+    folder depends on the builder alone, so one built ahead serves every data folder."""
+    if not is_built(source):
+        return False
+
+    def copy(folder: Path) -> dict:
+        log(f"Copying the weights built ahead at {source} to {folder}...")
+        shutil.copytree(source, folder, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(marker(source).name))
+        return json.loads(marker(source).read_text() or "{}")
+
+    build_once(target, copy)  # at once when `target` is already complete
+    return True
