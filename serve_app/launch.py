@@ -270,8 +270,9 @@ def main() -> int:
         from serve_app.models.catalog import load_catalog
 
         result = bootstrap(settings)
-        # Build the weights the catalog asks for (SmolLM2 from its GGUF) here, with progress
-        # on the console, rather than silently inside a replica.
+        # Prepare the weights the catalog asks for here (copies of the folders `make install`
+        # built ahead, or built now), with progress on the console, rather than silently
+        # inside a replica.
         catalog = load_catalog(settings.model_catalog)
         if weights_to_build(catalog.models, settings.data_dir):
             subprocess.run([sys.executable, "-m", "deployments.weights", "prepare",

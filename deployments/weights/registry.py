@@ -26,7 +26,7 @@ from deployments.weights.image import (
     build_tiny_matting_onnx,
     build_tiny_sd,
 )
-from deployments.weights.store import PREBUILT_DIR, copy_prebuilt, is_built, resolve_weights
+from deployments.weights.store import copy_prebuilt, is_built, prebuilt_dir, resolve_weights
 from deployments.weights.text import build_tiny_chat_model, convert_smollm2
 from deployments.weights.video import build_tiny_wan
 from deployments.weights.vision import build_tiny_smolvlm
@@ -52,15 +52,16 @@ DEFAULT_WEIGHTS: dict[str, Callable[[], Path]] = {"faster-whisper": default_whis
                                                   "kokoro": default_kokoro_model}
 
 
-def prepare_weights(spec: str, engine_options: dict,
-                    prebuilt_dir: Path | None = PREBUILT_DIR) -> Path:
-    """The weights folder of a model, built first when the catalog says how (copied from
-    `prebuilt_dir` when that holds the builder's folder)."""
+def prepare_weights(spec: str, engine_options: dict, built_ahead: Path | None = None) -> Path:
+    """The weights folder of a model, built first when the catalog says how: copied from the
+    folder built ahead for its builder, in `built_ahead` (default: `store.prebuilt_dir()`),
+    where that is complete."""
     builder = engine_options.get("build")
     if not builder:
         return resolve_weights(spec)
-    if prebuilt_dir is not None:
-        copy_prebuilt(prebuilt_dir / builder, Path(spec))
+    ahead = built_ahead or prebuilt_dir()
+    if ahead is not None:
+        copy_prebuilt(ahead / builder, Path(spec))
     return BUILDERS[builder](Path(spec))
 
 

@@ -23,8 +23,10 @@ logger = logging.getLogger("deployments.weights")
 PACKAGE_PREFIX = "package:"
 
 # Where `make install` builds, once per checkout, the weights the catalog says how to build
-# (`python -m deployments.weights prebuild`): one folder per builder.
+# (`python -m deployments.weights prebuild`): one folder per builder. WEIGHTS_PREBUILT_DIR
+# names another; set empty, every data folder builds its own.
 PREBUILT_DIR = Path(__file__).resolve().parents[2] / ".cache" / "weights"
+PREBUILT_DIR_ENV = "WEIGHTS_PREBUILT_DIR"
 
 # Written into the folders of the test weights the builders make (tiny random networks).
 WEIGHTS_LABEL = "TEST WEIGHTS: tiny random networks built locally; their output is noise"
@@ -85,18 +87,44 @@ def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
     return target
 
 
+def prebuilt_dir() -> Path | None:
+    """The folder of weights built ahead (None: none are to be used)."""
+    named = os.environ.get(PREBUILT_DIR_ENV)
+    if named is None:
+        return PREBUILT_DIR
+    return Path(named) if named else None
+
+
+class _SourceChanged(Exception):
+    """The folder built ahead was rebuilt or removed while it was copied."""
+
+
 def copy_prebuilt(source: Path, target: Path) -> bool:
     """Fill `target` with a copy of `source`, a folder a builder completed ahead (its marker
-    too, written last); False, and nothing done, when `source` is not complete. A builder's
-    folder depends on the builder alone, so one built ahead serves every data folder."""
+    too, written last); False, with `target` left unbuilt, when `source` is not complete or
+    changes while it is copied (`make` rebuilds it). A builder's folder depends on the builder
+    alone, so one built ahead serves every data folder."""
     if not is_built(source):
         return False
 
     def copy(folder: Path) -> dict:
         log(f"Copying the weights built ahead at {source} to {folder}...")
-        shutil.copytree(source, folder, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(marker(source).name))
-        return json.loads(marker(source).read_text() or "{}")
+        try:
+            before = marker(source).stat()
+            shutil.copytree(source, folder, dirs_exist_ok=True, copy_function=shutil.copy2,
+                            ignore=shutil.ignore_patterns(marker(source).name))
+            record = marker(source).read_text()
+            after = marker(source).stat()
+            if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns):
+                raise _SourceChanged(str(source))
+        except (OSError, shutil.Error, _SourceChanged):
+            shutil.rmtree(folder, ignore_errors=True)  # under the lock: no half copy stays
+            raise _SourceChanged(str(source)) from None
+        return json.loads(record or "{}")
 
-    build_once(target, copy)  # at once when `target` is already complete
+    try:
+        build_once(target, copy)  # at once when `target` is already complete
+    except _SourceChanged:
+        log(f"The weights built ahead at {source} changed while being copied: building them")
+        return False
     return True

@@ -29,7 +29,7 @@ def _convert_smollm2(target: Path) -> dict:
 
     gguf = smollm2_gguf()
     started = time.monotonic()
-    log(f"Converting {gguf.name} to a model folder at {target} (once; ~30 s)...")
+    log(f"Converting {gguf.name} to a model folder at {target} (once; ~20 s)...")
     log("  [1/3] reading the tokenizer and chat template")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     log("  [2/3] dequantizing the weights")

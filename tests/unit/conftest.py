@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from deployments.weights.store import PREBUILT_DIR_ENV
 from serve_app.accounts.provisioning import bootstrap
 from serve_app.cli import run as cli
 from serve_app.gateway import create_prefixed_app
@@ -17,6 +18,15 @@ from serve_app.models.catalog import load_catalog
 from serve_app.services import GatewayServices
 from serve_app.settings import PROJECT_ROOT, Settings
 from tests.fakes import DeploymentHandle, fake_deployments
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _builders_build() -> Iterator[None]:
+    """The weights the tests ask for are built by their builders, not copied from the folders
+    `make install` built ahead (tests of that copy name their own folder)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(PREBUILT_DIR_ENV, "")
+        yield
 
 
 @dataclass
