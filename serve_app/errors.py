@@ -3,8 +3,10 @@ the one pair that turns an `ApiError` into a body: `error_body` for a JSON answe
 `stream_error_body` for a stream that has started. The handlers that turn exceptions into
 answers are in serve_app/error_handlers.py; serve_app/http/render.py renders the bodies.
 
-Every error leaves the gateway as a standard error `{error[, code]}` or a detailed error
-`{error, details}` whose `details` nest field names to `{_errors: [...]}`.
+Every error answered as JSON leaves the gateway as a standard error `{error[, code]}` or a
+detailed error `{error, details}` whose `details` nest field names to `{_errors: [...]}`. A
+stream that has started reports its error in the stream's own convention (neither the spec nor
+the reference shows one).
 """
 
 from __future__ import annotations
@@ -65,12 +67,16 @@ def error_body(err: ApiError) -> dict[str, Any]:
 
 
 def stream_error_body(err: ApiError, dialect: StreamDialect) -> dict[str, Any]:
-    """The error as a stream that has started reports it, in the stream's dialect: chat's
-    event is the standard error `{error, code}` of a JSON answer; /responses' is the Responses
-    API's `{code, message}`, the `error` of its `response.failed` (the two are published so)."""
+    """The error as a stream that has started reports it, in the stream's dialect, as the SDKs
+    of that convention read it: chat's event is `{error: {message, type, code}}` (the `openai`
+    SDKs raise it with its message, Vercel's `ai` as an error part; a string `error` they
+    would misread), with the code also beside it; /responses' is the Responses API's
+    `{code, message}`, the `error` of its `response.failed`."""
     if dialect == "responses":
         return {"code": err.code, "message": err.message}
-    return {"error": err.message, "code": err.code}
+    kind = ("server_error" if err.status >= 500 else
+            "rate_limit_error" if err.status == 429 else "invalid_request_error")
+    return {"error": {"message": err.message, "type": kind, "code": err.code}, "code": err.code}
 
 
 def refused_for_capacity(failure: BaseException) -> bool:

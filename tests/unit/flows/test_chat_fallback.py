@@ -4,6 +4,7 @@ error reaches the client, nothing is charged and the hold goes back."""
 from __future__ import annotations
 
 import pytest
+from openai import APIError, OpenAI
 
 from tests.fakes import at_capacity, count_prompt_tokens, crashed, offline, reported
 from tests.unit.flows.books import per_million
@@ -149,8 +150,9 @@ def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_charges_what_i
     assert resp.status_code == 200  # the stream had started
     sent = events(resp.text)
     assert sent[-1] == DONE
-    assert sent[-2] == {"error": "Inference failed" if isinstance(failure, Exception)
-                        else "the engine gave up", "code": "INFERENCE_FAILED"}
+    message = "Inference failed" if isinstance(failure, Exception) else "the engine gave up"
+    assert sent[-2] == {"error": {"message": message, "type": "server_error",
+                                  "code": "INFERENCE_FAILED"}, "code": "INFERENCE_FAILED"}
     delivered = content(sent[:-2])  # what came before the failure was sent
     assert 0 < len(delivered.split()) < fakes["text-xs"].completion_tokens()
     assert fakes["text-s"].calls == []  # too late for a fallback
@@ -161,3 +163,20 @@ def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_charges_what_i
                             "output": (completion, per_million(20, completion))}
     assert books.balance_nanos() == before - charge.total_nanos
     assert books.open_holds() == 0
+
+
+def test_the_openai_sdk_raises_a_stream_that_breaks_midway_with_the_servers_message(
+        fake_gateway, fakes, key):
+    fakes["text-xs"].fail_with(crashed(), after_pieces=2)
+    sdk = OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
+                 http_client=fake_gateway.client)
+    received = []
+    with pytest.raises(APIError) as broke:
+        for chunk in sdk.chat.completions.create(
+                model="chat-primary", stream=True,
+                messages=[{"role": "user", "content": "Name a fast fox"}]):
+            received.extend(choice.delta.content or "" for choice in chunk.choices)
+    assert "".join(received)  # what was sent before the failure arrived
+    assert broke.value.message == "Inference failed"
+    assert broke.value.body == {"message": "Inference failed", "type": "server_error",
+                                "code": "INFERENCE_FAILED"}

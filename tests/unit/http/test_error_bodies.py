@@ -20,10 +20,14 @@ def test_detailed_error_body_keeps_its_details():
         "_errors": [], "model": {"_errors": ["bad"]}}
 
 
-def test_chat_stream_error_is_the_standard_error():
+def test_chat_stream_error_is_the_chat_convention_error_object_with_the_code_beside():
     err = ApiError(503, "busy", code="MODEL_AT_CAPACITY")
-    assert stream_error_body(err, "chat") == error_body(err) == {
-        "error": "busy", "code": "MODEL_AT_CAPACITY"}
+    assert error_body(err) == {"error": "busy", "code": "MODEL_AT_CAPACITY"}  # answered as JSON
+    assert stream_error_body(err, "chat") == {  # once the stream has started
+        "error": {"message": "busy", "type": "server_error", "code": "MODEL_AT_CAPACITY"},
+        "code": "MODEL_AT_CAPACITY"}
+    limited = ApiError(429, "slow down", code="RATE_LIMIT_EXCEEDED")
+    assert stream_error_body(limited, "chat")["error"]["type"] == "rate_limit_error"
 
 
 def test_responses_stream_error_is_the_responses_api_error_object():
