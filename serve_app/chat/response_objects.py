@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from deployments.protocol import Chunk, TextEvent, Usage
@@ -153,8 +153,9 @@ async def stream_response(ctx: RequestContext, key: KeyRecord, req: ChatCompleti
 
 async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent]
                   ) -> AsyncIterator[str | Mark]:
-    created, seq = int(time.time()), 0
+    created, seq = int(time.time()), -1  # numbered from 0, as the Responses API numbers them
     item = _message_item("", status="in_progress")
+    text_part = {"type": "output_text", "text": "", "annotations": []}
     text_filter = plan.output_filter()
     buffered, shown = "", ""
     streaming_text = plan.tool_mode == "none"
@@ -164,9 +165,15 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
         seq += 1
         return seq
 
+    def message_opened() -> Iterator[str]:
+        yield _event("response.output_item.added", next_seq(), output_index=0, item=item)
+        yield _event("response.content_part.added", next_seq(), item_id=item["id"],
+                     output_index=0, content_index=0, part=text_part)
+
     try:
-        yield _event("response.created", next_seq(),
-                     response=_response(plan, model_id, [], "in_progress", created))
+        started = _response(plan, model_id, [], "in_progress", created)
+        yield _event("response.created", next_seq(), response=started)
+        yield _event("response.in_progress", next_seq(), response=started)
         async for chunk in chunks:
             if isinstance(chunk, Usage):
                 plan.usage.record(chunk)
@@ -184,11 +191,8 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
                     continue
             if text:
                 if not shown:
-                    yield _event("response.output_item.added", next_seq(), output_index=0,
-                                 item=item)
-                    yield _event("response.content_part.added", next_seq(), item_id=item["id"],
-                                 output_index=0, content_index=0,
-                                 part={"type": "output_text", "text": "", "annotations": []})
+                    for event in message_opened():
+                        yield event
                 shown += text
                 yield _event("response.output_text.delta", next_seq(), item_id=item["id"],
                              output_index=0, content_index=0, delta=text)
@@ -201,6 +205,9 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
                 done = _call_item(call)
                 yield _event("response.output_item.added", next_seq(), output_index=index,
                              item={**done, "status": "in_progress", "arguments": ""})
+                # the arguments are parsed whole: they come in one delta
+                yield _event("response.function_call_arguments.delta", next_seq(),
+                             item_id=done["id"], output_index=index, delta=done["arguments"])
                 yield _event("response.function_call_arguments.done", next_seq(),
                              item_id=done["id"], output_index=index,
                              arguments=done["arguments"])
@@ -208,11 +215,19 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
                              item=done)
                 output.append(done)
         else:
+            if not shown:  # no text streamed (an empty answer, or all of it held back)
+                for event in message_opened():
+                    yield event
+            if rest:
+                yield _event("response.output_text.delta", next_seq(), item_id=item["id"],
+                             output_index=0, content_index=0, delta=rest)
             shown += rest
             final = _message_item(shown)
             final["id"] = item["id"]
             yield _event("response.output_text.done", next_seq(), item_id=item["id"],
                          output_index=0, content_index=0, text=shown)
+            yield _event("response.content_part.done", next_seq(), item_id=item["id"],
+                         output_index=0, content_index=0, part=final["content"][0])
             yield _event("response.output_item.done", next_seq(), output_index=0, item=final)
             output.append(final)
         yield SETTLE  # durable before the stream says it is complete
