@@ -78,7 +78,7 @@ async def sse_events(plan: ChatPlan, routed: RoutedModel,
             first_call = 1
             for i in range(plan.req.n):
                 started.add(i)
-                yield event(i, {"role": "assistant", "content": "",
+                yield event(i, {"role": "assistant", "content": None,
                                 "tool_calls": [dict(documents, index=0)]})
         async for chunk in _queued(chunks):
             if isinstance(chunk, EngineUsage):
@@ -91,7 +91,10 @@ async def sse_events(plan: ChatPlan, routed: RoutedModel,
             text = f.feed(chunk.text)
             if i not in started:
                 started.add(i)
-                yield event(i, {"role": "assistant", "content": ""})
+                # With tools offered the answer may be calls, not text: no text opened yet
+                # (a client of the convention would show an empty text before the calls).
+                yield event(i, {"role": "assistant",
+                                "content": None if plan.tool_mode != "none" else ""})
             if plan.tool_mode != "none":
                 held[i] = held.get(i, "") + text
                 if plan.tool_mode == "auto" and not tool_calls.may_be_call(held[i]):

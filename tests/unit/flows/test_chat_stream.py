@@ -86,3 +86,21 @@ def test_streamed_chat_with_several_choices_charges_every_choice(fake_gateway, f
     assert sent[-2]["usage"]["completion_tokens"] == completion
     charge = books.only_charge(resp.headers["cf-ray"])
     assert charge.lines["output"] == (completion, per_million(OUTPUT_USD, completion))
+
+
+def test_a_streamed_tool_call_opens_no_text_before_its_call(fake_gateway, fakes, key):
+    for engine in fakes["text-xs"].engines.values():
+        engine.reply = '<tool_call>{"name": "note", "arguments": {"text": "hi"}}</tool_call>'
+    tool = {"type": "function", "function": {
+        "name": "note", "parameters": {"type": "object",
+                                       "properties": {"text": {"type": "string"}}}}}
+
+    resp = _stream(fake_gateway, key, tools=[tool])
+
+    chunks = events(resp.text)[:-1]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant", "content": None}
+    assert all(d.get("content") is None for d in deltas)  # no text, not even an empty one
+    (call,) = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert call["function"]["name"] == "note"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
