@@ -56,10 +56,13 @@ LOG_EVENTS_DAYS = 30
 
 class RateLimited(ApiError):
     """429 for a per-minute limit, with the count its headers report (None: the model has
-    no request limit, so no headers)."""
+    no request limit, so no headers) and `Retry-After`, the seconds to the window's reset,
+    which the SDKs wait for before they retry."""
 
     def __init__(self, message: str, state: LimitState | None) -> None:
-        super().__init__(429, message, code="RATE_LIMIT_EXCEEDED")
+        wait = {} if state is None else {"Retry-After": str(
+            max(1, math.ceil((state.reset_at_ms - state.now_ms) / 1000)))}
+        super().__init__(429, message, code="RATE_LIMIT_EXCEEDED", headers=wait)
         self.state = state
 
 
@@ -276,10 +279,8 @@ class RateLimits:
             return None
         return Ticket(self, bucket, outcome.window_ms, tokens, state)
 
-    @staticmethod
-    def _budget_error(kind: str, outcome: Outcome, model_id: str,
+    def _budget_error(self, kind: str, outcome: Outcome, model_id: str,
                       whose: str = "API key") -> ApiError:
-        resets = math.ceil(outcome.resets_ms / 1000)
         if kind == _GONE:
             message = (f"Too many requests left before their answer: more than {outcome.limit} "
                        f"requests of this {whose} were closed by the client before the answer "
@@ -290,8 +291,14 @@ class RateLimits:
                        f"in {BUDGET_WINDOW_MS // 1000} seconds for model "
                        f"{model_id or '(any)'} with this API key")
         return ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                        headers=limit_headers(budget_resets_s=resets),
+                        headers=self._budget_headers(outcome.resets_ms),
                         extra={"customMessage": message})
+
+    def _budget_headers(self, resets_ms: int) -> dict[str, str]:
+        """A spent budget's 429 headers: when it resets (Unix seconds, as the reset of a
+        window is told), and `Retry-After` (seconds from now), which the SDKs wait for."""
+        wait_s = max(1, math.ceil((resets_ms - self._now_ms()) / 1000))
+        return limit_headers(budget_resets_s=math.ceil(resets_ms / 1000), retry_after_s=wait_s)
 
     async def admit_key_creation(self, key: KeyRecord) -> LimitState:
         """API key creation: 20 per minute per account."""
@@ -389,12 +396,11 @@ class RateLimits:
         if self._now_ms() >= until:
             del self._images_tripped[account_id]
             return
-        resets = math.ceil((until - self._now_ms()) / 1000)
         message = (f"Too many refused images: more than {REFUSED_IMAGES_MAX} images of this "
                    f"account were refused in {BUDGET_WINDOW_MS // 1000} seconds; send readable "
                    "PNG, JPEG or WebP files")
         raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                       headers=limit_headers(budget_resets_s=resets, retry_after_s=resets))
+                       headers=self._budget_headers(until))
 
     def unsupported_feature(self, key: KeyRecord, model_id: str, request_id: str) -> None:
         """Count an unsupported-feature request (its own budget, not the failed one)."""

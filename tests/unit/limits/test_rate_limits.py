@@ -100,6 +100,9 @@ def test_key_creation_is_limited_to_20_per_minute(gateway):
     assert statuses == [200] * 20 + [429]
     assert resp.json()["code"] == "RATE_LIMIT_EXCEEDED"
     assert resp.headers["x-ratelimit-remaining-requests"] == "0"
+    reset = int(resp.headers["x-ratelimit-reset-requests"])  # Unix seconds
+    wait = int(resp.headers["retry-after"])  # seconds from now, which the SDKs wait for
+    assert 1 <= wait <= 60 and abs(now + wait - reset) <= 1
     log = gateway.client.get("/api/v1/api_keys/rate_limits/log", headers=gateway.auth())
     assert log.status_code == 200
     # The event is written off the request path: wait for it.
@@ -154,7 +157,9 @@ def test_failed_requests_trip_the_error_budget(gateway):
     assert body["code"] == "RATE_LIMIT_EXCEEDED"
     assert "more than 50 failed requests in 30 seconds" in body["customMessage"]
     assert resp.headers["x-ratelimit-remaining"] == "0"
-    assert int(resp.headers["x-ratelimit-resets"]) > now
+    resets = int(resp.headers["x-ratelimit-resets"])  # Unix seconds
+    assert now < resets <= now + 31
+    assert 1 <= int(resp.headers["retry-after"]) <= 30  # what the SDKs wait before a retry
     assert "x-ratelimit-remaining-requests" not in resp.headers
     # Another key is not affected.
     other = gateway.create_key()["apiKey"]
