@@ -1,11 +1,11 @@
 """Step 1 of every request: identify it, and stamp the service headers on whatever answers.
 
 One pure-ASGI middleware, outermost in the app, so that every response, errors and 404s
-included, carries `CF-RAY` (and the same id as `x-request-id`), `x-service-version`,
-`x-service-timestamp`, `x-service-host-name` and `Server-Timing` (serve_app/timing.py),
-`x-service-request-timestamp-ms` when the client sent one, plus the headers that later steps
-put in the request's context (serve_app/pipeline/context.py: model, balance, rate limits...),
-completed when the answer starts by `on_start` (the gateway's: the key's rate-limit windows).
+included, carries `CF-RAY`, `x-service-version`, `x-service-timestamp`, `x-service-host-name`
+and `Server-Timing` (serve_app/timing.py), `x-service-request-timestamp-ms` when the client
+sent one, plus the headers that later steps put in the request's context
+(serve_app/pipeline/context.py: model, balance, rate limits...), completed when the answer
+starts by `on_start` (the gateway's: the key's rate-limit windows).
 It also turns an unexpected exception into a 500 standard error logged with the request id,
 and refuses a body that declares more than its route's cap (`body_cap`) before anything reads
 it; bodies sent without a length are counted as they arrive by the API's caller gate
@@ -149,9 +149,7 @@ class ServiceHeadersMiddleware:
                  ) -> list[tuple[bytes, bytes]]:
         """The answer's raw headers with the service headers and the context's: each replaces
         a header of its name the answer has (one pass over the list, not one per header)."""
-        rid = request_id.encode()
-        # `x-request-id` too: the id the openai SDKs show as a response's `_request_id`.
-        ours = {b"cf-ray": rid, b"x-request-id": rid, b"x-service-version": self.version,
+        ours = {b"cf-ray": request_id.encode(), b"x-service-version": self.version,
                 b"x-service-timestamp": datetime.now(UTC).isoformat(
                     timespec="milliseconds").replace("+00:00", "Z").encode(),
                 b"x-service-host-name": self.host_name_bytes}

@@ -1,12 +1,9 @@
-"""`x-service-host-name` and the request id (`CF-RAY`, and `x-request-id` for the SDKs) on every
-answer, errors included, and the client's request timestamp echoed in
-`x-service-request-timestamp-ms`."""
+"""`x-service-host-name` on every answer, errors included, and the client's request timestamp
+echoed in `x-service-request-timestamp-ms`."""
 
 from __future__ import annotations
 
 import socket
-
-from openai import OpenAI
 
 from serve_app.middleware import MAX_BODY_BYTES
 
@@ -27,16 +24,6 @@ def test_every_answer_names_the_host_errors_included(gateway):
     ]
     assert [r.status_code for r in answers] == [200, 401, 200, 404, 404, 400, 413]
     assert {r.headers["x-service-host-name"] for r in answers} == {host}
-    ids = [r.headers["cf-ray"] for r in answers]
-    assert len(set(ids)) == len(ids)  # one per request
-    assert [r.headers["x-request-id"] for r in answers] == ids
-
-
-def test_the_openai_sdk_shows_the_request_id(gateway):
-    sdk = OpenAI(base_url="http://testserver/api/v1", api_key=gateway.admin_key, max_retries=0,
-                 http_client=gateway.client)
-    answer = sdk.models.with_raw_response.list()
-    assert answer.request_id == answer.headers["cf-ray"]
 
 
 def test_the_clients_request_timestamp_is_echoed(gateway):
