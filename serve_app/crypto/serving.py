@@ -189,8 +189,9 @@ class CryptoRpc:
             message = (f"Crypto RPC rate limit exceeded: at most {rpm} requests per minute "
                        f"per account (the per-minute request cap); retry after {reset} "
                        "(X-RateLimit-Reset, Unix seconds)")
+            wait = max(1, math.ceil(reset - self.limits.clock()))  # the window's own clock
             raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                           headers=limit_headers(cap=CapCount(rpm, 0, reset)),
+                           headers=limit_headers(cap=CapCount(rpm, 0, reset), retry_after_s=wait),
                            extra={"customMessage": message})
         cap = self.config.credits_per_day
         now = self.clock()
@@ -203,8 +204,10 @@ class CryptoRpc:
                        f"24 hours per account (the daily credit cap); {used} used, this request "
                        f"may take {max_credits}; it fits again at {reset} (X-RateLimit-Reset, "
                        "Unix seconds; X-RateLimit-Limit and -Remaining count credits here)")
+            wait = max(1, math.ceil(reset - now.timestamp()))
             raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
-                           headers=limit_headers(cap=CapCount(cap, max(0, cap - used), reset)),
+                           headers=limit_headers(cap=CapCount(cap, max(0, cap - used), reset),
+                                                 retry_after_s=wait),
                            extra={"customMessage": message})
 
     # The node.
@@ -374,3 +377,4 @@ class CryptoRpc:
         return Response(raw, media_type="application/json",
                         headers={"X-Venice-RPC-Credits": str(credits),
                                  "X-Venice-RPC-Cost-USD": cost_usd(cost)})
+

@@ -364,7 +364,9 @@ def test_the_101st_request_in_a_minute_is_refused(gw: Gateway) -> None:
     assert resp.status_code == 429, resp.text
     assert resp.headers["x-ratelimit-limit"] == "100"
     assert resp.headers["x-ratelimit-remaining"] == "0"
-    assert int(resp.headers["x-ratelimit-reset"]) > 1_700_000_000
+    reset = int(resp.headers["x-ratelimit-reset"])  # Unix seconds
+    assert now < reset <= now + 61
+    assert abs(int(resp.headers["retry-after"]) - (reset - now)) <= 1  # seconds from now
     body = resp.json()
     assert "100 requests per minute" in body["customMessage"]
     assert body["error"] == body["customMessage"]
@@ -393,6 +395,8 @@ def test_the_daily_credit_cap(tmp_path: Path, node: RpcNode,
         assert resp.headers["x-ratelimit-remaining"] == "10"
         assert abs(int(resp.headers["x-ratelimit-reset"])
                    - (first_at + timedelta(days=1)).timestamp()) <= 1
+        assert abs(int(resp.headers["retry-after"])  # 24 h after the first call, from now
+                   - (first_at + timedelta(days=1) - now[0]).total_seconds()) <= 1
         assert "X-RateLimit-Reset" in resp.json()["customMessage"]
         assert len(node.requests) == 2
         assert usd_nanos(gw) == before

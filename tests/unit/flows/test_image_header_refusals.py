@@ -8,6 +8,7 @@ import asyncio
 import base64
 import io
 import threading
+import time
 
 import pytest
 from PIL import Image
@@ -116,11 +117,14 @@ def test_refused_images_spend_the_accounts_budget_across_its_keys(fake_gateway, 
         resp = _upscale(gw, keys[n % 2], SMALL_PADDED_JPEG)
         assert resp.status_code == 400, (n, resp.text)
 
+    before = time.time()
     resp = _upscale(gw, keys[2], _image("PNG"))
 
     assert resp.status_code == 429, resp.text
     assert resp.json()["code"] == "RATE_LIMIT_EXCEEDED"
     assert "refused images" in resp.json()["error"]
-    assert int(resp.headers["retry-after"]) > 0
+    wait = int(resp.headers["retry-after"])  # seconds from now
+    assert 0 < wait <= 30
+    assert before < int(resp.headers["x-ratelimit-resets"]) <= time.time() + 31  # Unix seconds
     assert fakes["image-upscale"].calls == []
     assert books.entries() == 0 and books.open_holds() == 0
