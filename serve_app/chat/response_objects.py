@@ -166,9 +166,14 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
         return seq
 
     def message_opened() -> Iterator[str]:
-        yield _event("response.output_item.added", next_seq(), output_index=0, item=item)
+        yield _event("response.output_item.added", next_seq(), output_index=0,
+                     item={**item, "content": []})  # its part comes next
         yield _event("response.content_part.added", next_seq(), item_id=item["id"],
                      output_index=0, content_index=0, part=text_part)
+
+    def text_delta(text: str) -> str:
+        return _event("response.output_text.delta", next_seq(), item_id=item["id"],
+                      output_index=0, content_index=0, delta=text, logprobs=[])
 
     try:
         started = _response(plan, model_id, [], "in_progress", created)
@@ -194,42 +199,37 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
                     for event in message_opened():
                         yield event
                 shown += text
-                yield _event("response.output_text.delta", next_seq(), item_id=item["id"],
-                             output_index=0, content_index=0, delta=text)
+                yield text_delta(text)
         rest = buffered + text_filter.flush()
         calls = tool_calls.parse_calls(rest, plan.known_tools) if plan.tool_mode != "none" \
             else None
         output: list[dict[str, Any]] = []
-        if calls:
-            for index, call in enumerate(calls):
-                done = _call_item(call)
-                yield _event("response.output_item.added", next_seq(), output_index=index,
-                             item={**done, "status": "in_progress", "arguments": ""})
-                # the arguments are parsed whole: they come in one delta
-                yield _event("response.function_call_arguments.delta", next_seq(),
-                             item_id=done["id"], output_index=index, delta=done["arguments"])
-                yield _event("response.function_call_arguments.done", next_seq(),
-                             item_id=done["id"], output_index=index,
-                             arguments=done["arguments"])
-                yield _event("response.output_item.done", next_seq(), output_index=index,
-                             item=done)
-                output.append(done)
-        else:
+        if shown or not calls:  # a message: the text streamed, or no call was made
             if not shown:  # no text streamed (an empty answer, or all of it held back)
                 for event in message_opened():
                     yield event
-            if rest:
-                yield _event("response.output_text.delta", next_seq(), item_id=item["id"],
-                             output_index=0, content_index=0, delta=rest)
-            shown += rest
+            if rest and not calls:
+                yield text_delta(rest)
+                shown += rest
             final = _message_item(shown)
             final["id"] = item["id"]
             yield _event("response.output_text.done", next_seq(), item_id=item["id"],
-                         output_index=0, content_index=0, text=shown)
+                         output_index=0, content_index=0, text=shown, logprobs=[])
             yield _event("response.content_part.done", next_seq(), item_id=item["id"],
                          output_index=0, content_index=0, part=final["content"][0])
             yield _event("response.output_item.done", next_seq(), output_index=0, item=final)
             output.append(final)
+        for index, call in enumerate(calls or (), start=len(output)):
+            done = _call_item(call)
+            yield _event("response.output_item.added", next_seq(), output_index=index,
+                         item={**done, "status": "in_progress", "arguments": ""})
+            # the arguments are parsed whole: they come in one delta
+            yield _event("response.function_call_arguments.delta", next_seq(),
+                         item_id=done["id"], output_index=index, delta=done["arguments"])
+            yield _event("response.function_call_arguments.done", next_seq(),
+                         item_id=done["id"], output_index=index, arguments=done["arguments"])
+            yield _event("response.output_item.done", next_seq(), output_index=index, item=done)
+            output.append(done)
         yield SETTLE  # durable before the stream says it is complete
         yield _event("response.completed", next_seq(),
                      response=_response(plan, model_id, output, "completed", created))

@@ -11,7 +11,7 @@ import json
 import pytest
 from openai import OpenAI
 
-from tests.fakes import FakeTextDeployment
+from tests.fakes import FakeTextDeployment, crashed
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -52,6 +52,25 @@ def test_a_streamed_text_answer_sends_every_event_in_order(sdk, text):
     assert streamed == final.output_text == text.reply
     part_done = next(e for e in events if e.type == "response.content_part.done")
     assert part_done.part.text == text.reply
+    added = next(e for e in events if e.type == "response.output_item.added")
+    assert added.item.content == []  # its one part is added by the next event
+    assert all(e.logprobs == [] for e in events if e.type.startswith("response.output_text"))
+
+
+def test_a_stream_that_breaks_ends_with_response_failed_after_what_it_sent(sdk, text):
+    text.fail_with(crashed(), after_pieces=2)
+    with sdk.responses.stream(model="chat-primary", input="Name a fast fox") as stream:
+        events = list(stream)
+
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert kinds[-1] == "response.failed" and "response.completed" not in kinds
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    failed = events[-1].response
+    assert failed.status == "failed"
+    assert (failed.error.code, failed.error.message) == ("INFERENCE_FAILED", "Inference failed")
+    assert [event.sequence_number for event in events] == list(range(len(events)))
 
 
 def test_a_streamed_call_sends_its_arguments_as_a_delta_before_they_are_done(sdk, text):
