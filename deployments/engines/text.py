@@ -10,9 +10,10 @@ import collections
 import logging
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Protocol
 
-from deployments.engines import vllm_fork_server
+from deployments.engines import vllm_fork_server, vllm_model_infos
 from deployments.engines.cpu_flags import cpu_dtype
 from deployments.engines.vision import (
     DEFAULT_FRAME_SIDE,
@@ -114,6 +115,9 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, options: dict[str, Any]) -> None:
         compiling = compile_settings(options)  # the compile cache's place, in the environment
+        cache_root = os.environ.get("VLLM_CACHE_ROOT")
+        if cache_root:  # what vLLM learnt of its model classes at an earlier start
+            vllm_model_infos.bring(Path(cache_root))
         # vLLM's engine core imports vLLM in a fork server while this process does
         # (vllm_fork_server.py), where vLLM would import it after, in a spawned process.
         fork_server = vllm_fork_server.start()
@@ -159,6 +163,8 @@ class VLLMEngine:
         self.compile_key = choice.key
         with vllm_fork_server.engine_core_forked(fork_server, before_import):
             self.engine = AsyncLLM.from_engine_args(choice.args)
+        if cache_root:
+            vllm_model_infos.keep(Path(cache_root))
         if choice.fill and choice.key:
             logger.warning("Compile cache cold: %s runs eager; compiling it in the background "
                            "for the next start", model_path)
