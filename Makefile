@@ -107,4 +107,4 @@ faults: $(STAMP)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache console/node_modules console/dist test-artifacts \
-		.cache/weights .cache/weights.new
+		.cache/weights .cache/weights.new .cache/vllm-modelinfos
