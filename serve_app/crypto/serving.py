@@ -56,7 +56,7 @@ from serve_app.crypto.networks import Network, NodeConfig
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError
 from serve_app.limits.core import OK
-from serve_app.limits.limit_headers import CapCount, limit_headers
+from serve_app.limits.limit_headers import CapCount, limit_headers, retry_after_s
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
@@ -189,7 +189,7 @@ class CryptoRpc:
             message = (f"Crypto RPC rate limit exceeded: at most {rpm} requests per minute "
                        f"per account (the per-minute request cap); retry after {reset} "
                        "(X-RateLimit-Reset, Unix seconds)")
-            wait = max(1, math.ceil(reset - self.limits.clock()))  # the window's own clock
+            wait = retry_after_s(reset - self.limits.clock())  # the window's own clock
             raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
                            headers=limit_headers(cap=CapCount(rpm, 0, reset), retry_after_s=wait),
                            extra={"customMessage": message})
@@ -204,7 +204,7 @@ class CryptoRpc:
                        f"24 hours per account (the daily credit cap); {used} used, this request "
                        f"may take {max_credits}; it fits again at {reset} (X-RateLimit-Reset, "
                        "Unix seconds; X-RateLimit-Limit and -Remaining count credits here)")
-            wait = max(1, math.ceil(reset - now.timestamp()))
+            wait = retry_after_s(reset - now.timestamp())
             raise ApiError(429, message, code="RATE_LIMIT_EXCEEDED",
                            headers=limit_headers(cap=CapCount(cap, max(0, cap - used), reset),
                                                  retry_after_s=wait),

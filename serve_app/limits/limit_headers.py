@@ -32,6 +32,12 @@ class CapCount(NamedTuple):
     reset_at_s: int
 
 
+def retry_after_s(seconds: float) -> int:
+    """`Retry-After` for a wait of `seconds`: whole seconds, rounded up, at least 1 (0 would
+    send a client straight back into the same refusal)."""
+    return max(1, math.ceil(seconds))
+
+
 def limit_headers(*, window: LimitState | None = None, budget_resets_s: int | None = None,
                   cap: CapCount | None = None, retry_after_s: int | None = None
                   ) -> dict[str, str]:

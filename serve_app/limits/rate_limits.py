@@ -27,7 +27,7 @@ from serve_app.db.tables import RateLimitEvent
 from serve_app.errors import ApiError
 from serve_app.limits.backends import LimiterBackend
 from serve_app.limits.core import OK, OVER_REQUESTS, Outcome
-from serve_app.limits.limit_headers import LimitState, limit_headers
+from serve_app.limits.limit_headers import LimitState, limit_headers, retry_after_s
 from serve_app.limits.policy import (
     API_KEY_CREATIONS_PER_MINUTE,
     BUDGET_WINDOW_MS,
@@ -61,7 +61,7 @@ class RateLimited(ApiError):
 
     def __init__(self, message: str, state: LimitState | None) -> None:
         wait = {} if state is None else {"Retry-After": str(
-            max(1, math.ceil((state.reset_at_ms - state.now_ms) / 1000)))}
+            retry_after_s((state.reset_at_ms - state.now_ms) / 1000))}
         super().__init__(429, message, code="RATE_LIMIT_EXCEEDED", headers=wait)
         self.state = state
 
@@ -297,7 +297,7 @@ class RateLimits:
     def _budget_headers(self, resets_ms: int) -> dict[str, str]:
         """A spent budget's 429 headers: when it resets (Unix seconds, as the reset of a
         window is told), and `Retry-After` (seconds from now), which the SDKs wait for."""
-        wait_s = max(1, math.ceil((resets_ms - self._now_ms()) / 1000))
+        wait_s = retry_after_s((resets_ms - self._now_ms()) / 1000)
         return limit_headers(budget_resets_s=math.ceil(resets_ms / 1000), retry_after_s=wait_s)
 
     async def admit_key_creation(self, key: KeyRecord) -> LimitState:

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -24,7 +23,7 @@ from cachetools import TTLCache
 
 from serve_app.errors import ApiError
 from serve_app.limits.core import OK
-from serve_app.limits.limit_headers import limit_headers
+from serve_app.limits.limit_headers import limit_headers, retry_after_s
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.limits.rate_limits import RateLimits
 
@@ -96,7 +95,7 @@ class SignInsPerClient:
         if window is None or now - window[0] >= 60.0:
             window = self._windows[key] = [now, 0]
         if window[1] >= self.per_minute:
-            retry_after = max(1, math.ceil(60.0 - (now - window[0])))
+            retry_after = retry_after_s(60.0 - (now - window[0]))
             raise ApiError(429, f"Rate limit exceeded. Please try again later (at most "
                                 f"{self.per_minute} wallet sign-ins a minute from one "
                                 f"address; retry after {retry_after} seconds).",
@@ -112,7 +111,7 @@ async def count_read(limits: RateLimits, reader: str, route: str, per_minute: in
     if outcome.code == OK:
         return
     now_ms = limits.clock() * 1000
-    retry_after = max(1, math.ceil((outcome.window_ms + WINDOW_MS - now_ms) / 1000))
+    retry_after = retry_after_s((outcome.window_ms + WINDOW_MS - now_ms) / 1000)
     raise ApiError(429, f"Rate limit exceeded. Please try again later (at most {per_minute} "
                         f"{route} reads per minute; retry after {retry_after} seconds).",
                    code="RATE_LIMIT_EXCEEDED", headers=limit_headers(retry_after_s=retry_after))

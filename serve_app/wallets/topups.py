@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from serve_app.db.engine import dialect_insert, run_in_session
 from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.limits.core import OK
-from serve_app.limits.limit_headers import limit_headers
+from serve_app.limits.limit_headers import limit_headers, retry_after_s
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.limits.rate_limits import RateLimits
 from serve_app.money import NANOS_PER_UNIT, from_nanos
@@ -332,7 +331,7 @@ class TopUps:
         if outcome.code == OK:
             return
         now_ms = self.limits.clock() * 1000
-        retry_after = max(1, math.ceil((outcome.window_ms + WINDOW_MS - now_ms) / 1000))
+        retry_after = retry_after_s((outcome.window_ms + WINDOW_MS - now_ms) / 1000)
         message = (f"Too many top-up attempts: at most {per_minute} per minute {whose}; "
                    f"retry after {retry_after} seconds (nothing was charged and the payment "
                    "was not used)")
