@@ -30,19 +30,15 @@ from serve_app.api import (
     webhooks,
     x402,
 )
-from serve_app.api.deps import (
-    caller_key,
-    inference_caller,
-    key_or_wallet,
-    release_wallet_slot,
-)
+from serve_app.api.deps import release_wallet_slot
+from serve_app.api.guarded_route import check_routes_guarded
+from serve_app.api.health import HEALTH_PATH, READY_PATH, HealthRoutes, Readiness
 from serve_app.billing.ledger import InsufficientBalance
-from serve_app.caller_gate import CallerGate, bearer_secret_of, route_needs_caller
+from serve_app.caller_gate import CallerGate, bearer_secret_of
 from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.error_handlers import install_error_handlers
 from serve_app.errors import ApiError
 from serve_app.http.render import error_response
-from serve_app.json_bodies import parse_large_bodies_off_loop
 from serve_app.metrics import record_request
 from serve_app.middleware import (
     RequestIdLogFilter,
@@ -56,6 +52,7 @@ from serve_app.version import service_version
 from serve_app.wallets import payment_required
 
 API_PREFIX = "/api/v1"
+PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH})
 
 _DESCRIPTION = """Self-hostable inference API: chat, embeddings, images, video and audio,
 with API keys, rate limits, billing and wallet access. Clients of the usual chat-completion
@@ -102,19 +99,11 @@ def create_app(services: GatewayServices) -> FastAPI:
     app.state.gateway = services
     install_error_handlers(app)
     app.add_exception_handler(InsufficientBalance, _wallet_aware_402)
-    app.include_router(models.router)
-    app.include_router(api_keys.router)
-    app.include_router(embeddings.router)
-    app.include_router(chat.router)
-    app.include_router(images.router)
-    app.include_router(audio.router)
-    app.include_router(video.router)
-    app.include_router(responses.router)
-    app.include_router(billing.router)
-    app.include_router(characters.router)
-    app.include_router(x402.router)
-    app.include_router(crypto.router)
-    app.include_router(webhooks.router)
+    routers = (models.router, api_keys.router, embeddings.router, chat.router, images.router,
+               audio.router, video.router, responses.router, billing.router,
+               characters.router, x402.router, crypto.router, webhooks.router)
+    for router in routers:
+        app.include_router(router)
 
     def finished(scope: Scope, status: int, seconds: float) -> None:
         release_wallet_slot(scope)
@@ -130,11 +119,10 @@ def create_app(services: GatewayServices) -> FastAPI:
                                          unsupported_feature=ctx.unsupported_feature,
                                          caller_failure=ctx.caller_failure)
 
-    parse_large_bodies_off_loop(app)
+    check_routes_guarded(app, routers)  # refuses to build an app that would skip a guard
     # Inside the outcome middleware, so that its answers are counted like any other.
-    app.add_middleware(CallerGate, keys=services.keys,
-                       needs_caller=route_needs_caller(
-                           app.router.routes, {caller_key, inference_caller, key_or_wallet}),
+    app.add_middleware(CallerGate, keys=services.keys, wallets=services.wallets,
+                       trusted_proxies=services.settings.trusted_proxy_rule,
                        body_timeout_s=services.settings.body_timeout_s,
                        large_bodies_per_client=services.settings.large_bodies_per_client)
     app.add_middleware(RequestOutcomeMiddleware, on_finished=finished)
@@ -159,9 +147,10 @@ class Site:
     console's files, a 404 in the standard error shape elsewhere. Like a Starlette `Mount`,
     a prefix moves into `root_path`; lifespan events go to the API."""
 
-    def __init__(self, api: ASGIApp, console: ASGIApp) -> None:
+    def __init__(self, api: ASGIApp, console: ASGIApp, probes: ASGIApp | None = None) -> None:
         self.routes = ((API_PREFIX, api), (CONSOLE_PREFIX, console))
         self.api = api
+        self.probes = probes  # /health and /ready (serve_app/api/health.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -170,6 +159,9 @@ class Site:
         root = scope.get("root_path", "")
         path = scope["path"]
         route = path[len(root):] if root and path.startswith(root) else path
+        if self.probes is not None and route in PROBE_PATHS and scope["type"] == "http":
+            await self.probes(scope, receive, send)
+            return
         for prefix, app in self.routes:
             if route == prefix or route.startswith(prefix + "/"):
                 await app({**scope, "root_path": root + prefix}, receive, send)
@@ -209,7 +201,10 @@ def create_prefixed_app(services: GatewayServices) -> ASGIApp:
                 return  # a public route answers a bad key as if none was sent
         await respond.key_rate_limit_headers(ctx, key, services.limits, services.catalog.models)
 
-    return ServiceHeadersMiddleware(Site(create_app(services), console), on_start=key_windows)
+    probes = HealthRoutes(Readiness(services.engine, services.settings.redis_url,
+                                    services.catalog, services.router))
+    return ServiceHeadersMiddleware(Site(create_app(services), console, probes),
+                                    on_start=key_windows)
 
 
 def create_uvicorn_app() -> ASGIApp:

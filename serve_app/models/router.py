@@ -70,6 +70,11 @@ class ModelRouter:
         return [self.catalog.by_id[stage].deployment
                 for stage in (spec.transcription, spec.speech)]
 
+    def deployment_handle(self, deployment: str) -> Any | None:
+        """The handle of a deployment by name, None when this application does not run it
+        (the readiness probe asks Serve about it)."""
+        return self._handles.get(deployment)
+
     def is_online(self, model: CatalogModel) -> bool:
         return all(d in self._handles for d in self.deployments_of(model))
 
