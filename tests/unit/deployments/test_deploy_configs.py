@@ -1,11 +1,10 @@
 """The deployment files, checked the way their tools read them: the Serve configs against
 Serve's own config schema (what `serve deploy`/`serve run` load), the cluster launcher config
-against Ray's autoscaler schema (`ray up`), the KubeRay RayService against the fields KubeRay
-needs, with its Serve config identical to configs/production.yaml's."""
+against Ray's autoscaler schema (`ray up`). The Kubernetes manifests (KubeRay's RayService
+among them): tests/unit/deploy/test_kubernetes.py."""
 
 from __future__ import annotations
 
-import jsonschema
 import pytest
 import yaml
 from ray.autoscaler._private.util import fillout_defaults, validate_config
@@ -128,53 +127,6 @@ def test_cluster_launcher_config_passes_the_autoscaler_schema():
     assert raw["head_node_type"] in types and {"cpu_worker", "gpu_worker"} <= set(types)
     started = " ".join(raw["head_start_ray_commands"] + raw["worker_start_ray_commands"])
     assert "--port=6380" in started and ":6380" in started  # 6379 is Redis's
-
-
-_CONTAINER = {"type": "object", "required": ["name", "image"],
-              "properties": {"name": {"type": "string"}, "image": {"type": "string"},
-                             "env": {"type": "array"}, "envFrom": {"type": "array"},
-                             "resources": {"type": "object"}}}
-_POD = {"type": "object", "required": ["spec"], "properties": {"spec": {
-    "type": "object", "required": ["containers"],
-    "properties": {"containers": {"type": "array", "minItems": 1, "items": _CONTAINER}}}}}
-# The RayService fields KubeRay (ray.io/v1) reads to start the cluster and deploy Serve.
-RAY_SERVICE_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "ray.io/v1"},
-        "kind": {"const": "RayService"},
-        "metadata": {"type": "object", "required": ["name"]},
-        "spec": {"type": "object", "required": ["serveConfigV2", "rayClusterConfig"],
-                 "properties": {
-                     "serveConfigV2": {"type": "string"},
-                     "rayClusterConfig": {
-                         "type": "object", "required": ["rayVersion", "headGroupSpec"],
-                         "properties": {
-                             "rayVersion": {"type": "string", "pattern": r"^2\.60\."},
-                             "headGroupSpec": {"type": "object", "required": [
-                                 "rayStartParams", "template"],
-                                 "properties": {"template": _POD}},
-                             "workerGroupSpecs": {"type": "array", "minItems": 1, "items": {
-                                 "type": "object",
-                                 "required": ["groupName", "replicas", "minReplicas",
-                                              "maxReplicas", "rayStartParams", "template"],
-                                 "properties": {"template": _POD,
-                                                "minReplicas": {"type": "integer"},
-                                                "maxReplicas": {"type": "integer"}}}}}}}},
-    },
-}
-
-
-def test_kuberay_rayservice_deploys_the_production_applications():
-    manifest = _load(CONFIGS / "kuberay" / "rayservice.yaml")
-    jsonschema.validate(manifest, RAY_SERVICE_SCHEMA)
-    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
-    _check_serve_config(serve_config)
-    assert serve_config["applications"] == _load(CONFIGS / "production.yaml")["applications"]
-    groups = {g["groupName"]: g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
-    gpu = groups["gpu"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert int(gpu["nvidia.com/gpu"]) >= 2  # text-l's two GPUs fit one worker
 
 
 @pytest.mark.parametrize("name", ["local.yaml", "production.yaml"])
