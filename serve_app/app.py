@@ -59,7 +59,7 @@ class Gateway:
         )
 
     def __serve_build_asgi_app__(self):
-        return create_prefixed_app(self._services)
+        return create_prefixed_app(self._services, under_serve=True)
 
 
 class AppArgs(BaseModel):

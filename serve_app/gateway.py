@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from serve_app.access_log import AccessLog
 from serve_app.api import (
     api_keys,
     audio,
@@ -39,7 +40,7 @@ from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.error_handlers import install_error_handlers
 from serve_app.errors import ApiError
 from serve_app.http.render import error_response
-from serve_app.metrics import record_request
+from serve_app.metrics import record_request, route_of
 from serve_app.middleware import (
     RequestIdLogFilter,
     RequestOutcomeMiddleware,
@@ -111,6 +112,7 @@ def create_app(services: GatewayServices) -> FastAPI:
         if ctx is None:
             record_request(scope, status, seconds, model="", auth="none")
             return
+        ctx.route = route_of(scope)  # for the access log, which sees only the site's scope
         key = ctx.caller
         record_request(scope, status, seconds,
                        model=ctx.limit_model or str(ctx.headers.get("x-service-model-id", "")),
@@ -180,9 +182,10 @@ def _bearer_secret(scope: Scope) -> str | None:
     return None
 
 
-def create_prefixed_app(services: GatewayServices) -> ASGIApp:
+def create_prefixed_app(services: GatewayServices, *, under_serve: bool = False) -> ASGIApp:
     """The Gateway's site: the API under `/api/v1` and the console under `/console`. Serve
-    runs it with route prefix `/`; tests and plain uvicorn run it as it is."""
+    runs it with route prefix `/` (`under_serve`: Serve's own middleware sends the answer's
+    `X-Request-ID`, serve_app/request_id.py); tests and plain uvicorn run it as it is."""
     console = ConsoleFiles(services.settings.console_dir)
 
     async def key_windows(scope: Scope, ctx: RequestContext, answer: MutableHeaders) -> None:
@@ -204,7 +207,8 @@ def create_prefixed_app(services: GatewayServices) -> ASGIApp:
     probes = HealthRoutes(Readiness(services.engine, services.settings.redis_url,
                                     services.catalog, services.router))
     return ServiceHeadersMiddleware(Site(create_app(services), console, probes),
-                                    on_start=key_windows)
+                                    on_start=key_windows, on_end=AccessLog(),
+                                    echo_request_id=not under_serve)
 
 
 def create_uvicorn_app() -> ASGIApp:

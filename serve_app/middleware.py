@@ -1,11 +1,14 @@
 """Step 1 of every request: identify it, and stamp the service headers on whatever answers.
 
 One pure-ASGI middleware, outermost in the app, so that every response, errors and 404s
-included, carries `CF-RAY`, `x-service-version`, `x-service-timestamp`, `x-service-host-name`
-and `Server-Timing` (serve_app/timing.py), `x-service-request-timestamp-ms` when the client
+included, carries the request id as `CF-RAY` and `X-Request-ID` (a client's own usable
+`X-Request-ID`, else a new one: serve_app/request_id.py), `x-service-version`,
+`x-service-timestamp`, `x-service-host-name` and `Server-Timing` (serve_app/timing.py),
+`x-service-request-timestamp-ms` when the client
 sent one, plus the headers that later steps put in the request's context
 (serve_app/pipeline/context.py: model, balance, rate limits...), completed when the answer
 starts by `on_start` (the gateway's: the key's rate-limit windows).
+Once the answer is out it tells `on_end` how the request ended (the access log).
 It also turns an unexpected exception into a 500 standard error logged with the request id,
 and refuses a body that declares more than its route's cap (`body_cap`) before anything reads
 it; bodies sent without a length are counted as they arrive by the API's caller gate
@@ -17,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import os
 import re
 import socket
 import time
@@ -32,6 +34,7 @@ from serve_app.error_handlers import unexpected_error
 from serve_app.errors import payload_too_large
 from serve_app.http.render import error_response
 from serve_app.pipeline.context import RequestContext
+from serve_app.request_id import REQUEST_ID_HEADER, client_request_id, new_request_id
 from serve_app.version import service_version
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -70,6 +73,10 @@ def body_cap(path: str, default: int = MAX_BODY_BYTES) -> int:
 # Completes the context's headers when the answer starts: (the request's scope, its context,
 # the answer's headers).
 OnStart = Callable[[Scope, RequestContext, MutableHeaders], Awaitable[None]]
+# Told how the request ended, once its answer is out (the access log): (the request's scope,
+# its context, the answer's status, the start of an error answer's body, up to ERROR_BODY_BYTES).
+OnEnd = Callable[[Scope, RequestContext, int, bytes], None]
+ERROR_BODY_BYTES = 4096
 
 
 class RequestIdLogFilter(logging.Filter):
@@ -83,12 +90,18 @@ class RequestIdLogFilter(logging.Filter):
 
 
 class ServiceHeadersMiddleware:
+    """`echo_request_id`: send the request id as `X-Request-ID` too; False under Serve, whose
+    own middleware sends it (serve_app/request_id.py)."""
+
     def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES, *,
-                 on_start: OnStart | None = None, host_name: str | None = None) -> None:
+                 on_start: OnStart | None = None, on_end: OnEnd | None = None,
+                 echo_request_id: bool = True, host_name: str | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.version = service_version().encode()
         self.on_start = on_start
+        self.on_end = on_end
+        self.echo_request_id = echo_request_id
         self.host_name = host_name or socket.gethostname()
         self.host_name_bytes = self.host_name.encode("latin-1")
 
@@ -99,25 +112,34 @@ class ServiceHeadersMiddleware:
             await self.app(scope, receive, send)
             return
 
-        request_id = os.urandom(16).hex()  # 32 hex digits, as uuid4().hex, cheaper
-        token = request_id_var.set(request_id)
         accept_encoding = ""
         client_timestamp = None
+        client_id: str | None = None
         for name, value in scope.get("headers", ()):
             # the first of each, as Starlette's headers read it
             if name == b"accept-encoding" and not accept_encoding:
                 accept_encoding = value.decode("latin-1")
             elif name == REQUEST_TIMESTAMP and client_timestamp is None:
                 client_timestamp = value.strip()
+            elif name == REQUEST_ID_HEADER and client_id is None:
+                client_id = client_request_id(((name, value),)) or ""
+        request_id = client_id or new_request_id()
+        token = request_id_var.set(request_id)
         ctx = RequestContext(request_id, accept_encoding)
         state["request_id"] = request_id
         state["context"] = ctx
         started = False
+        status = 500
+        error_body = b""
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
+            nonlocal started, status, error_body
+            if message["type"] == "http.response.body":
+                if status >= 400 and len(error_body) < ERROR_BODY_BYTES:
+                    error_body += message.get("body", b"")[:ERROR_BODY_BYTES]
+            elif message["type"] == "http.response.start":
                 started = True
+                status = message["status"]
                 if self.on_start is not None:
                     try:
                         await self.on_start(scope, ctx, MutableHeaders(scope=message))
@@ -142,6 +164,13 @@ class ServiceHeadersMiddleware:
             if not started:
                 await error_response(error)(scope, receive, send_with_headers)
         finally:
+            if self.on_end is not None:
+                try:
+                    self.on_end(scope, ctx, status if started else CLIENT_CLOSED_REQUEST,
+                                error_body)
+                except Exception:  # the answer is out; its log line must not break anything
+                    logging.getLogger("serve_app.middleware").exception(
+                        "the request's end hook failed")
             request_id_var.reset(token)
 
     def _stamped(self, raw: Iterable[tuple[bytes, bytes]], request_id: str,
@@ -153,6 +182,8 @@ class ServiceHeadersMiddleware:
                 b"x-service-timestamp": datetime.now(UTC).isoformat(
                     timespec="milliseconds").replace("+00:00", "Z").encode(),
                 b"x-service-host-name": self.host_name_bytes}
+        if self.echo_request_id:
+            ours[REQUEST_ID_HEADER] = ours[b"cf-ray"]
         if client_timestamp and _MILLISECONDS.fullmatch(client_timestamp):
             ours[REQUEST_TIMESTAMP] = client_timestamp
         for name, value in ctx.header_items():

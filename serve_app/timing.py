@@ -33,6 +33,10 @@ class StepTimes:
         """A step measured elsewhere (the engine's own time, reported by its deployment)."""
         self.steps.append((name, ms))
 
+    def elapsed_ms(self) -> float:
+        """Milliseconds since the request arrived."""
+        return (time.perf_counter() - self._started) * 1000
+
     def header(self) -> str:
         """The header value: each step, then `app`, the time since the request arrived."""
         total = (time.perf_counter() - self._started) * 1000

@@ -195,6 +195,7 @@ class ChatService:
         except BaseException as failure:
             await billed.close(failure)
             raise
+        ctx.first_token_ms = ctx.times.elapsed_ms()  # `start` waited for the model's first piece
         self._model_headers(ctx, plan)
         return BilledEvents(billed, events)
 

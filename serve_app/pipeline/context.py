@@ -38,6 +38,15 @@ class RequestContext:
     # False when the request failed through no fault of its caller (a model at capacity):
     # its error budget does not count it.
     caller_failure: bool = True
+    # What the access log tells of the request once it ends (serve_app/access_log.py), set by
+    # the steps that know it: the route's template, what settlement charged, when a stream's
+    # first piece came back, how long the model replica's fair-share gate kept it waiting.
+    route: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    charged_nanos: int = 0
+    first_token_ms: float | None = None
+    gate_wait_ms: float | None = None
 
     def step(self, name: str) -> AbstractContextManager[None]:
         """`with ctx.step("hold"): ...` records the step's wall time for `Server-Timing`."""
@@ -46,6 +55,14 @@ class RequestContext:
     def record(self, name: str, ms: float) -> None:
         """A step measured elsewhere (a replica's own time)."""
         self.times.record(name, ms)
+
+    def charged(self, units: dict[str, int], nanos: int) -> None:
+        """What settlement charged: tokens in (prompt, cache reads and writes), tokens out, and
+        the cost in nano-USD."""
+        self.tokens_in = (units.get("input", 0) + units.get("cache_read", 0)
+                          + units.get("cache_write", 0))
+        self.tokens_out = units.get("output", 0)
+        self.charged_nanos = nanos
 
     def header_items(self) -> Iterator[tuple[str, str]]:
         for name, value in self.headers.items():

@@ -37,6 +37,8 @@ class Charge:
             if not self.hold.done:
                 with self.ctx.step("settle"):
                     await self.hold.finish(cost)
+                if cost is not None:
+                    self.ctx.charged(cost.units, cost.nanos)
         finally:
             if tokens is not None and self.ticket is not None:
                 ticket, self.ticket = self.ticket, None
