@@ -141,7 +141,7 @@ class SpeechDeployment(ModelDeployment):
                     engine.sample_rate, fmt))
 
         try:
-            async with timed_turn(self.gate, None):  # a queued job: the platform's turn
+            async with timed_turn(self.gate, job.tenant):  # the caller's share, as any call
                 media = await asyncio.to_thread(work)
         except AtCapacity as full:
             return at_capacity(model_id, full.retry_after)
@@ -166,12 +166,16 @@ class TranscriptionDeployment(ModelDeployment):
         if engine is None:
             return not_served(model_id)
         started = time.perf_counter()
+        # named only when the Gateway gave them: an engine that takes none is still served
+        bounds = {name: value for name, value in (("demuxer", request.demuxer),
+                                                  ("max_seconds", request.max_seconds))
+                  if value is not None}
 
         def work(stop: StopSignal) -> dict[str, Any]:
             with self._busy:
                 try:
                     return engine.transcribe(request.audio, request.language,
-                                             request.timestamps, stop=stop)
+                                             request.timestamps, stop=stop, **bounds)
                 except Stopped:
                     self.stopped_early += 1
                     raise

@@ -256,10 +256,16 @@ class SpeechPiece:
 
 @dataclass(frozen=True, slots=True)
 class TranscriptionRequest:
+    """`demuxer`: the container format the Gateway judged the bytes to be (FFmpeg opens them
+    as that, guessing nothing); `max_seconds`: the most audio the caller was billed for (the
+    engine decodes no further)."""
+
     audio: bytes
     language: str | None
     timestamps: bool
     tenant: Tenant | None = None
+    demuxer: str | None = None
+    max_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,11 +284,12 @@ class Transcription:
 
 @dataclass(frozen=True, slots=True)
 class MediaJob:
-    """A queued job (video, queued speech): its parameters as stored in the job table and its
-    input files by name."""
+    """A queued job (video, queued speech): its parameters as stored in the job table, its
+    input files by name, and the tenant of the account that queued it."""
 
     params: dict[str, Any]
     inputs: dict[str, bytes] = field(default_factory=dict)
+    tenant: Tenant | None = None  # whose job it is, at the engine's fair-share gate
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,8 @@ class SpeechEngine(Protocol):
 
 class TranscriptionEngine(Protocol):
     def transcribe(self, audio: bytes, language: str | None, timestamps: bool,
-                   stop: StopSignal | None = None) -> dict[str, Any]: ...
+                   stop: StopSignal | None = None, *, demuxer: str | None = None,
+                   max_seconds: float | None = None) -> dict[str, Any]: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,17 +213,23 @@ def _voice_name(file: Path, raw: dict[str, Any]) -> str:
 
 
 def decode_audio(data: bytes, rate: int = WHISPER_RATE,
-                 max_seconds: float | None = None) -> np.ndarray:
+                 max_seconds: float | None = None, demuxer: str | None = None) -> np.ndarray:
     """Any audio PyAV (FFmpeg) can read, as mono float32 at `rate`. ValueError when it cannot
     be decoded, has no audio, or lasts longer than `max_seconds` (counted in decoded samples:
-    the duration a header states can be wrong, e.g. for VBR MP3 or streamed WAV)."""
+    the duration a header states can be wrong, e.g. for VBR MP3 or streamed WAV, and a chained
+    file's timestamps restart; decoding stops there). `demuxer`: the container format the
+    caller judged the bytes to be, opened as that and nothing else (FFmpeg does not guess),
+    with no protocol openable from inside the file."""
     import av
 
     limit = None if max_seconds is None else round(max_seconds * rate)
     pieces: list[np.ndarray] = []
     total = 0
+    named: dict[str, Any] = ({} if demuxer is None else
+                             {"format": demuxer, "options": {"protocol_whitelist": "none"}})
     try:
-        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
+        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore",
+                     **named) as container:
             stream = next((s for s in container.streams if s.type == "audio"), None)
             if stream is None:
                 raise ValueError("audio could not be decoded: no audio stream")
@@ -235,7 +242,9 @@ def decode_audio(data: bytes, rate: int = WHISPER_RATE,
                     if limit is not None and total > limit:
                         raise ValueError(_too_long(total / rate, max_seconds))
     except (av.FFmpegError, UnicodeDecodeError, EOFError) as exc:
-        raise ValueError(f"audio could not be decoded: {exc}") from exc
+        # FFmpeg's own words stay in the log: they name its internals, not the file's fault
+        raise ValueError("audio could not be decoded: the file is damaged or not in the "
+                         "format it claims") from exc
     if not total:
         raise ValueError("audio could not be decoded: it holds no samples")
     return np.concatenate(pieces).astype(np.float32, copy=False)
@@ -276,13 +285,18 @@ class WhisperEngine:
         self.languages: list[str] = list(self.model.supported_languages)
 
     def transcribe(self, audio: bytes, language: str | None = None,
-                   timestamps: bool = False, stop: StopSignal | None = None) -> dict[str, Any]:
+                   timestamps: bool = False, stop: StopSignal | None = None, *,
+                   demuxer: str | None = None,
+                   max_seconds: float | None = None) -> dict[str, Any]:
         """`{"text", "duration", "language", "segments": [{"text", "start", "end"}]}` plus
         `"words": [{"word", "start", "end"}]` when `timestamps`; times in seconds. `stop`:
-        checked before decoding and between segments (raises Stopped once set)."""
+        checked before decoding and between segments (raises Stopped once set). `demuxer`:
+        the container format to open the bytes as; `max_seconds`: the most audio the caller
+        paid for (decoding stops past it: ValueError), within the engine's own limit."""
         code = self._language(language)
         check(stop)
-        samples = decode_audio(audio, WHISPER_RATE, self.max_seconds)
+        most = self.max_seconds if max_seconds is None else min(self.max_seconds, max_seconds)
+        samples = decode_audio(audio, WHISPER_RATE, most, demuxer)
         check(stop)
         segments, info = self.model.transcribe(
             samples, language=code, beam_size=self.beam_size, word_timestamps=timestamps,

@@ -11,6 +11,7 @@ from serve_app.audio.voice_change import check_not_voice_changer
 from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd
 from serve_app.errors import invalid_request
+from serve_app.jobs.runner import TENANT_PARAM, tenant_param
 from serve_app.jobs.service import JobService
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
@@ -54,7 +55,10 @@ class QueuedAudio:
             ctx, key, routed, "audio", quote,
             lambda: {"prompt": body.prompt, "voice": _voice(model, body.voice),
                      "speed": body.speed or 1.0, "format": model.default_format or "mp3",
-                     "duration_seconds": parse_seconds(body.duration_seconds)},
+                     "duration_seconds": parse_seconds(body.duration_seconds),
+                     # its turn at the speech engine is the caller's, as a stream's is
+                     TENANT_PARAM: tenant_param(
+                         self.job_service.request_runner.admission.tenant(key))},
             body.callback_url)
         return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}
 

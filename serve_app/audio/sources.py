@@ -2,6 +2,12 @@
 it is (judged from its first bytes, never from its name or declared type) and how long it
 lasts (measured from its packets, not from what its header claims).
 
+A file that is several files back to back (a chained Ogg, FLAC files concatenated) restarts
+its timestamps at each join while a decoder plays every part: an Ogg file of more than one
+logical stream is refused, and wherever timestamps go back the parts are added up, so the
+length billed is never less than what the engine decodes (the engine also stops decoding at
+the billed length, deployments/engines/audio.py `decode_audio`).
+
 FFmpeg is never left to guess what a file is: the demuxer is named from the file's magic
 signature and anything else is refused unopened; no protocol may be opened from inside the
 file. The measure reads packets without decoding them, in a worker thread of its own pool,
@@ -76,13 +82,67 @@ def _is_video(stream: Any) -> bool:
     return stream.type == "video" and not stream.disposition & Disposition.attached_pic
 
 
+OGG_PAGE_HEADER = 27  # bytes before a page's segment table
+OGG_BEGINS_STREAM = 0x02  # header type flag of a logical stream's first page
+
+
+def ogg_streams(data: bytes) -> int | None:
+    """How many logical streams an Ogg file begins, chained (one after another) or grouped
+    (side by side); None when its pages do not follow one another from the first byte (a
+    decoder would skip the gap: what hides behind it is not looked for)."""
+    streams, at = 0, 0
+    while at < len(data):
+        if data[at:at + 4] != b"OggS" or at + OGG_PAGE_HEADER > len(data):
+            return None
+        segments = data[at + 26]
+        table = data[at + OGG_PAGE_HEADER:at + OGG_PAGE_HEADER + segments]
+        if len(table) < segments:
+            return None
+        if data[at + 5] & OGG_BEGINS_STREAM:
+            streams += 1
+        at += OGG_PAGE_HEADER + segments + sum(table)
+    return streams
+
+
+class _Timeline:
+    """The length of a stream's packets, their parts added up wherever timestamps go back
+    (a chain restarting at zero), and never less than the sum of their durations."""
+
+    def __init__(self) -> None:
+        self.before = 0.0  # the parts that ended before the current one
+        self.end = 0.0  # the end of the current part
+        self.last_start: float | None = None
+        self.durations = 0.0
+
+    def add(self, start: float, duration: float) -> None:
+        if self.last_start is not None and start < self.last_start:
+            self.before += self.end
+            self.end = 0.0
+        self.last_start = start
+        self.end = max(self.end, start + duration)
+        self.durations += duration
+
+    @property
+    def seconds(self) -> float:
+        return max(self.before + self.end, self.durations)
+
+
 def measure(data: bytes, fmt: str, field: str, most_seconds: float) -> float:
-    """The length of the audio in seconds, from the end of its last packet: 400 when it
-    cannot be read, has a video track or no audio; a length just past `most_seconds` once
-    it is over (the packets after are not read)."""
+    """The length of the audio in seconds, from its packets' times (parts added up where
+    they restart): 400 when it cannot be read, is a chained or grouped Ogg, has a video track
+    or no audio; a length just past `most_seconds` once it is over (the packets after are not
+    read)."""
     import av  # FFmpeg bindings; loaded on first use
 
-    end = 0.0
+    if fmt == "ogg":
+        streams = ogg_streams(data)
+        if streams is None:
+            raise refused(field, "the ogg file could not be read: its pages do not follow "
+                                 "one another")
+        if streams > 1:
+            raise refused(field, f"the ogg file holds {streams} streams (chained or grouped "
+                                 "Ogg); send one stream")
+    timeline = _Timeline()
     try:
         with av.open(io.BytesIO(data), mode="r", format=DEMUXERS[fmt],
                      options=OPEN_OPTIONS) as container:
@@ -95,16 +155,16 @@ def measure(data: bytes, fmt: str, field: str, most_seconds: float) -> float:
             for packet in container.demux(stream):
                 if packet.pts is None or base is None:
                     continue
-                end = max(end, float((packet.pts + (packet.duration or 0)) * base))
-                if end > most_seconds:
+                timeline.add(float(packet.pts * base), float((packet.duration or 0) * base))
+                if timeline.seconds > most_seconds:
                     break
     except ApiError:
         raise
     except (av.FFmpegError, ValueError, OSError, EOFError) as exc:
         raise refused(field, f"the {fmt} file could not be read") from exc
-    if end <= 0:
+    if timeline.seconds <= 0:
         raise refused(field, "the length of the audio cannot be read")
-    return round(end, 3)
+    return round(timeline.seconds, 3)
 
 
 async def check_source(data: bytes, field: str, accepted: tuple[str, ...],

@@ -13,9 +13,12 @@ A queue request does its work in the order that keeps abuse cheap:
    25 MB); its format judged from its bytes and its length measured, off the event loop
    (sources.py);
 5. too long: 422, the hold released, nothing charged; else its price (whole minutes, rounded
-   up) held in place of the first (402 when the account cannot pay it, nothing charged);
+   up) held in place of the first (402 when the account cannot pay it, nothing charged); a
+   chained or grouped Ogg file is a 400 (sources.py), and the engine decodes no more than
+   the measured seconds (voice_pipeline.py);
 6. the source kept in the result store (it goes once the job is made, or with a failed job),
-   and the job queued. The runner makes it (voice_pipeline.py), then settles or releases.
+   and the job queued with the caller's tenant (its share at the engines' gates). The runner
+   makes it (voice_pipeline.py), then settles or releases.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from serve_app.billing.pricing.audio import (
 )
 from serve_app.errors import invalid_request
 from serve_app.images.inputs import ImageSourceReader
+from serve_app.jobs.runner import TENANT_PARAM, tenant_param
 from serve_app.jobs.service import JobService
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.chains import VoiceChangerSpec
@@ -107,7 +111,9 @@ class VoiceChanger:
             await intake.hold(cost)
             await intake.keep(SOURCE_INPUT, data, SOURCE_MEDIA_TYPES[source.format])
             del data
-            job = await intake.queue(cost, _params(spec, voice, source))
+            tenant = self.job_service.request_runner.admission.tenant(key)
+            job = await intake.queue(cost, {**_params(spec, voice, source),
+                                            TENANT_PARAM: tenant_param(tenant)})
         return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED",
                 "duration_seconds": source.seconds}
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy import true
 
-from deployments.protocol import MediaJob, MediaResult
+from deployments.protocol import MediaJob, MediaResult, Tenant
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost, PricedLine
 from serve_app.billing.service import Billing, Hold
@@ -66,6 +66,30 @@ MAX_QUEUED = timedelta(hours=24)
 # A made job's media is deleted this long after it was made: its download link's lifetime
 # (links are signed when the job is queued, so none outlives the media).
 RESULT_LIFETIME_S = downloads.VALID_FOR_S
+
+
+# The job's param naming whose job it is at the engine's fair-share gate (`tenant_param`).
+TENANT_PARAM = "tenant"
+# What a failed job says when its failure is the platform's (the details go to the log only).
+FAILED_MESSAGE = "The generation failed; nothing was charged"
+
+
+class ChargedFailure(ApiError):
+    """A job that failed after its work was done (a voice change whose source held no speech:
+    it was decoded and heard in full): failed, and its price settled, not released."""
+
+
+def tenant_param(tenant: Tenant) -> dict[str, Any]:
+    """A tenant as a job's params keep it (JSON)."""
+    return {"id": tenant.id, "weight": tenant.weight}
+
+
+def job_tenant(params: Mapping[str, Any]) -> Tenant | None:
+    """The tenant a job was queued by; None for a job queued without one."""
+    kept = params.get(TENANT_PARAM)
+    if not isinstance(kept, dict) or not isinstance(kept.get("id"), str):
+        return None
+    return Tenant(kept["id"], float(kept.get("weight", 1.0)))
 
 
 def job_cost(model: CatalogModel, job: JobView) -> Cost:
@@ -216,16 +240,31 @@ class JobRunner:
             if exc.code == "MODEL_OFFLINE" and job.attempts < self.queue.max_attempts:
                 await self.queue.requeue(job.queue_id, self.owner, count_try=True)
                 return
-            await self._fail(job, exc.status, exc.code or "INFERENCE_FAILED", exc.message)
-        except Exception as exc:
+            if exc.status >= 500:  # the platform's failure: its words stay in the log
+                logger.warning("job %s failed: %s %s", job.queue_id, exc.code, exc.message)
+            message = exc.message if exc.status < 500 else FAILED_MESSAGE
+            await self._fail(job, exc.status, exc.code or "INFERENCE_FAILED", message,
+                             charged=isinstance(exc, ChargedFailure))
+        except Exception:
             logger.exception("job %s failed", job.queue_id)
-            await self._fail(job, 500, "INFERENCE_FAILED", f"The generation failed: {exc}")
+            await self._fail(job, 500, "INFERENCE_FAILED", FAILED_MESSAGE)
         finally:
             renewing.cancel()
 
-    async def _fail(self, job: JobView, status: int, code: str, message: str) -> None:
+    async def _fail(self, job: JobView, status: int, code: str, message: str, *,
+                    charged: bool = False) -> None:
         # The job is marked first: should this replica die before the release, the hold
         # sweeper releases a hold that no open job keeps (and the expiry, its inputs).
+        # `charged`: its work was done (ChargedFailure), so its price is settled, and before
+        # the job is marked, so that whoever reads it failed (retrieve, its webhook) finds the
+        # charge: a replica dying between the two leaves a job tried again, and settling is
+        # keyed by the job's request id (once, however often).
+        model = self.catalog.by_id.get(job.model_id)
+        if charged and model is not None:
+            await self._charge(job).settle(job_cost(model, job))
+            if await self.queue.fail(job.queue_id, self.owner, status, code, message):
+                await self._delete_files(job)
+            return
         if await self.queue.fail(job.queue_id, self.owner, status, code, message):
             await self._charge(job).release()
             await self._delete_files(job)
@@ -239,7 +278,7 @@ class JobRunner:
                 raise ApiError(500, f"The job's input {name!r} is missing from the store",
                                code="INFERENCE_FAILED")
             inputs[name] = data
-        work = MediaJob(dict(job.params), inputs)
+        work = MediaJob(dict(job.params), inputs, job_tenant(job.params))
         maker = self.makers.get(job.kind)
         if maker is not None:
             out = await maker(model, work)

@@ -27,18 +27,23 @@ class FakeTranscriptionEngine(FakeEngine):
         super().__init__(weights, options)
         self.said = DEFAULT_SAID
         self.heard: list[bytes] = []
+        self.bounds: list[tuple[str | None, float | None]] = []  # (demuxer, max_seconds)
 
     def hear(self, audio: bytes) -> tuple[str, float]:
         """The text of `audio` and its seconds."""
         return self.said, 1.0
 
     def transcribe(self, audio: bytes, language: str | None, timestamps: bool,
-                   stop: StopSignal | None = None) -> dict[str, Any]:
+                   stop: StopSignal | None = None, *, demuxer: str | None = None,
+                   max_seconds: float | None = None) -> dict[str, Any]:
         if isinstance(self.failure, BaseException):
             raise self.failure
         assert self.failure is None, "a transcription engine reports a failure by raising"
         self.heard.append(audio)
+        self.bounds.append((demuxer, max_seconds))
         text, seconds = self.hear(audio)
+        if max_seconds is not None and seconds > max_seconds:  # as the real engine refuses
+            raise ValueError(f"audio is too long: over {max_seconds:.0f} s")
         return {"text": text, "duration": seconds, "language": language or "en",
                 "segments": []}
 

@@ -183,9 +183,8 @@ def test_402_for_the_first_minute_before_the_url_is_fetched_and_for_the_measured
     assert len(job_rows(gateway)) == 1
 
 
-def test_a_failed_job_is_refunded_and_says_so_on_every_poll(gateway, key, books, fakes):
-    from tests.fakes import crashed
-
+def test_a_source_with_no_speech_is_charged_for_its_hearing_and_says_so(gateway, key, books,
+                                                                         fakes):
     fakes["transcription"].said = "   "  # silence: nothing to say in another voice
     before = books.balance_nanos()
     silent = queue_file(gateway, key, wav(5))
@@ -194,18 +193,31 @@ def test_a_failed_job_is_refunded_and_says_so_on_every_poll(gateway, key, books,
 
     assert first.status_code == 422, first.text
     assert first.json()["code"] == "NO_SPEECH_HEARD"
-    assert first.json()["credits_refunded"] is True
+    assert first.json()["credits_refunded"] is False
+    assert "charged" in first.json()["error"]
     again = call(gateway, key, "voice-changer/retrieve",
                  {"model": "changer", "queue_id": silent.json()["queue_id"]})
     assert (again.status_code, again.json()) == (first.status_code, first.json())
+    assert books.only_charge(silent.headers["cf-ray"]).total_nanos == nanos("0.03")
+    assert books.open_holds() == 0 and books.balance_nanos() == before - nanos("0.03")
+    assert asked(fakes["speech"]) == []  # nothing was spoken
+    assert stored_when(gateway, []) == []
 
-    fakes["transcription"].said = "Hello."
+
+def test_a_failed_job_is_refunded_and_says_so_on_every_poll_without_internal_text(
+        gateway, key, books, fakes):
+    from tests.fakes import crashed
+
+    before = books.balance_nanos()
     fakes["speech"].fail_with(crashed())
     broken = queue_file(gateway, key, wav(5))
     failed = wait(gateway, key, broken.json()["queue_id"])
     assert failed.status_code == 500, failed.text
     assert failed.json()["credits_refunded"] is True
-    assert books.charges(silent.headers["cf-ray"]) == []
+    assert failed.json()["error"] == "The generation failed; nothing was charged"
+    again = call(gateway, key, "voice-changer/retrieve",
+                 {"model": "changer", "queue_id": broken.json()["queue_id"]})
+    assert (again.status_code, again.json()) == (failed.status_code, failed.json())
     assert books.charges(broken.headers["cf-ray"]) == []
     assert books.open_holds() == 0 and books.balance_nanos() == before
     assert stored_when(gateway, []) == []
