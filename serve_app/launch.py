@@ -29,6 +29,7 @@ import httpx
 import yaml
 
 from serve_app.process_tree import ray_processes, reap
+from serve_app.request_id import SERVE_CALLBACK
 from serve_app.settings import PROJECT_ROOT, LaunchSettings, Settings
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ def ray_environment(settings: Settings) -> dict[str, str]:
         # A token file left by an earlier `ray.init()` would otherwise turn token auth on.
         "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Serve's own request-id middleware echoes a client's X-Request-ID whatever it is;
+        # this hook, outside it, drops one the Gateway would not use (serve_app/request_id.py).
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": env.get(
+            "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", SERVE_CALLBACK),
         "RAY_SERVE_LOG_TO_STDERR": env.get("RAY_SERVE_LOG_TO_STDERR", "0"),
         # Throughput-optimised mode holds replica log records until 1000 have gathered: an
         # error would not reach the log file for hours. Access logs are off, so writing each
