@@ -2,8 +2,9 @@
 
 `MODEL_DEPLOYMENTS` maps a deployment name of the catalog (text-xs, embedding, image-upscale,
 speech, video-generation, ...) to its deployment class; `bind(name, models, settings)` binds
-that class under the name, with the Serve options of configs/deployments.yaml, for the catalog
-models it serves. A Serve config file's `deployments:` section overrides those options.
+that class under the name, with the Serve options of configs/deployments.yaml and the GPUs its
+models' engines run on (deployments/spec.py, `replica_options`), for the catalog models it
+serves. A Serve config file's `deployments:` section overrides those options.
 
 Until a class has an entry here, its catalog models are listed with `offline: true` and
 requests for them answer 503 `MODEL_OFFLINE`.
@@ -22,7 +23,7 @@ from ray.serve.deployment import Application, Deployment
 from deployments.audio import SpeechDeployment, TranscriptionDeployment
 from deployments.embedding import EmbeddingDeployment
 from deployments.image import ImageDeployment
-from deployments.spec import ServedModel, model_specs
+from deployments.spec import ServedModel, model_specs, replica_options
 from deployments.text import TextDeployment
 from deployments.video import VideoDeployment
 
@@ -65,5 +66,5 @@ def bind(name: str, models: list[ServedModel], settings: dict[str, Any]) -> Appl
     """The deployment `name` bound for `models` (the catalog models it serves); `settings` are
     the platform's settings as plain data (`data_dir` fills the models' weights specs)."""
     deployment = MODEL_DEPLOYMENTS[name]
-    return deployment.options(name=name, **deployment_options(name)).bind(
-        model_specs(models, settings))
+    options = replica_options(deployment_options(name), models)
+    return deployment.options(name=name, **options).bind(model_specs(models, settings))

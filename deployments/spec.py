@@ -13,6 +13,17 @@ from typing import Any, NotRequired, Protocol, TypedDict
 DEFAULT_MAX_QUEUE_WAIT_S = 30.0
 # Sequences a CPU text engine runs in one batch when its catalog entry does not say.
 DEFAULT_MAX_NUM_SEQS = 10
+# A text engine's context when its catalog entry does not say (`max_model_len`).
+DEFAULT_MAX_MODEL_LEN = 2048
+# The `engine_options` the platform reads itself (serve_app/models/engine_options.py types
+# them); every other option of a vLLM model is one of vLLM's engine arguments, passed on.
+PLATFORM_OPTIONS = frozenset({"build", "vision", "max_seconds", "enforce_eager", "fair_share",
+                              "reserved_slots", "max_num_seqs", "max_batch_texts"})
+# The engine arguments that multiply the GPUs one engine runs on (vLLM spawns a worker per GPU).
+PARALLEL_ARGUMENTS = ("tensor_parallel_size", "pipeline_parallel_size")
+# Where the GPUs of a parallel engine are placed: on one node (tensor parallelism across
+# nodes is slow; a node type must hold them all).
+PARALLEL_PLACEMENT_STRATEGY = "STRICT_PACK"
 
 
 class EngineOptionsView(Protocol):
@@ -73,6 +84,40 @@ def room_for_others(options: dict[str, Any], batch: int) -> int:
     if not options.get("fair_share", True):
         return 0
     return int(options.get("reserved_slots", max(1, batch // 8)))
+
+
+def gpus_per_engine(options: dict[str, Any]) -> int:
+    """The GPUs one engine of these `engine_options` runs on: its tensor parallel size times
+    its pipeline parallel size (1 when it names neither)."""
+    gpus = 1
+    for name in PARALLEL_ARGUMENTS:
+        gpus *= int(options.get(name, 1))
+    return gpus
+
+
+def parallel_placement(ray_actor_options: dict[str, Any], gpus: int) -> dict[str, Any]:
+    """The Serve options that give a replica whose engine runs on `gpus` GPUs those GPUs: one
+    placement group bundle per GPU on one node, the replica itself in the first bundle with its
+    CPUs (Serve places it there) and no GPU of its own (vLLM's workers, one a bundle, hold them).
+    Nothing for an engine on one GPU or none: the replica's `ray_actor_options` say it all."""
+    if gpus <= 1:
+        return {}
+    replica = {key: value for key, value in ray_actor_options.items() if key != "num_gpus"}
+    first = {"CPU": float(replica.get("num_cpus", 1)), "GPU": 1.0,
+             **{name: float(amount) for name, amount in (replica.get("resources") or {}).items()}}
+    if replica.get("memory"):
+        first["memory"] = float(replica["memory"])
+    return {"ray_actor_options": replica,
+            "placement_group_bundles": [first] + [{"GPU": 1.0} for _ in range(gpus - 1)],
+            "placement_group_strategy": PARALLEL_PLACEMENT_STRATEGY}
+
+
+def replica_options(options: dict[str, Any], models: list[ServedModel]) -> dict[str, Any]:
+    """A model deployment's Serve `options` with the resources its models' engines need: a
+    replica whose largest engine runs on several GPUs (`tensor_parallel_size` ...) gets them
+    as placement group bundles (`parallel_placement`)."""
+    gpus = max((gpus_per_engine(m.engine_options.given()) for m in models), default=1)
+    return {**options, **parallel_placement(dict(options.get("ray_actor_options") or {}), gpus)}
 
 
 def model_specs(models: list[ServedModel], settings: dict[str, Any]) -> list[ModelSpec]:

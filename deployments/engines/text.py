@@ -9,11 +9,11 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from deployments.engines import vllm_fork_server, vllm_model_infos
+from deployments.engines import vllm_fork_server, vllm_model_infos, vllm_stats
 from deployments.engines.cpu_flags import cpu_dtype
 from deployments.engines.vision import (
     DEFAULT_FRAME_SIDE,
@@ -25,7 +25,12 @@ from deployments.engines.vision import (
 from deployments.engines.vllm_compile import compile_settings
 from deployments.engines.vllm_compile_fill import choose, start_fill
 from deployments.protocol import Chunk, EngineError, Sampling, TextEvent, TextRequest, Usage
-from deployments.spec import DEFAULT_MAX_NUM_SEQS, room_for_others
+from deployments.spec import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_SEQS,
+    PLATFORM_OPTIONS,
+    room_for_others,
+)
 
 logger = logging.getLogger("deployments.text")
 
@@ -107,6 +112,44 @@ def sampling_kwargs(s: Sampling) -> dict[str, Any]:
     return params
 
 
+def vllm_engine_args(model_path: str, options: Mapping[str, Any], compiling: Mapping[str, Any],
+                     max_num_seqs: int) -> Any:
+    """vLLM's `AsyncEngineArgs` for a catalog model: the platform's settings (its weights, the
+    dtype by the CPU, prefix caching, compact JSON, a vision model's limits), then the model's
+    own engine arguments (`engine_options` beyond the platform's typed ones:
+    `tensor_parallel_size`, `gpu_memory_utilization`, `quantization`, ..., checked against
+    vLLM's when the catalog loaded), which win; the compile settings (`compiling`, from
+    vllm_compile.py) and the batch with its fair-share room (`max_num_seqs`) are derived from
+    the catalog's values and come last."""
+    from vllm.config import StructuredOutputsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    dtype = options.get("dtype", "auto")
+    if dtype == "auto" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        dtype = cpu_dtype()
+    vision = dict(options.get("vision") or {})
+    platform: dict[str, Any] = {
+        "model": model_path,
+        "tokenizer": model_path,
+        "max_model_len": DEFAULT_MAX_MODEL_LEN,
+        "disable_log_stats": True,
+        "seed": 0,
+        # Repeated prefixes (a conversation's earlier turns, a shared system prompt) are read
+        # from the KV cache instead of recomputed; their count is reported as cached_tokens
+        # and billed at the cache-read price. vLLM's default for most models, set here so
+        # that it stays on.
+        "enable_prefix_caching": True,
+        # Compact JSON under a schema: fewer tokens, and no model can pad it with endless
+        # whitespace until max_tokens.
+        "structured_outputs_config": StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True),
+        **(vllm_vision_args(vision) if vision else {}),
+    }
+    own = {key: value for key, value in options.items() if key not in PLATFORM_OPTIONS}
+    return AsyncEngineArgs(**{**platform, **own, "dtype": dtype, **compiling,
+                              "max_num_seqs": max_num_seqs})
+
+
 class VLLMEngine:
     """vLLM's in-process async engine (`AsyncLLM`), streaming one delta per engine step.
 
@@ -122,14 +165,9 @@ class VLLMEngine:
         # (vllm_fork_server.py), where vLLM would import it after, in a spawned process.
         fork_server = vllm_fork_server.start()
         before_import = dict(os.environ)
-        from vllm.config import StructuredOutputsConfig
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        dtype = options.get("dtype", "auto")
-        if dtype == "auto" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
-            dtype = cpu_dtype()
-        self.max_model_len = int(options.get("max_model_len", 2048))
+        self.max_model_len = int(options.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
         # The batch (`max_num_seqs`), and on top of it the room kept for tenants other than
         # the busiest (deployments/fair_share.py): the engine admits both.
         batch = int(options.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS))
@@ -137,32 +175,16 @@ class VLLMEngine:
         self.max_num_seqs = batch + self.reserved_slots
         vision = dict(options.get("vision") or {})
         self.frame_side = int(vision.get("frame_side", DEFAULT_FRAME_SIDE))
-        args = AsyncEngineArgs(
-            model=model_path,
-            tokenizer=model_path,
-            dtype=dtype,
-            # Compiled (CUDA graphs on a GPU), the compile cache under DATA_DIR.
-            **compiling,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            disable_log_stats=True,
-            seed=int(options.get("seed", 0)),
-            # Repeated prefixes (a conversation's earlier turns, a shared system prompt) are
-            # read from the KV cache instead of recomputed; their count is reported as
-            # cached_tokens and billed at the cache-read price. vLLM's default for most models,
-            # set here so that it stays on.
-            enable_prefix_caching=bool(options.get("enable_prefix_caching", True)),
-            # Compact JSON under a schema: fewer tokens, and no model can pad it with endless
-            # whitespace until max_tokens.
-            structured_outputs_config=StructuredOutputsConfig(
-                backend="xgrammar", disable_any_whitespace=True),
-            **(vllm_vision_args(vision) if vision else {}),
-        )
+        args = vllm_engine_args(model_path, options, compiling, self.max_num_seqs)
         # Eager instead while the compile cache is cold, compiled behind (vllm_compile_fill.py).
         choice = choose(args, options)
         self.compile_key = choice.key
+        # vLLM's own measurements into Ray's metrics (vllm_stats.py), labelled by the model's
+        # folder until the deployment names the model (`name_metrics`).
+        self.metric_tags = {"model": Path(model_path).name}
         with vllm_fork_server.engine_core_forked(fork_server, before_import):
-            self.engine = AsyncLLM.from_engine_args(choice.args)
+            self.engine = AsyncLLM.from_engine_args(
+                choice.args, stat_loggers=vllm_stats.stat_loggers(self.metric_tags))
         if cache_root:
             vllm_model_infos.keep(Path(cache_root))
         if choice.fill and choice.key:
@@ -277,6 +299,10 @@ class VLLMEngine:
             prompt_tokens=prompt[0],
             cached_tokens=prompt[1],
         )
+
+    def name_metrics(self, model_id: str) -> None:
+        """Label the engine's metrics with the catalog's model id."""
+        self.metric_tags["model"] = model_id
 
     def stats(self) -> dict[str, Any]:
         return {"unfinished": int(self.engine.get_num_unfinished_requests()),

@@ -55,10 +55,16 @@ class CatalogEntry:
 
 
 def read_catalog(path: Path) -> list[CatalogEntry]:
+    """The catalog's models, those of the files it includes (`include:`, relative to it)
+    first; a model of the same id replaces the included one."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return [CatalogEntry(id=m["id"], engine=m.get("engine", ""), weights=m.get("weights"),
-                         engine_options=RawEngineOptions(dict(m.get("engine_options") or {})))
-            for m in raw.get("models", [])]
+    models = {entry.id: entry for name in raw.get("include") or []
+              for entry in read_catalog(path.parent / name)}
+    models.update({m["id"]: CatalogEntry(
+        id=m["id"], engine=m.get("engine", ""), weights=m.get("weights"),
+        engine_options=RawEngineOptions(dict(m.get("engine_options") or {})))
+        for m in raw.get("models", [])})
+    return list(models.values())
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

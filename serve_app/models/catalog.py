@@ -30,6 +30,7 @@ from serve_app.models.constraints import (
     constraints_of,
 )
 from serve_app.models.engine_options import EngineOptions
+from serve_app.models.vllm_arguments import vllm_arguments
 
 ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
                     "music"]
@@ -41,6 +42,8 @@ ImageOperation = Literal["generate", "edit", "upscale", "background-remove"]
 # inputs the model takes and which pricing rules apply to it.
 MediaOperation = Literal["text-to-video", "image-to-video", "reference-to-video",
                          "video-upscale", "video-interpolate", "speech", "voice-change"]
+# The engine whose `engine_options` beyond the typed ones are vLLM's engine arguments.
+VLLM_ENGINE = "vllm"
 _DEFAULT_OPERATION: dict[str, ImageOperation] = {"image": "generate", "inpaint": "edit",
                                                  "upscale": "upscale"}
 
@@ -66,6 +69,9 @@ class CatalogModel(BaseModel):
     engine: str
     weights: str | None = None
     engine_options: EngineOptions = Field(default_factory=EngineOptions)
+    # Random weights built locally (noise pictures and videos): only a laptop's or the tests'
+    # catalog lists such a model, never a cluster's (inference-admin check-config).
+    test_weights: bool = False
     size_class: SizeClass | None = None
     privacy: Literal["private", "anonymized"] = "private"
     tee: bool = False
@@ -121,6 +127,17 @@ class CatalogModel(BaseModel):
             if missing:
                 raise ValueError(f"voice changer {self.id!r}: pricing.durations needs a tier "
                                  f"per minute up to {minutes}; missing {missing}")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_knows_the_engine_arguments(self) -> CatalogModel:
+        """A vLLM model's engine arguments are vLLM's own, by name and type (the engines of
+        other models take other options: not checked against vLLM)."""
+        arguments = vllm_arguments() if self.engine == VLLM_ENGINE else None
+        if arguments is not None:
+            problems = arguments.problems(self.id, self.engine_options.engine_arguments)
+            if problems:
+                raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")

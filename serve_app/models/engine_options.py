@@ -1,7 +1,10 @@
 """A catalog model's `engine_options`: the settings the platform reads, typed, and the engine
-arguments passed through as written (every other key: `engine_arguments`).
+arguments passed through as written (every other key: `engine_arguments`). A vLLM model's
+engine arguments are checked against vLLM's own when the catalog loads (vllm_arguments.py);
+other engines read theirs (threads, steps, device, ...) themselves.
 
-The whole mapping (`given()`) is what a deployment's replicas receive (deployments/spec.py).
+The whole mapping (`given()`) is what a deployment's replicas receive (deployments/spec.py,
+whose PLATFORM_OPTIONS names the typed fields here).
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ class VisionOptions(Section):
 
 
 class EngineOptions(Section):
-    """The typed settings; any other key is an engine argument (vLLM's `max_model_len`, a
-    thread count, a device), passed to the engine untouched."""
+    """The typed settings; any other key is an engine argument (vLLM's `max_model_len` or
+    `tensor_parallel_size`, a thread count, a device), passed to the engine untouched."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 

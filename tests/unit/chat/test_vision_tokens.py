@@ -59,12 +59,12 @@ def test_a_video_counts_its_frames_scaled_to_fit():
     assert spec.video_tokens(1920, 1080, 8) <= spec.most_video_tokens()
 
 
-def test_the_production_catalog_adds_a_real_vision_model_to_the_default_one():
+def test_the_production_catalog_adds_a_real_vision_model_to_the_common_one():
     from serve_app.models.catalog import load_catalog
     from serve_app.settings import PROJECT_ROOT
 
     configs = PROJECT_ROOT / "configs"
-    default = load_catalog(configs / "models.yaml")
+    default = load_catalog(configs / "models.common.yaml")
     production = load_catalog(configs / "models.production.yaml")
 
     assert [m for m in production.models if m.id in default.by_id] == default.models
