@@ -56,7 +56,7 @@ $(KOKORO_VOICES):
 # Built beside and swapped in, so that a start copying them never reads a half-built folder
 # (one that changes under its copy builds its own).
 PREBUILT := .cache/weights/.complete
-$(PREBUILT): $(STAMP) $(KOKORO_VOICES) configs/models.yaml $(wildcard deployments/weights/*.py)
+$(PREBUILT): $(STAMP) $(KOKORO_VOICES) configs/models.yaml configs/models.common.yaml $(wildcard deployments/weights/*.py)
 	rm -rf .cache/weights.new
 	$(BIN)/python -m deployments.weights prebuild --into .cache/weights.new
 	rm -rf .cache/weights && mv .cache/weights.new .cache/weights
