@@ -35,6 +35,10 @@ class TextDeployment(ModelDeployment):
     def __init__(self, models: list[ModelSpec]) -> None:
         super().__init__(models)
         self.gates = FairShareGates(models)
+        for model_id, engine in self.engines.items():
+            name_metrics = getattr(engine, "name_metrics", None)  # vLLM's: its stat logger
+            if name_metrics is not None:
+                name_metrics(model_id)
 
     async def generate(self, model_id: str, request: TextRequest
                        ) -> AsyncIterator[list[TextEvent] | TextEvent]:

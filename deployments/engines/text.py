@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from deployments.engines import vllm_fork_server, vllm_model_infos, vllm_stats
+from deployments.engines import vllm_fork_server, vllm_model_infos
 from deployments.engines.cpu_flags import cpu_dtype
 from deployments.engines.vision import (
     DEFAULT_FRAME_SIDE,
@@ -166,6 +166,8 @@ class VLLMEngine:
         fork_server = vllm_fork_server.start()
         before_import = dict(os.environ)
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from deployments.engines import vllm_stats  # imports vLLM's: after the fork server
 
         self.max_model_len = int(options.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
         # The batch (`max_num_seqs`), and on top of it the room kept for tenants other than
