@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 
 from sqlalchemy import update
 from sqlmodel import Session, select
@@ -15,9 +16,11 @@ from serve_app import characters
 from serve_app.accounts import keys as service
 from serve_app.accounts.key_store import mark_account_keys_changed
 from serve_app.accounts.provisioning import bootstrap, show_admin_key
+from serve_app.billing import journal
 from serve_app.billing.wallet_accounts import find_or_create_wallet_account
-from serve_app.db.engine import make_engine
-from serve_app.db.tables import Account, ApiKeyType, LimitPeriod, ModelPrivacy
+from serve_app.db import backup
+from serve_app.db.engine import make_engine, migrate, pending_migrations, schema_revision
+from serve_app.db.tables import Account, ApiKeyType, EntryKind, LimitPeriod, ModelPrivacy
 from serve_app.errors import ApiError
 from serve_app.limits.policy import load_tiers
 from serve_app.models.catalog import load_catalog
@@ -50,6 +53,50 @@ def _amount(text: str) -> Decimal:
     return value
 
 
+def _reason(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must say why")
+    if len(text) > 500:
+        raise argparse.ArgumentTypeError("at most 500 characters")
+    return text.strip()
+
+
+def _audit(session: Session) -> dict:
+    accounts = journal.audit(session)
+    differing = [a.as_dict() for a in accounts if not a.agrees]
+    return {"ok": not differing, "accounts": len(accounts), "differing": differing}
+
+
+def _database(args: argparse.Namespace, url: str) -> dict | None:
+    """The commands on the database itself, run before the first start's provisioning (which
+    would migrate it and write an account): None for any other command."""
+    try:
+        if args.command == "backup":
+            return backup.backup(url, args.path).as_dict()
+        if args.command == "restore":
+            return backup.restore(url, args.path).as_dict()
+    except backup.BackupError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.command == "migrate":
+        pending = pending_migrations(url)
+        if args.check:
+            return {"ok": not pending, "schemaRevision": schema_revision(url),
+                    "pending": pending}
+        migrate(url)
+        return {"ok": True, "applied": pending, "schemaRevision": schema_revision(url)}
+    if args.command == "audit":
+        if pending_migrations(url):
+            raise SystemExit("error: the database's schema is not this version's: run "
+                             "`inference-admin migrate` first")
+        engine = make_engine(url)
+        try:
+            with Session(engine) as session:
+                return _audit(session)
+        finally:
+            engine.dispose()
+    return None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inference-admin", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,9 +120,27 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("id")
     revoke.add_argument("--account")
 
-    credit = sub.add_parser("credit", help="add USD to an account's balance")
+    credit = sub.add_parser("credit", help="add USD to an account's balance: an entry of its "
+                                           "journal, with the reason and who gave it")
     credit.add_argument("--usd", type=_amount, required=True)
     credit.add_argument("--account")
+    credit.add_argument("--reason", type=_reason, required=True,
+                        help="why the credit is given (kept in the journal)")
+    credit.add_argument("--actor", help="who gives it (default: the OS user)")
+
+    sub.add_parser("audit", help="recompute every account's balances from its journal; exits "
+                                 "non-zero naming each account that differs")
+    backup = sub.add_parser("backup", help="write a consistent copy of the database to PATH "
+                                           "(SQLite's online backup; pg_dump on PostgreSQL), "
+                                           "safe while the platform runs")
+    backup.add_argument("path", type=Path)
+    restore = sub.add_parser("restore", help="restore a backup into the settings' database, "
+                                             "which must be empty (platform stopped)")
+    restore.add_argument("path", type=Path)
+    migrate_cmd = sub.add_parser("migrate", help="bring the database's schema to this "
+                                                 "version (alembic upgrade head)")
+    migrate_cmd.add_argument("--check", action="store_true",
+                             help="change nothing; exit non-zero when migrations are pending")
 
     stake = sub.add_parser("stake", help="set an account's staked tokens: each UTC day its "
                                          "DIEM allocation is 1 DIEM per staked token")
@@ -109,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     account.add_argument("--partner", action="store_true",
                          help="partner accounts get the partner rate-limit columns")
     account.add_argument("--description", default="Account admin key")
+    account.add_argument("--actor", help="who gives its --usd (default: the OS user)")
 
     tier = sub.add_parser("set-tier", help="set an account's rate-limit tier (one of "
                                            "RATE_LIMIT_TIERS, configs/rate_limit_tiers.yaml)")
@@ -139,6 +205,9 @@ def _accounts(session: Session) -> list[dict]:
 def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict | list:
     args = _parser().parse_args(argv)
     settings = settings or Settings()
+    done = _database(args, settings.resolved_database_url)
+    if done is not None:
+        return done
     result = bootstrap(settings)
     show_admin_key(result, terminal_only=False)  # stderr (stdout is the JSON answer)
     engine = make_engine(settings.resolved_database_url)
@@ -156,8 +225,14 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
                 session.commit()
                 return done
             if args.command == "create-account":
-                new = Account(usd_balance_nanos=to_nanos(args.usd), is_partner=args.partner)
+                new = Account(is_partner=args.partner)
                 session.add(new)
+                session.flush()
+                if args.usd:
+                    journal.add_entry(session, new.id, EntryKind.GRANT,
+                                      usd_nanos=to_nanos(args.usd), source="create-account",
+                                      reason="the credit of a new account",
+                                      actor=args.actor or journal.operator_name())
                 session.commit()
                 key = service.create_key(session, new.id, CreateApiKeyRequest(
                     apiKeyType="ADMIN", description=args.description))
@@ -193,8 +268,10 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict
                 service.delete_key(session, account_id, args.id)
                 return {"revoked": args.id}
             if args.command == "credit":
-                session.execute(update(Account).where(Account.id == account_id).values(
-                    usd_balance_nanos=Account.usd_balance_nanos + to_nanos(args.usd)))
+                journal.add_entry(session, account_id, EntryKind.GRANT,
+                                  usd_nanos=to_nanos(args.usd), source="inference-admin credit",
+                                  reason=args.reason,
+                                  actor=args.actor or journal.operator_name())
                 session.commit()
                 return next(a for a in _accounts(session) if a["id"] == account_id)
             if args.command == "stake":
@@ -230,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(err.details), file=sys.stderr)
         raise SystemExit(1) from err
     print(json.dumps(out, indent=2, default=str))
+    if isinstance(out, dict) and out.get("ok") is False:  # audit, migrate --check
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

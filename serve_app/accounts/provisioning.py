@@ -16,8 +16,16 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from serve_app.accounts.secrets import generate_secret, hash_secret
+from serve_app.billing.journal import add_entry
 from serve_app.db.engine import make_engine, migrate
-from serve_app.db.tables import Account, AccountKind, ApiKey, ApiKeyType, ServerSecret
+from serve_app.db.tables import (
+    Account,
+    AccountKind,
+    ApiKey,
+    ApiKeyType,
+    EntryKind,
+    ServerSecret,
+)
 from serve_app.money import to_nanos
 from serve_app.settings import Settings
 
@@ -89,10 +97,14 @@ def bootstrap(settings: Settings) -> BootstrapResult:
             elif len(secret) < MIN_ADMIN_KEY_LENGTH:
                 raise ValueError(f"ADMIN_API_KEY must be at least {MIN_ADMIN_KEY_LENGTH} "
                                  "characters long")
-            account = Account(kind=AccountKind.API, is_operator=True,
-                              usd_balance_nanos=to_nanos(settings.initial_credit_usd))
+            account = Account(kind=AccountKind.API, is_operator=True)
             session.add(account)
             session.flush()
+            if settings.initial_credit_usd:
+                add_entry(session, account.id, EntryKind.GRANT,
+                          usd_nanos=to_nanos(settings.initial_credit_usd),
+                          source="first start", reason="INITIAL_CREDIT_USD",
+                          actor="first start")
             session.add(ApiKey(account_id=account.id, key_hash=hash_secret(secret),
                                last6=secret[-6:], key_type=ApiKeyType.ADMIN,
                                description="First admin key"))

@@ -3,7 +3,9 @@
 Balances never go below zero and a key never spends past its consumption limit, whatever the
 number of replicas: every check and its write happen under the account's row lock (PostgreSQL
 `SELECT ... FOR UPDATE`; SQLite write transactions begin IMMEDIATE, see db/engine.py). The DIEM
-allocation is consumed before USD, and each ledger line records which currency paid.
+allocation is consumed before USD, and each ledger line records which currency paid. A charge's
+ledger entry is its journal entry; a new epoch's DIEM and the DIEM that expires are written to
+the journal (billing/journal.py) in the transaction that moves them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from serve_app.db.engine import dialect_insert
 from serve_app.db.tables import (
     Account,
     BillingHolder,
+    EntryKind,
     KeySpendWindow,
     Reservation,
     UsageDaily,
@@ -126,8 +129,20 @@ class _Statements:
         self.cursor.executemany(self._text(sql), rows)
 
 
-def _locked_account(db: _Statements, account_id: str, now: datetime) -> tuple[int, int, str]:
-    """(USD, DIEM, epoch) of the account, locked. A new UTC day resets the DIEM allocation to
+@dataclass(frozen=True, slots=True)
+class _LockedAccount:
+    usd: int
+    diem: int
+    epoch: str
+    # The DIEM the row still holds from an epoch that has ended (None: the epoch is today's)
+    # and that epoch: the caller's UPDATE replaces it with the new allocation, and journals
+    # both.
+    expired_diem: int | None = None
+    expired_epoch: str | None = None
+
+
+def _locked_account(db: _Statements, account_id: str, now: datetime) -> _LockedAccount:
+    """USD, DIEM and epoch of the account, locked. A new UTC day resets the DIEM allocation to
     the staked amount (1 DIEM per token): the caller's UPDATE writes it with the epoch."""
     row = db.first("SELECT usd_balance_nanos, diem_balance_nanos, diem_epoch, staked_tokens "
                    "FROM accounts WHERE id = ?{lock}", (account_id,))
@@ -136,8 +151,28 @@ def _locked_account(db: _Statements, account_id: str, now: datetime) -> tuple[in
     usd, diem, epoch, staked = row
     today = epoch_day(now)
     if epoch != today:
-        return usd, staked * NANOS_PER_UNIT, today
-    return usd, diem, today
+        return _LockedAccount(usd, staked * NANOS_PER_UNIT, today, expired_diem=diem,
+                              expired_epoch=epoch)
+    return _LockedAccount(usd, diem, today)
+
+
+_INSERT_BALANCE_ENTRY = (
+    "INSERT INTO balance_entries (account_id, kind, usd_nanos, diem_nanos, source, "
+    "created_at) VALUES (?, ?, 0, ?, ?, ?)")
+
+
+def _journal_new_epoch(db: _Statements, account_id: str, account: _LockedAccount,
+                       now: datetime) -> None:
+    """The DIEM of the ended epoch expires and the new epoch's allocation is given: once per
+    account and UTC day, in the transaction that writes the new epoch to the row."""
+    if account.expired_diem is None:
+        return
+    created = db.datetime(now)
+    rows = [(account_id, kind, amount, epoch, created) for kind, amount, epoch in
+            ((EntryKind.DIEM_EXPIRY.value, -account.expired_diem, account.expired_epoch),
+             (EntryKind.DIEM_ALLOCATION.value, account.diem, account.epoch)) if amount]
+    if rows:
+        db.many(_INSERT_BALANCE_ENTRY, rows)
 
 
 def _locked_window(db: _Statements, payer: Payer, start: str) -> tuple[int, int]:
@@ -161,7 +196,7 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
     `holder`: the billing service taking it (see `stale_holds`)."""
     db = _Statements(session)
     try:
-        usd_balance, diem_balance, epoch = _locked_account(db, payer.account_id, now)
+        account = _locked_account(db, payer.account_id, now)
     except AccountNotFound:
         # A wallet's row is written at its first top-up or charge (billing/wallet_accounts):
         # until then its balance is 0, and a refusal writes nothing.
@@ -170,7 +205,8 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
         if amount_nanos > 0:
             raise InsufficientBalance(0, amount_nanos) from None
         create_wallet_account(session, payer.wallet_address)
-        usd_balance, diem_balance, epoch = _locked_account(db, payer.account_id, now)
+        account = _locked_account(db, payer.account_id, now)
+    usd_balance, diem_balance, epoch = account.usd, account.diem, account.epoch
     before = Balances(usd_balance, diem_balance)
     diem_room = diem_balance
     window = start = None
@@ -195,6 +231,7 @@ def hold(session: Session, request_id: str, payer: Payer, amount_nanos: int,
     db.run("UPDATE accounts SET usd_balance_nanos = ?, diem_balance_nanos = ?, diem_epoch = ? "
            "WHERE id = ?", (usd_balance - usd_part, diem_balance - diem_part, epoch,
                             payer.account_id))
+    _journal_new_epoch(db, payer.account_id, account, now)
     if start is not None and payer.api_key_id is not None:
         _add_to_window(db, payer.api_key_id, start, usd_part, diem_part)
     db.run("INSERT INTO reservations (request_id, account_id, api_key_id, window_start, "
@@ -219,8 +256,9 @@ class _HoldRow:
 def _give_back(db: _Statements, res: _HoldRow, usd_nanos: int, diem_nanos: int,
                now: datetime) -> Balances | None:
     """Return unused parts of a hold to the balance and the key window; DIEM only into the
-    epoch it came from (yesterday's DIEM does not come back today). The account's balance
-    after it, returned or not (the answer's balance header shows it); None: no account row."""
+    epoch it came from (yesterday's DIEM does not come back today: the journal records it as
+    expired). The account's balance after it, returned or not (the answer's balance header
+    shows it); None: no account row."""
     if usd_nanos or diem_nanos:
         row = db.first(
             "UPDATE accounts SET usd_balance_nanos = usd_balance_nanos + ?, "
@@ -228,6 +266,9 @@ def _give_back(db: _Statements, res: _HoldRow, usd_nanos: int, diem_nanos: int,
             "ELSE diem_balance_nanos END WHERE id = ? "
             "RETURNING usd_balance_nanos, diem_balance_nanos, diem_epoch, staked_tokens",
             (usd_nanos, res.diem_epoch, diem_nanos, res.account_id))
+        if diem_nanos and row is not None and row[2] != res.diem_epoch:
+            db.run(_INSERT_BALANCE_ENTRY, (res.account_id, EntryKind.DIEM_EXPIRY.value,
+                                           -diem_nanos, res.request_id, db.datetime(now)))
         if res.window_start is not None and res.api_key_id is not None:
             _add_to_window(db, res.api_key_id, res.window_start, -usd_nanos, -diem_nanos)
     else:  # charged all it held: the balance is as the hold (and anything since) left it
@@ -275,8 +316,8 @@ def _late_hold(session: Session, request_id: str, payer: Payer, cost_nanos: int,
                now: datetime) -> None:
     """The work of a request whose hold was swept (it ran past the sweeper's age limit) is
     still charged: as much of its cost as the balance holds now, whatever the key's limit."""
-    usd, diem, _ = _locked_account(_Statements(session), payer.account_id, now)
-    amount = max(0, min(cost_nanos, usd + diem))
+    account = _locked_account(_Statements(session), payer.account_id, now)
+    amount = max(0, min(cost_nanos, account.usd + account.diem))
     logger.warning("request %s settled after its hold was released: charging %d of %d nanos",
                    request_id, amount, cost_nanos)
     hold(session, request_id, Payer(payer.account_id, payer.api_key_id,

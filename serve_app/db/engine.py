@@ -10,6 +10,8 @@ from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
@@ -17,6 +19,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlmodel import Session, create_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+ALEMBIC_INI = Path(__file__).resolve().parent / "alembic.ini"
 
 T = TypeVar("T")
 
@@ -98,7 +101,8 @@ def make_engine(url: str, *, write_transactions: bool = False,
 
 
 def alembic_config(url: str) -> Config:
-    cfg = Config()
+    """The packaged alembic.ini, pointed at `url`."""
+    cfg = Config(str(ALEMBIC_INI))
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
     return cfg
@@ -107,6 +111,24 @@ def alembic_config(url: str) -> Config:
 def migrate(url: str) -> None:
     """Bring the schema to the newest migration (idempotent)."""
     command.upgrade(alembic_config(url), "head")
+
+
+def schema_revision(url: str) -> str | None:
+    """The migration the database is at (None: never migrated)."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def pending_migrations(url: str) -> list[str]:
+    """The migrations `migrate` would run, oldest first."""
+    scripts = ScriptDirectory.from_config(alembic_config(url))
+    current = schema_revision(url)
+    pending = [script.revision for script in scripts.iterate_revisions("heads", current)]
+    return pending[::-1]
 
 
 async def run_in_session(engine: Engine, work: Callable[[Session], T]) -> T:

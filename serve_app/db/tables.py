@@ -176,6 +176,40 @@ class LedgerEntry(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
 
 
+class EntryKind(StrEnum):
+    """What moved a balance (billing/journal.py). CHARGE entries are the ledger's own rows
+    (`ledger_entries`); the other kinds are `balance_entries`."""
+
+    OPENING = "OPENING"  # the balance an account had when its journal began (migration 0013)
+    GRANT = "GRANT"  # credit the operator gave (inference-admin, INITIAL_CREDIT_USD)
+    TOP_UP = "TOP_UP"  # an x402 payment credited to a wallet
+    CHARGE = "CHARGE"  # a settled request
+    DIEM_ALLOCATION = "DIEM_ALLOCATION"  # a new epoch's DIEM: 1 per staked token
+    DIEM_EXPIRY = "DIEM_EXPIRY"  # DIEM whose epoch ended unspent (a hold's part included)
+
+
+class BalanceEntry(SQLModel, table=True):
+    """One change to an account's balance that is not a charge: immutable, never updated or
+    deleted. With the charges (`ledger_entries`) they are the account's journal; the balance
+    columns of `accounts` are the journal's sum less the open holds."""
+
+    __tablename__ = "balance_entries"
+    __table_args__ = (Index("ix_balance_entries_account_time", "account_id", "created_at"),)
+
+    id: int | None = Field(default=None, sa_column=Column(BigInteger().with_variant(
+        Integer, "sqlite"), primary_key=True, autoincrement=True))
+    account_id: str = Field(foreign_key="accounts.id", max_length=36)
+    kind: str = Field(max_length=32)
+    usd_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    diem_nanos: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    # What it came from: the payment id of a top-up, the request id of a hold's expired
+    # DIEM, the epoch of an allocation.
+    source: str | None = Field(default=None, max_length=200)
+    reason: str | None = Field(default=None, max_length=500)  # the operator's, for a grant
+    actor: str | None = Field(default=None, max_length=128)  # who gave a grant
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+
+
 class LedgerLine(SQLModel, table=True):
     """One priced line of an entry in one currency: what `GET /billing/usage-history` lists."""
 

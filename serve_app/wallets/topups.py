@@ -34,11 +34,12 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from serve_app.billing.journal import add_entry
 from serve_app.billing.ledger import Balances
 from serve_app.billing.service import Billing
 from serve_app.billing.wallet_accounts import find_or_create_wallet_account
 from serve_app.db.engine import dialect_insert, run_in_session
-from serve_app.db.tables import Account, PaymentStatus, X402Payment, utcnow
+from serve_app.db.tables import EntryKind, PaymentStatus, X402Payment, utcnow
 from serve_app.errors import ApiError, invalid_request
 from serve_app.limits.core import OK
 from serve_app.limits.limit_headers import limit_headers, retry_after_s
@@ -170,14 +171,12 @@ def _credit(session: Session, paid: VerifiedPayment, transaction: str) -> Credit
         raise _already_credited()
     account = find_or_create_wallet_account(session, paid.payer)
     amount = paid.amount_base_units * NANOS_PER_BASE_UNIT
-    usd, diem = session.execute(
-        update(Account).where(Account.id == account.account_id)
-        .values(usd_balance_nanos=Account.usd_balance_nanos + amount)
-        .returning(Account.usd_balance_nanos, Account.diem_balance_nanos)).one()
+    balance = add_entry(session, account.account_id, EntryKind.TOP_UP, usd_nanos=amount,
+                        source=paid.payment_id)
     session.execute(update(X402Payment).where(X402Payment.payment_id == paid.payment_id)
-                    .values(account_id=account.account_id, balance_after_nanos=usd))
-    return Credited(paid.payer, account.account_id, amount, Balances(usd, diem),
-                    paid.payment_id)
+                    .values(account_id=account.account_id,
+                            balance_after_nanos=balance.usd_nanos))
+    return Credited(paid.payer, account.account_id, amount, balance, paid.payment_id)
 
 
 def listening_hosts(settings) -> set[str]:

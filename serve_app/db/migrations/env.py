@@ -9,6 +9,13 @@ from serve_app.db import tables  # noqa: F401  (registers the tables on the meta
 config = context.config
 target_metadata = SQLModel.metadata
 
+if not config.get_main_option("sqlalchemy.url"):  # alembic's own command line
+    from serve_app.db.engine import normalise_url
+    from serve_app.settings import Settings
+
+    config.set_main_option("sqlalchemy.url",
+                           normalise_url(Settings().resolved_database_url).replace("%", "%%"))
+
 
 def run_migrations_online() -> None:
     connectable = config.attributes.get("connection")

@@ -102,7 +102,8 @@ def test_cli_creates_keys_credits_and_revokes(database_url, tmp_path):
     assert created["id"] in {k["id"] for k in listed}
 
     before = cli(["accounts"], settings=settings)[0]["usd"]
-    after = cli(["credit", "--usd", "2.25"], settings=settings)
+    after = cli(["credit", "--usd", "2.25", "--reason", "a goodwill credit"],
+                settings=settings)
     assert Decimal(str(after["usd"])) == Decimal(str(before)) + Decimal("2.25")
     staked = cli(["stake", "--tokens", "40"], settings=settings)
     assert staked["stakedTokens"] == 40

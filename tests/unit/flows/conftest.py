@@ -7,7 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlmodel import Session
 
+from serve_app.billing.journal import differing
+from serve_app.db.engine import make_engine
+from serve_app.settings import Settings
 from tests.unit.flows.books import Books
 
 CATALOG = Path(__file__).with_name("catalog.yaml")
@@ -16,6 +20,22 @@ CATALOG = Path(__file__).with_name("catalog.yaml")
 @pytest.fixture
 def gateway_catalog() -> Path:
     return CATALOG
+
+
+@pytest.fixture(autouse=True)
+def journal_agrees(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    """After each flow (its gateway stopped, every settlement written): every account's
+    balance is the sum of its journal less its open holds (`inference-admin audit`)."""
+    yield
+    if "fake_gateway" not in request.fixturenames:
+        return
+    engine = make_engine(Settings(data_dir=tmp_path).resolved_database_url)
+    try:
+        with Session(engine) as session:
+            accounts = [a.as_dict() for a in differing(session)]
+    finally:
+        engine.dispose()
+    assert accounts == [], "balances that are not their journal's sum"
 
 
 @pytest.fixture
