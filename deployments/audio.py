@@ -115,7 +115,7 @@ class SpeechDeployment(ModelDeployment):
                     engine.sample_rate, request.format)
 
         try:
-            async with timed_turn(self.gate, request.tenant):
+            async with timed_turn(self.gate, request.tenant, model_id):
                 async for audio, characters in in_thread(produce):
                     yield SpeechPiece(audio, characters)
         except AtCapacity as full:
@@ -141,7 +141,8 @@ class SpeechDeployment(ModelDeployment):
                     engine.sample_rate, fmt))
 
         try:
-            async with timed_turn(self.gate, job.tenant):  # the caller's share, as any call
+            # the caller's share, as any call
+            async with timed_turn(self.gate, job.tenant, model_id):
                 media = await asyncio.to_thread(work)
         except AtCapacity as full:
             return at_capacity(model_id, full.retry_after)
@@ -181,7 +182,7 @@ class TranscriptionDeployment(ModelDeployment):
                     raise
 
         try:
-            async with timed_turn(self.gate, request.tenant):
+            async with timed_turn(self.gate, request.tenant, model_id):
                 out = await until_stopped(work)
         except AtCapacity as full:
             return at_capacity(model_id, full.retry_after)

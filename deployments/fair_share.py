@@ -21,7 +21,9 @@ engine (so it holds across Gateway replicas and nodes) and decides who runs next
   tenants take meanwhile) and the measured time a request holds a slot.
 
 The weights come from the tenant's rate-limit tier (configs/rate_limit_tiers.yaml). Everything
-here runs on the replica's event loop: no locks.
+here runs on the replica's event loop: no locks. Each gate reports its queue through Ray's
+metrics (deployments/metrics.py): requests waiting and their wait by model and tier, requests
+running, refusals for capacity and engine seconds by model.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from deployments.metrics import gate_metrics
 from deployments.protocol import PLATFORM_TENANT, Tenant
 from deployments.spec import DEFAULT_MAX_QUEUE_WAIT_S, ModelSpec, max_queue_wait_of
 
@@ -96,7 +99,7 @@ class FairShare:
     def __init__(self, slots: int, *, reserved: int | None = None,
                  max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
                  max_waiting: int = 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, name: str = "") -> None:
         if slots < 1:
             raise ValueError("an engine needs at least one slot")
         self.slots = slots
@@ -113,37 +116,60 @@ class FairShare:
         self.units_served = 0.0  # since start, every tenant's: the engine's output
         # Seconds each recent request held its slots, for the wait estimate.
         self._held: collections.deque[float] = collections.deque(maxlen=_HELD_SAMPLES)
+        self.name = name  # the metrics' `model` label when a turn names none
+        self._waiting_by_label: dict[tuple[str, str], int] = {}
+        self._metrics = gate_metrics()
 
     # ---- a request's way through the gate ------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def turn(self, tenant: Tenant | None, seqs: int = 1) -> AsyncIterator[Turn]:
+    async def turn(self, tenant: Tenant | None, seqs: int = 1, *, model: str = ""
+                   ) -> AsyncIterator[Turn]:
         """Wait for this request's turn (AtCapacity when the wait would be too long), hold
-        `seqs` slots while the body runs, then hand them to whoever is next."""
+        `seqs` slots while the body runs, then hand them to whoever is next. `model`: the
+        metrics' label (the gate's name when empty)."""
         tenant = tenant or PLATFORM
         seqs = max(1, min(seqs, self.slots))
+        label = (model or self.name, tenant.tier)
         state = self._arrive(tenant)
         waiter = _Waiter(seqs, next(self._arrivals), asyncio.get_running_loop().create_future())
         state.waiting.append(waiter)
         self._waiting += 1
-        self._dispatch()
-        if not waiter.admitted.done():
-            self._refuse_if_too_long(state, waiter)
+        arrived = self._clock()
+        self._count_waiting(label, 1)
         try:
-            await waiter.admitted
-        except BaseException:
-            # Left while waiting (a client that hung up), or admitted just as it left.
-            if waiter.admitted.done() and not waiter.admitted.cancelled():
-                self._release(state, seqs, held=None)
-            elif waiter in state.waiting:  # (a dispatcher may have dropped it already)
-                self._withdraw(state, waiter)
-                self._dispatch()
-            raise
+            self._dispatch()
+            if not waiter.admitted.done():
+                try:
+                    self._refuse_if_too_long(state, waiter)
+                except AtCapacity:
+                    self._metrics.refused.inc(tags={"model": label[0]})
+                    raise
+            try:
+                await waiter.admitted
+            except BaseException:
+                # Left while waiting (a client that hung up), or admitted just as it left.
+                if waiter.admitted.done() and not waiter.admitted.cancelled():
+                    self._release(state, seqs, held=None)
+                elif waiter in state.waiting:  # (a dispatcher may have dropped it already)
+                    self._withdraw(state, waiter)
+                    self._dispatch()
+                raise
+        finally:
+            self._count_waiting(label, -1)
         started = self._clock()
+        self._metrics.wait_seconds.observe(started - arrived,
+                                           tags={"model": label[0], "tier": label[1]})
+        self._metrics.running.set(self._running, tags={"model": label[0]})
         try:
             yield Turn(self, state)
         finally:
             self._release(state, seqs, held=self._clock() - started)
+            self._metrics.running.set(self._running, tags={"model": label[0]})
+
+    def _count_waiting(self, label: tuple[str, str], change: int) -> None:
+        count = self._waiting_by_label[label] = self._waiting_by_label.get(label, 0) + change
+        self._metrics.waiting.set(count, tags={"model": label[0], "tier": label[1]})
 
     def stats(self) -> dict[str, float | int]:
         return {"slots": self.slots, "running": self._running, "waiting": self._waiting,
@@ -272,7 +298,7 @@ class FairShareGates:
             gate = self._gates[model_id] = FairShare(
                 int(getattr(engine, "max_num_seqs", 1)) if fair else UNGATED_SLOTS,
                 reserved=reserved if fair else 0,
-                max_wait_s=max_queue_wait_of(spec))
+                max_wait_s=max_queue_wait_of(spec), name=model_id)
         return gate
 
 
@@ -282,15 +308,20 @@ def one_at_a_time(models: list[ModelSpec]) -> FairShare:
     served least (in seconds of engine time) first, and the shortest `max_queue_wait_s` of
     its models bounding a wait."""
     waits = [spec["max_queue_wait_s"] for spec in models if "max_queue_wait_s" in spec]
-    return FairShare(1, reserved=0, max_wait_s=min(waits, default=DEFAULT_MAX_QUEUE_WAIT_S))
+    return FairShare(1, reserved=0, max_wait_s=min(waits, default=DEFAULT_MAX_QUEUE_WAIT_S),
+                     name="+".join(spec["id"] for spec in models))
 
 
 @contextlib.asynccontextmanager
-async def timed_turn(gate: FairShare, tenant: Tenant | None) -> AsyncIterator[Turn]:
-    """A turn at `gate` whose tenant is charged the seconds it held the slot."""
-    async with gate.turn(tenant) as turn:
+async def timed_turn(gate: FairShare, tenant: Tenant | None, model: str = ""
+                     ) -> AsyncIterator[Turn]:
+    """A turn at `gate` whose tenant is charged the seconds it held the slot, which are also
+    the model's engine seconds in the metrics (`model`: its label, the gate's name if empty)."""
+    async with gate.turn(tenant, model=model) as turn:
         started = time.monotonic()
         try:
             yield turn
         finally:
-            turn.served(time.monotonic() - started)
+            held = time.monotonic() - started
+            turn.served(held)
+            gate_metrics().engine_seconds.observe(held, tags={"model": model or gate.name})

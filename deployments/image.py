@@ -69,7 +69,7 @@ class ImageDeployment(ModelDeployment):
             return not_served(model_id)
         started = time.perf_counter()
         try:
-            async with timed_turn(self.gate, request.tenant):
+            async with timed_turn(self.gate, request.tenant, model_id):
                 images, width, height, blurred = await until_stopped(
                     lambda stop: self._work(engine, request, stop))
         except AtCapacity as full:

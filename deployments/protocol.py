@@ -74,10 +74,11 @@ class Tenant:
 
     id: str
     weight: float = 1.0
+    tier: str = "default"  # the tier's name: a label of the gate's metrics, never an identity
 
 
 # Whose request it is when the platform itself asks (or a caller sent no tenant).
-PLATFORM_TENANT = Tenant("platform")
+PLATFORM_TENANT = Tenant("platform", tier="platform")
 
 
 # ---- text --------------------------------------------------------------------------------

@@ -104,7 +104,8 @@ class Admission:
         account (a wallet's too), hashed so that its id never reaches an engine, with the
         share of its rate-limit tier."""
         digest = hashlib.sha256(f"tenant:{key.account_id}".encode()).hexdigest()[:24]
-        return Tenant(digest, self.limits.tiers.share(key.rate_limit_tier))
+        return Tenant(digest, self.limits.tiers.share(key.rate_limit_tier),
+                      tier=key.rate_limit_tier)
 
     async def admit_key_creation(self, ctx: RequestContext, key: KeyRecord) -> None:
         """The account's per-minute cap on new API keys (429)."""
