@@ -40,7 +40,7 @@ from serve_app.jobs.job_queue import JobQueue
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.service import JobService
 from serve_app.jobs.store import ResultStore, open_result_store
-from serve_app.jobs.webhooks import WebhookDeliveries, WebhookSecrets
+from serve_app.jobs.webhooks import WebhookDeliveries, WebhookSecrets, callback_fetcher
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.rate_limits import RateLimits
@@ -151,8 +151,7 @@ class GatewayServices:
                                slots_per_deployment=settings.job_slots_per_deployment,
                                makers={VOICE_CHANGE: VoicePipeline(catalog, router).make})
         fetch_slots = FetchSlots(settings.media_fetches_per_account)  # chat's media too
-        callbacks = GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts,
-                                   max_bytes=64 * 1024)
+        callbacks = callback_fetcher(settings.allowed_webhook_hosts)  # never the fetch list
         queue_keys = QueueKeys(engine)
         job_service = JobService(router, catalog, runner, jobs, results, job_runner, engine,
                                  fetch_slots,

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     web_search_api_key: str | None = None
     # `host:port` pairs the server may fetch although they are private (comma-separated).
     web_fetch_allowed_hosts: str = ""
+    # `host:port` pairs a job's `callback_url` may name although they are private
+    # (comma-separated; a receiver on the operator's own network, tests). Callbacks never
+    # use WEB_FETCH_ALLOWED_HOSTS: that list is for the operator's internal services.
+    webhook_allowed_hosts: str = ""
     # Where rate-limit counts live: `redis` (REDIS_URL), `ray` (one actor per cluster),
     # `local` (this process only); `auto` picks Redis when REDIS_URL is set, else Ray under
     # Serve, else local.
@@ -119,6 +123,10 @@ class Settings(BaseSettings):
     @property
     def allowed_fetch_hosts(self) -> frozenset[str]:
         return frozenset(h.strip() for h in self.web_fetch_allowed_hosts.split(",") if h.strip())
+
+    @property
+    def allowed_webhook_hosts(self) -> frozenset[str]:
+        return frozenset(h.strip() for h in self.webhook_allowed_hosts.split(",") if h.strip())
 
     @property
     def accepted_siwx_domains(self) -> frozenset[str]:

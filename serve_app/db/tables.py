@@ -437,13 +437,16 @@ class QueueIdempotency(SQLModel, table=True):
 
 
 class WebhookSecret(SQLModel, table=True):
-    """The secret that signs an account's job events (made on first use, rotated on demand)."""
+    """The secret that signs an account's job events (made on first use, rotated on demand);
+    after a rotation the one it replaced signs too, until `previous_until`."""
 
     __tablename__ = "webhook_secrets"
 
     account_id: str = Field(primary_key=True, max_length=36)
     secret: str = Field(max_length=128)
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+    previous_secret: str | None = Field(default=None, max_length=128)
+    previous_until: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
 
 
 class WebhookDelivery(SQLModel, table=True):

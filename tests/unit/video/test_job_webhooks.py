@@ -1,28 +1,34 @@
 """Completion webhooks as a client's receiver sees them: a real HTTP server on loopback (let
-through the private-address guard by WEB_FETCH_ALLOWED_HOSTS) gets the job's event, signed so
-that the documented snippet verifies it; a receiver that fails is tried again on the backoff
-(a controlled clock); a private callback_url is a 400 with nothing charged."""
+through the private-address guard by WEBHOOK_ALLOWED_HOSTS, never by the fetch allow-list) gets
+the job's event, signed by the Standard Webhooks convention so that the `standardwebhooks`
+package verifies it (a rotation signs with both secrets for its grace period); a receiver that
+fails is tried again on the backoff (a controlled clock); one that never answers holds neither
+the loop nor another tenant's delivery; a private callback_url is a 400 with nothing charged,
+an allow-listed internal host too; a failed job's event carries no internal text."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import base64
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 from sqlmodel import Session
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import JobRow, WebhookDelivery, utcnow
-from tests.fakes import crashed
+from serve_app.jobs.runner import FAILED_MESSAGE
+from serve_app.jobs.webhooks import ROTATION_GRACE, TRY_DEADLINE_S, TRY_TIMEOUT_S
+from tests.unit.conftest import account_key
 from tests.unit.video.conftest import CATALOG
 from tests.unit.video.media_server import MediaServer
 
@@ -30,25 +36,34 @@ JOB = {"model": "clip-maker", "prompt": "rain on a window", "duration": "1s",
        "resolution": "256p", "aspect_ratio": "1:1"}
 
 
-def verify(secret: str, header: str, body: bytes, tolerance_s: int = 300,
-           now: float | None = None) -> bool:
-    """The verification snippet of docs/api/video.md."""
-    parts = dict(item.split("=", 1) for item in header.split(","))
-    timestamp = int(parts["t"])
-    expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + body,
-                        hashlib.sha256).hexdigest()
-    fresh = abs((time.time() if now is None else now) - timestamp) <= tolerance_s
-    return fresh and hmac.compare_digest(expected, parts["v1"])
+def verifies(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """What a receiver does with the `standardwebhooks` package (docs/api/video.md)."""
+    try:
+        Webhook(secret).verify(body, headers)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+def signed_by(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """Whether one of the header's signatures is `secret`'s (at any timestamp: for events
+    sent at a controlled clock, which the package's freshness check would refuse)."""
+    sent_at = datetime.fromtimestamp(int(headers["webhook-timestamp"]), UTC)
+    expected = Webhook(secret).sign(headers["webhook-id"], sent_at, body.decode())
+    return expected in headers["webhook-signature"].split(" ")
 
 
 class Receiver:
     """A webhook receiver on loopback: answers each POST with the next of `statuses`
-    (then 200) and records what it got."""
+    (then 200) and records what it got. `hang`: takes each POST and never answers, until
+    `release` (`arrived` counts the POSTs it holds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hang: bool = False) -> None:
         self.received: list[tuple[dict[str, str], bytes]] = []
         self.statuses: list[int] = []
         self.got = threading.Condition()
+        self.released = threading.Event()
+        self.arrived = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,6 +72,12 @@ class Receiver:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if hang:
+                    with receiver.got:
+                        receiver.arrived += 1
+                        receiver.got.notify_all()
+                    receiver.released.wait()
+                    return
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -67,6 +88,7 @@ class Receiver:
                     receiver.got.notify_all()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     @property
@@ -78,7 +100,13 @@ class Receiver:
             assert self.got.wait_for(lambda: len(self.received) >= count, timeout_s), \
                 f"{len(self.received)} of {count} deliveries arrived"
 
+    def wait_for_held(self, count: int, timeout_s: float = 60) -> None:
+        with self.got:
+            assert self.got.wait_for(lambda: self.arrived >= count, timeout_s), \
+                f"{self.arrived} of {count} deliveries arrived"
+
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -91,9 +119,19 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def gateway_settings(tmp_path: Path, media: MediaServer, receiver: Receiver) -> dict:
+def silent() -> Iterator[Receiver]:
+    """A receiver that takes every POST and never answers."""
+    running = Receiver(hang=True)
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def gateway_settings(tmp_path: Path, media: MediaServer, receiver: Receiver,
+                     silent: Receiver) -> dict:
     return {"data_dir": tmp_path, "initial_credit_usd": 10, "model_catalog": CATALOG,
-            "web_fetch_allowed_hosts": f"{media.host},{receiver.host}"}
+            "web_fetch_allowed_hosts": media.host,
+            "webhook_allowed_hosts": f"{receiver.host},{silent.host}"}
 
 
 def _queue(gateway, key: str, body: dict):
@@ -126,7 +164,8 @@ def _delivery_when(gateway, queue_id: str, done, timeout_s: float = 60) -> Webho
         time.sleep(0.05)
 
 
-def test_a_finished_job_posts_a_signed_event_the_snippet_verifies(gateway, key, receiver):
+def test_a_finished_job_posts_an_event_the_standardwebhooks_package_verifies(gateway, key,
+                                                                            receiver):
     url = f"http://{receiver.host}/hooks/jobs"
     queued = _queue(gateway, key, {**JOB, "callback_url": url})
     assert queued.status_code == 200, queued.text
@@ -135,9 +174,12 @@ def test_a_finished_job_posts_a_signed_event_the_snippet_verifies(gateway, key, 
 
     headers, body = receiver.received[0]
     assert headers["content-type"] == "application/json"
-    assert verify(_secret(gateway), headers["x-webhook-signature"], body)
-    assert not verify("whsec_" + "0" * 64, headers["x-webhook-signature"], body)
-    event = json.loads(body)
+    assert verifies(_secret(gateway), headers, body)
+    assert not verifies("whsec_" + base64.b64encode(b"another account's secret").decode(),
+                        headers, body)
+    assert not verifies(_secret(gateway), headers, body + b" ")  # the body as sent, only
+    event = Webhook(_secret(gateway)).verify(body, headers)
+    assert event["id"] == headers["webhook-id"]
     assert event["type"] == "job.completed" and event["status"] == "COMPLETED"
     assert event["queue_id"] == queued.json()["queue_id"]
     assert event["model"] == "clip-maker" and isinstance(event["created"], int)
@@ -145,23 +187,33 @@ def test_a_finished_job_posts_a_signed_event_the_snippet_verifies(gateway, key, 
     assert row.attempts == 1
 
 
-def test_a_failed_job_posts_job_failed(gateway, fakes, key, receiver):
-    fakes["video-generation"].fail_with(crashed())
+def test_a_failed_job_posts_job_failed_without_internal_text(gateway, key, receiver):
+    store = gateway.services.results.root  # a file where the media would go: the write fails
+    shutil.rmtree(store, ignore_errors=True)
+    store.write_bytes(b"")
     queued = _queue(gateway, key, {**JOB, "callback_url": f"http://{receiver.host}/h"})
 
     receiver.wait_for(1)
 
     event = json.loads(receiver.received[0][1])
     assert (event["type"], event["queue_id"]) == ("job.failed", queued.json()["queue_id"])
-    assert event["error"]["code"] == "INFERENCE_FAILED" and event["credits_refunded"] is True
+    assert event["error"] == {"code": "INFERENCE_FAILED", "message": FAILED_MESSAGE}
+    assert event["credits_refunded"] is True
+    retrieved = gateway.client.post("/api/v1/video/retrieve", headers=gateway.auth(key),
+                                    json={"model": "clip-maker",
+                                          "queue_id": queued.json()["queue_id"]})
+    assert retrieved.status_code == 500, retrieved.text
+    assert retrieved.json()["error"] == FAILED_MESSAGE and str(store) not in retrieved.text
 
 
-def test_a_rotated_secret_signs_what_follows(gateway, key, receiver):
+def test_a_rotated_secret_signs_beside_the_old_one_for_its_grace(gateway, key, receiver):
     old = _secret(gateway)
     rotated = gateway.client.post("/api/v1/webhooks/secret", headers=gateway.auth())
     assert rotated.status_code == 200
     new = rotated.json()["data"]["secret"]
     assert new != old and _secret(gateway) == new
+    assert rotated.json()["data"]["previous_secret_signs_until"] >= int(
+        (datetime.now(UTC) + ROTATION_GRACE - timedelta(minutes=1)).timestamp())
     assert gateway.client.get("/api/v1/webhooks/secret",
                               headers=gateway.auth(key)).status_code in (401, 403)
 
@@ -169,8 +221,19 @@ def test_a_rotated_secret_signs_what_follows(gateway, key, receiver):
     receiver.wait_for(1)
 
     headers, body = receiver.received[0]
-    assert verify(new, headers["x-webhook-signature"], body)
-    assert not verify(old, headers["x-webhook-signature"], body)
+    assert len(headers["webhook-signature"].split(" ")) == 2
+    assert verifies(new, headers, body)  # a receiver already on the new secret
+    assert verifies(old, headers, body)  # and one still on the old: an event in flight
+
+    webhooks = gateway.services.webhooks
+    later = utcnow() + ROTATION_GRACE + timedelta(seconds=1)
+    webhooks.clock = lambda: later
+    _queue(gateway, key, {**JOB, "callback_url": f"http://{receiver.host}/h"})
+    receiver.wait_for(2)
+
+    headers, body = receiver.received[1]
+    assert len(headers["webhook-signature"].split(" ")) == 1  # the grace is over
+    assert signed_by(new, headers, body) and not signed_by(old, headers, body)
 
 
 def test_a_failing_receiver_is_tried_again_after_the_backoff(gateway, key, receiver):
@@ -193,9 +256,9 @@ def test_a_failing_receiver_is_tried_again_after_the_backoff(gateway, key, recei
 
     done = _delivery_when(gateway, queue_id, lambda r: r.delivered_at is not None)
     assert done.attempts == 2
-    headers, body = receiver.received[1]
-    assert verify(_secret(gateway), headers["x-webhook-signature"], body,
-                  now=now[0].timestamp())
+    first_try, second_try = receiver.received
+    assert first_try[0]["webhook-id"] == second_try[0]["webhook-id"]  # one event, two tries
+    assert signed_by(_secret(gateway), *second_try)
 
 
 def test_a_receiver_that_never_answers_is_given_up_after_its_tries(gateway, key, receiver):
@@ -218,6 +281,48 @@ def test_a_receiver_that_never_answers_is_given_up_after_its_tries(gateway, key,
     now[0] += timedelta(days=3, seconds=1)
     assert asyncio.run(webhooks.sweep()) == 1  # every delivery row expires
     assert _delivery(gateway, queue_id) is None
+
+
+def test_a_silent_receiver_never_delays_another_tenants_delivery(gateway, key, receiver,
+                                                                 silent):
+    # The silent receiver's tries are held open for as long as the test needs (their own
+    # deadline lengthened), so that the other delivery can only arrive beside them.
+    gateway.services.webhooks.guard.deadline_s = 3600
+    gateway.services.webhooks.guard.timeout_s = 3600
+    for _ in range(3):
+        assert _queue(gateway, key, {**JOB, "callback_url": f"http://{silent.host}/h"}
+                      ).status_code == 200
+    silent.wait_for_held(2)  # its receiver's places are taken, its tries hang
+    other, _ = account_key(gateway, "5")
+
+    queued = _queue(gateway, other, {**JOB, "callback_url": f"http://{receiver.host}/h"})
+    receiver.wait_for(1)
+
+    assert json.loads(receiver.received[0][1])["queue_id"] == queued.json()["queue_id"]
+    assert silent.arrived == 2  # at most two tries at one receiver at once; none recorded
+    silent.released.set()
+
+
+def test_a_silent_receiver_costs_a_try_its_deadline_and_no_more(gateway, key, silent):
+    callbacks = gateway.services.webhooks.guard
+    assert callbacks.timeout_s == TRY_TIMEOUT_S <= 5 and callbacks.deadline_s == TRY_DEADLINE_S
+    queue_id = _queue(gateway, key, {**JOB, "callback_url": f"http://{silent.host}/h"}
+                      ).json()["queue_id"]
+
+    row = _delivery_when(gateway, queue_id, lambda r: r.attempts == 1,
+                         timeout_s=TRY_DEADLINE_S + 60)
+
+    assert row.delivered_at is None and row.last_error == "no answer in time"
+
+
+def test_a_callback_on_a_host_of_the_fetch_allow_list_is_refused(gateway, key, books, media):
+    before = books.balance_nanos()
+
+    resp = _queue(gateway, key, {**JOB, "callback_url": f"http://{media.host}/internal"})
+
+    assert resp.status_code == 400, resp.text
+    assert "callback_url" in resp.json()["error"]
+    assert books.balance_nanos() == before and books.open_holds() == 0
 
 
 @pytest.mark.parametrize("url", ["http://10.0.0.7/hook", "http://127.0.0.1:9/hook",
