@@ -41,7 +41,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from loadtest.reconcile import reconcile  # noqa: E402
+from loadtest.reconcile import audit_books, reconcile  # noqa: E402
 from serve_app.billing.service import (  # noqa: E402
     HEARTBEAT_S,
     HOLDER_TIMEOUT,
@@ -227,7 +227,9 @@ def markdown(summary: dict) -> str:
             "Redis was down (each Gateway replica counting on its own).",
             "", f"Answers lost with a killed Gateway replica (Serve's 500, no request id): "
             f"{summary['lost_answers']}",
-            "", "Reconciliation: " + json.dumps(summary["reconciliation"])]
+            "", "Reconciliation: " + json.dumps(summary["reconciliation"]),
+            "", "Audit (every account's balance is its journal's sum less its holds): "
+            + json.dumps(summary["audit"])]
     return "\n".join(out)
 
 
@@ -326,13 +328,14 @@ def main() -> int:
                            **window_summary(load.answers, started, back, until)})
         summary = {"clients": args.clients, "quiet_s": args.quiet_s, "placed": placed,
                    "faults": faults, "rate_limit": rate_limit,
-                   "lost_answers": lost_answers, "reconciliation": reconciliation}
+                   "lost_answers": lost_answers, "reconciliation": reconciliation,
+                   "audit": audit_books()}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         (out / "summary.md").write_text(markdown(summary))
         print(markdown(summary))
         print(f"[faults] results in {out}")
         held = rate_limit["max_in_a_window"] <= RATE_LIMIT
-        return 0 if reconciliation["reconciled"] and held else 1
+        return 0 if reconciliation["reconciled"] and summary["audit"]["ok"] and held else 1
     finally:
         kill_cluster(temp_dir)
         redis.stop()

@@ -7,7 +7,9 @@ with the money that moved?
 - the account's balance moved by exactly the ledger's total, the ledger's lines and daily
   rollups add up to its entries;
 - no hold is left open (after the grace time in-flight work needs);
-- no key spent past its consumption limit.
+- no key spent past its consumption limit;
+- and, over every account, `inference-admin audit`: each balance is the sum of its journal
+  (credits, top-ups, charges, DIEM) less its open holds (`audit_books`).
 
     python loadtest/reconcile.py ACCOUNT_ID RECORD.jsonl START_BALANCE_NANOS [WALLET]
 """
@@ -22,6 +24,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlmodel import Session
 
+from serve_app.billing.journal import differing
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import (
     Account,
@@ -97,6 +100,18 @@ def reconcile(account_id: str, record_path: str, start_nanos: int,
                             and lines == total and rollups == total and moved == total
                             and holds == 0 and not over_limit)
     return result
+
+
+def audit_books() -> dict[str, Any]:
+    """`inference-admin audit` of the run's database: the accounts whose balance is not their
+    journal's sum less their open holds."""
+    engine = make_engine(Settings().resolved_database_url)
+    try:
+        with Session(engine) as s:
+            wrong = [account.as_dict() for account in differing(s)]
+    finally:
+        engine.dispose()
+    return {"ok": not wrong, "differing": wrong}
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from eth_account import Account
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from loadtest.reconcile import reconcile  # noqa: E402
+from loadtest.reconcile import audit_books, reconcile  # noqa: E402
 from serve_app.cli import run as cli  # noqa: E402
 
 KEYS = 10
@@ -73,7 +73,8 @@ def prepare(host: str, out: Path, mix: str = "all") -> dict:
     for _ in range(WALLETS):  # wallets with credit of their own (their accounts made here)
         wallet = Account.create()
         wallet_account = cli(["stake", "--wallet", wallet.address, "--tokens", "0"])["id"]
-        cli(["credit", "--usd", str(WALLET_USD), "--account", wallet_account])
+        cli(["credit", "--usd", str(WALLET_USD), "--account", wallet_account,
+             "--reason", "load test wallet", "--actor", "loadtest"])
         cli(["set-tier", "benchmark", "--account", wallet_account])
         wallets.append({"key": wallet.key.hex(), "address": wallet.address,
                         "account": wallet_account, "start_nanos": WALLET_USD * 10**9})
@@ -171,6 +172,9 @@ def markdown(summary: dict) -> str:
         out.append("")
         label = f"Wallet {address}" if address.startswith("0x") else address.capitalize()
         out.append(f"{label}: " + json.dumps(result))
+    if "audit" in summary:
+        out += ["", "Audit (every account's balance is its journal's sum less its holds): "
+                + json.dumps(summary["audit"])]
     return "\n".join(out)
 
 
@@ -211,12 +215,14 @@ def main() -> int:
         heavy = prepared["heavy_account"]
         summary["wallet_reconciliation"]["heavy tenant"] = reconcile(
             heavy["account"], str(record), heavy["start_nanos"], payer="heavy")
+    summary["audit"] = audit_books()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(markdown(summary))
     print(markdown(summary))
     print(f"[loadtest] reports in {out}")
     reconciled = summary["reconciliation"]["reconciled"] and all(
-        r["reconciled"] for r in summary["wallet_reconciliation"].values())
+        r["reconciled"] for r in summary["wallet_reconciliation"].values()) \
+        and summary["audit"]["ok"]
     return 0 if reconciled else 1
 
 
