@@ -24,6 +24,7 @@ from serve_app.gateway import create_prefixed_app
 from serve_app.models.catalog import load_catalog
 from serve_app.services import GatewayServices
 from serve_app.settings import Settings
+from serve_app.shared_state import ray_nodes, refuse_per_node_state
 
 logger = logging.getLogger("serve_app.app")
 
@@ -77,11 +78,16 @@ class AppArgs(BaseModel):
     # Use the model deployments of this other Serve application instead of running them: a
     # second gateway (another database, another region) shares one set of engines.
     model_app: str | None = None
+    # The application runs on several nodes (configs/production.yaml): an autoscaled cluster
+    # may start on its head alone, so the Ray cluster's node count cannot tell. Several
+    # nodes need a shared database and result store (serve_app/shared_state.py).
+    multi_node: bool = False
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
     app_args = AppArgs.model_validate(args or {})
     settings = Settings(**app_args.settings)
+    refuse_per_node_state(settings, nodes=ray_nodes(), declared=app_args.multi_node)
     result = bootstrap(settings)
     show_admin_key(result)  # on the terminal only, never through logging
     catalog = load_catalog(settings.model_catalog)

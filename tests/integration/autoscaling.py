@@ -55,6 +55,8 @@ def serve_config(data_dir: str, database_url: str, redis_url: str) -> dict[str, 
                               "redis_url": redis_url, "redis_prefix": "autoscaling",
                               "admin_api_key": ADMIN_KEY, "initial_credit_usd": 50,
                               "model_catalog": str(CATALOG),
+                              # both nodes run on this machine: one directory is shared
+                              "result_store_url": f"{data_dir}/results",
                               "cold_start_wait_s": COLD_START_WAIT_S},
                  "model_deployments": ["embedding", "image-matting", "image-upscale"]},
         "deployments": [

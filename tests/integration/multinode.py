@@ -129,7 +129,9 @@ def deploy(address: str, port: int, data_dir: str, database_url: str, redis_url:
         "settings": {"data_dir": data_dir, "database_url": database_url,
                      "redis_url": redis_url, "redis_prefix": "multinode",
                      "admin_api_key": ADMIN_KEY, "initial_credit_usd": 50,
-                     "model_catalog": str(CATALOG)},
+                     "model_catalog": str(CATALOG),
+                     # both nodes run on this machine: one directory is their shared store
+                     "result_store_url": f"{data_dir}/results"},
         "gateway_options": {"num_replicas": 2},
         "model_deployments": list(deployments),
     })

@@ -25,7 +25,13 @@ def deployments(serve_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def replica_resources(options: dict[str, Any]) -> tuple[float, float]:
-    """(CPUs, GPUs) one replica reserves: Serve's default is one CPU and no GPU."""
+    """(CPUs, GPUs) one replica reserves: its placement group's bundles where it has them
+    (a tensor parallel text class, on one node), else its own; Serve's default is one CPU
+    and no GPU."""
+    bundles = options.get("placement_group_bundles")
+    if bundles:
+        return (float(sum(b.get("CPU", 0) for b in bundles)),
+                float(sum(b.get("GPU", 0) for b in bundles)))
     actor = options.get("ray_actor_options", {})
     return float(actor.get("num_cpus", 1)), float(actor.get("num_gpus", 0))
 

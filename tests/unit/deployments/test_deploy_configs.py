@@ -63,7 +63,9 @@ def test_a_config_running_a_text_class_on_cpus_gives_it_the_vllm_cpu_environment
     options = _check_serve_config(_load(CONFIGS / name))
     for deployment in TEXT_DEPLOYMENTS:
         actor = options.get(deployment, {}).get("ray_actor_options")
-        if actor is not None and not actor.get("num_gpus"):
+        on_gpus = actor and (actor.get("num_gpus")  # its own, or its engine's bundles
+                             or options[deployment].get("placement_group_bundles"))
+        if actor is not None and not on_gpus:
             assert actor["runtime_env"]["env_vars"] == vllm_cpu_env(), (name, deployment)
 
 
@@ -104,8 +106,10 @@ def test_make_run_loads_the_chat_engine_alone_first_then_the_whole_local_config(
 def test_production_config_puts_the_heavy_engines_on_gpus_and_autoscales():
     options = _check_serve_config(_load(CONFIGS / "production.yaml"))
     assert {"text-xs", "text-s", "text-m", "text-l"} <= set(options)
-    for name in GPU_CLASSES:
-        assert options[name]["ray_actor_options"]["num_gpus"] >= 1, name
+    for name in GPU_CLASSES:  # the replica's own GPU, or its engine's bundles (text-l)
+        bundles = options[name].get("placement_group_bundles") or [options[name][
+            "ray_actor_options"]]
+        assert sum(b.get("GPU", b.get("num_gpus", 0)) for b in bundles) >= 1, name
     for name, option in options.items():
         if name != "KeyEventHub":
             scaling = option["autoscaling_config"]
