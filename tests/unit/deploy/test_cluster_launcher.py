@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import subprocess
 from typing import Any
 
+import pytest
 import yaml
+from ray.autoscaler._private.command_runner import SSHCommandRunner
 from ray.autoscaler._private.util import fillout_defaults, validate_config
 
 from serve_app.settings import PROJECT_ROOT
@@ -65,11 +69,31 @@ def test_every_production_deployment_fits_a_node_type():
                    for t in node_types.values()), (name, cpus, gpus)
 
 
-def test_the_sync_leaves_local_state_and_builds_behind():
+def test_the_sync_leaves_local_state_and_builds_behind(tmp_path):
+    """rsync run with the arguments `ray up` builds from cluster.yaml, on a checkout-like tree."""
+    rsync = shutil.which("rsync")
+    if rsync is None:
+        pytest.skip("rsync is not installed: the launcher's sync is not tried")
     raw = _load(CLUSTER)
     assert raw["file_mounts"]["/home/ubuntu/inference-platform"] == "."
-    excluded = set(raw["rsync_exclude"])
-    assert {".venv", "data", ".cache", "**/node_modules", "site", "platform.env"} <= excluded
+    checkout = tmp_path / "checkout"
+    kept = ["serve_app/app.py", "configs/models.yaml", "console/dist/index.html",
+            "deployments/weights/data/kept.txt", "requirements/weights.txt"]
+    left = [".venv/bin/python", "data/platform.db", ".cache/weights/.complete",
+            "console/node_modules/vite/index.js", "site/index.html", "platform.env",
+            ".git/HEAD", "test-artifacts/multinode.json"]
+    for name in kept + left:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text("x", encoding="utf-8")
+    runner = SSHCommandRunner("", "node", None, raw["auth"], raw["cluster_name"], subprocess,
+                              False)
+    arguments = runner._create_rsync_filter_args(
+        {"rsync_exclude": raw.get("rsync_exclude"), "rsync_filter": raw.get("rsync_filter")})
+    subprocess.run([rsync, "-a", *arguments, f"{checkout}/", f"{tmp_path / 'node'}/"],
+                   check=True)
+    synced = {p.relative_to(tmp_path / "node").as_posix()
+              for p in (tmp_path / "node").rglob("*") if p.is_file()}
+    assert synced == set(kept)
 
 
 def test_every_node_is_started_with_the_settings_file_it_was_given():
@@ -117,3 +141,15 @@ def test_a_stopped_replica_waits_for_the_longest_stream():
     longest = longest_stream_s(PROJECT_ROOT / "configs" / "models.production.yaml")
     for name in STREAMING_DEPLOYMENTS:
         assert options[name]["graceful_shutdown_timeout_s"] >= longest, (name, longest)
+
+
+def test_every_command_is_valid_shell():
+    """The launcher runs each command with bash on the node: a quoting slip fails `ray up`
+    halfway through a node's setup."""
+    raw = _load(CLUSTER)
+    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands",
+                "head_start_ray_commands", "worker_start_ray_commands"):
+        for command in raw[key]:
+            checked = subprocess.run(["bash", "-n", "-c", command], capture_output=True,
+                                     text=True, check=False)
+            assert checked.returncode == 0, (key, command, checked.stderr)
