@@ -152,6 +152,9 @@ class TextRequest:
     images: tuple[ChatImage, ...] = ()
     videos: tuple[ChatVideo, ...] = ()
     tenant: Tenant | None = None
+    # The W3C trace context of the Gateway's span that makes the call, when the request is
+    # traced: the replica's spans join its trace (deployments/tracing.py).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ Serve options, and the environment of vLLM's CPU build: configs/deployments.yaml
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from deployments.protocol import (
 )
 from deployments.spec import ModelSpec
 from deployments.streaming import coalesce, merge
+from deployments.tracing import RemoteTrace
 
 
 @serve.deployment
@@ -46,15 +48,27 @@ class TextDeployment(ModelDeployment):
         if engine is None:
             yield not_served(model_id)
             return
+        trace = RemoteTrace.of(request.traceparent)
+        arrived = time.time_ns()
         try:
             async with self.gates.of(model_id, engine).turn(
                     request.tenant, request.sampling.n) as turn:
-                # Lists of chunks: what a fast engine produced since the last list travels
-                # together.
-                async for chunks in coalesce(engine.generate(request)):
-                    _count_served(turn, chunks)
-                    yield chunks
+                span = None
+                if trace is not None:
+                    trace.past_span("gate", arrived, model=model_id)
+                    span = trace.span("engine", model=model_id)
+                try:
+                    # Lists of chunks: what a fast engine produced since the last list
+                    # travels together.
+                    async for chunks in coalesce(engine.generate(request)):
+                        _count_served(turn, chunks)
+                        yield chunks
+                finally:
+                    if span is not None:
+                        span.end()
         except AtCapacity as full:
+            if trace is not None:
+                trace.past_span("gate", arrived, model=model_id, refused=True)
             yield at_capacity(model_id, full.retry_after)
 
     async def complete(self, model_id: str, request: TextRequest) -> list[TextEvent]:
@@ -63,12 +77,24 @@ class TextDeployment(ModelDeployment):
         engine = self.engines.get(model_id)
         if engine is None:
             return [not_served(model_id)]
+        trace = RemoteTrace.of(request.traceparent)
+        arrived = time.time_ns()
         try:
             async with self.gates.of(model_id, engine).turn(
                     request.tenant, request.sampling.n) as turn:
-                chunks = [chunk async for chunk in engine.generate(request)]
+                span = None
+                if trace is not None:
+                    trace.past_span("gate", arrived, model=model_id)
+                    span = trace.span("engine", model=model_id)
+                try:
+                    chunks = [chunk async for chunk in engine.generate(request)]
+                finally:
+                    if span is not None:
+                        span.end()
                 _count_served(turn, chunks)
         except AtCapacity as full:
+            if trace is not None:
+                trace.past_span("gate", arrived, model=model_id, refused=True)
             return [at_capacity(model_id, full.retry_after)]
         return merge(chunks)
 

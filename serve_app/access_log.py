@@ -73,9 +73,8 @@ def access_record(scope: Scope, ctx: RequestContext, status: int, error_body: by
         "gate_wait_ms": None if ctx.gate_wait_ms is None else round(ctx.gate_wait_ms, 2),
         "client": client_address(scope),
     }
-    trace_id = getattr(ctx, "trace_id", None)
-    if trace_id:
-        record["trace_id"] = trace_id
+    if ctx.trace is not None:
+        record["trace_id"] = ctx.trace.trace_id
     return record
 
 

@@ -35,6 +35,7 @@ from serve_app.errors import payload_too_large
 from serve_app.http.render import error_response
 from serve_app.pipeline.context import RequestContext
 from serve_app.request_id import REQUEST_ID_HEADER, client_request_id, new_request_id
+from serve_app.tracing import RequestTrace
 from serve_app.version import service_version
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -126,6 +127,8 @@ class ServiceHeadersMiddleware:
         request_id = client_id or new_request_id()
         token = request_id_var.set(request_id)
         ctx = RequestContext(request_id, accept_encoding)
+        ctx.trace = RequestTrace.start(scope.get("method", ""), scope.get("path", ""),
+                                       request_id)
         state["request_id"] = request_id
         state["context"] = ctx
         started = False
@@ -164,6 +167,8 @@ class ServiceHeadersMiddleware:
             if not started:
                 await error_response(error)(scope, receive, send_with_headers)
         finally:
+            if ctx.trace is not None:
+                ctx.trace.end(status if started else CLIENT_CLOSED_REQUEST, ctx.route)
             if self.on_end is not None:
                 try:
                     self.on_end(scope, ctx, status if started else CLIENT_CLOSED_REQUEST,

@@ -54,6 +54,7 @@ from serve_app.pipeline.billed_stream import BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.runner import BilledCall, Quote, Quoted, RequestRunner
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
+from serve_app.tracing import traceparent
 
 T = TypeVar("T")
 __all__ = ["ChatPlan", "ChatService", "chunks_with_first"]  # the /responses shaping uses them
@@ -290,8 +291,11 @@ class ChatService:
                         last_error = refused
                         continue
                 handle = self.router.text(routed.model)
+                # The model step's span (if traced) goes with the call: the replica's spans
+                # join the request's trace.
                 request = dataclasses.replace(plan.engine_request,
-                                              sampling=sampling(plan.req, routed))
+                                              sampling=sampling(plan.req, routed),
+                                              traceparent=traceparent())
                 return routed, await call(handle, routed, request)
             except ModelFailed as exc:
                 last_error = exc

@@ -5,7 +5,7 @@ into HTTP, so limits and billing never see FastAPI's `Request`."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -13,6 +13,7 @@ from serve_app.timing import StepTimes
 
 if TYPE_CHECKING:
     from serve_app.accounts.key_store import KeyRecord
+    from serve_app.tracing import RequestTrace
 
 
 class LateHeader(Protocol):
@@ -47,14 +48,27 @@ class RequestContext:
     charged_nanos: int = 0
     first_token_ms: float | None = None
     gate_wait_ms: float | None = None
+    # The request's trace (serve_app/tracing.py), None when tracing is off.
+    trace: RequestTrace | None = None
 
     def step(self, name: str) -> AbstractContextManager[None]:
-        """`with ctx.step("hold"): ...` records the step's wall time for `Server-Timing`."""
-        return self.times.step(name)
+        """`with ctx.step("hold"): ...` records the step's wall time for `Server-Timing`, and
+        its span when the request is traced."""
+        if self.trace is None:
+            return self.times.step(name)
+        return self._traced_step(name)
+
+    @contextmanager
+    def _traced_step(self, name: str) -> Iterator[None]:
+        assert self.trace is not None
+        with self.trace.step(name), self.times.step(name):
+            yield
 
     def record(self, name: str, ms: float) -> None:
         """A step measured elsewhere (a replica's own time)."""
         self.times.record(name, ms)
+        if self.trace is not None:
+            self.trace.past_step(name, ms)
 
     def charged(self, units: dict[str, int], nanos: int) -> None:
         """What settlement charged: tokens in (prompt, cache reads and writes), tokens out, and
