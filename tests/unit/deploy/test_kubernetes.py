@@ -222,3 +222,12 @@ def test_a_stopped_replica_waits_for_the_longest_stream(overlay, catalog):
             assert options[name]["graceful_shutdown_timeout_s"] >= longest, (name, longest)
             assert options[name]["graceful_shutdown_wait_loop_s"] <= 5, name
     assert ray_service["spec"]["rayClusterDeletionDelaySeconds"] >= longest
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kuberay_is_told_the_ray_version_the_image_installs(overlay):
+    """KubeRay picks its probes and start options by rayVersion (HTTP health checks from 2.53)."""
+    import ray
+
+    ray_service = one(render(overlay), "RayService")
+    assert ray_service["spec"]["rayClusterConfig"]["rayVersion"] == ray.__version__
