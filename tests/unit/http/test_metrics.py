@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from deployments.metrics import EngineMetrics, GateMetrics
 from serve_app import metrics as metrics_module
 from serve_app.metrics import Metrics
 
@@ -58,12 +59,28 @@ def test_requests_are_labelled_by_route_template_status_model_and_credentials(
     assert any(t["route"] == "unmatched" for n, _, t in recorded.calls if n == "requests")
 
 
+def defined_metrics() -> set[str]:
+    """Every metric the Gateway and the model replicas define, as Prometheus names it."""
+    return {"ray_" + m._name for source in (Metrics(), GateMetrics(), EngineMetrics())
+            for m in vars(source).values() if hasattr(m, "_name")}
+
+
 def test_the_dashboard_queries_only_metrics_the_platform_defines():
-    defined = {"ray_" + m._name for m in vars(Metrics()).values() if hasattr(m, "_name")}
+    defined = defined_metrics()
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["panels"]
     for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            used = set(re.findall(r"ray_inference_[a-z_]+", target["expr"]))
+        for target in panel.get("targets", ()):  # a row holds none
+            used = set(re.findall(r"ray_inference_[a-z0-9_]+", target["expr"]))
             names = {re.sub(r"_(bucket|count|sum)$", "", name) for name in used}
             assert names <= defined, (panel["title"], names - defined)
+
+
+def test_the_dashboard_shows_the_engines_and_the_gates():
+    queried = " ".join(target["expr"] for panel in json.loads(DASHBOARD.read_text())["panels"]
+                       for target in panel.get("targets", ()))
+    for name in ("engine_ttft_seconds", "engine_tpot_seconds", "engine_kv_cache_usage",
+                 "engine_prefix_cache_hits_total", "engine_preemptions_total",
+                 "engine_requests_waiting", "gate_waiting", "gate_wait_seconds",
+                 "gate_refused_total", "gate_engine_seconds"):
+        assert f"ray_inference_{name}" in queried, name
