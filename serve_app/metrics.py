@@ -58,6 +58,10 @@ class Metrics:
             "inference_deployment_in_flight", description="Calls this replica has waiting on "
             "a model deployment (queued or running there), by deployment.",
             tag_keys=("deployment",))
+        self.dependency_up = Gauge(
+            "inference_dependency_up", description="1 when the last readiness check (GET "
+            "/ready) found the part working, 0 when not: database, redis, model:<id>.",
+            tag_keys=("part",))
         self._in_flight: dict[str, int] = {}
 
     def call_started(self, deployment: str) -> None:

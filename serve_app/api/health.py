@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from serve_app.errors import ApiError
 from serve_app.http.render import error_response
+from serve_app.metrics import metrics
 from serve_app.models.catalog import Catalog
 from serve_app.models.router import ModelRouter
 
@@ -79,6 +80,10 @@ class Readiness:
             result.update(models)
         else:
             result["models"] = models
+        gauge = metrics().dependency_up
+        for part, state in result.items():
+            if state != NOT_RUN:
+                gauge.set(1 if state == OK else 0, tags={"part": part})
         return result
 
     @staticmethod
