@@ -110,7 +110,11 @@ def test_the_production_volume_is_shared_by_pods_on_several_nodes():
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_workers_are_ready_on_slash_ready_and_the_head_keeps_kuberays_probes(overlay):
+def test_a_worker_serves_while_its_proxy_reaches_a_gateway_and_the_head_keeps_kuberays_probes(
+        overlay):
+    """Readiness on /health, a pod's own path to a Gateway; not /ready, whose checks of what
+    every pod shares (database, Redis, default models scaled to zero) would empty the Service
+    at once; KubeRay moves the Service to a cluster only once its applications run."""
     ray_service = one(render(overlay), "RayService")
     for name, group in ray_pods(ray_service).items():
         (container,) = _containers(group)
@@ -122,7 +126,7 @@ def test_workers_are_ready_on_slash_ready_and_the_head_keeps_kuberays_probes(ove
             assert "readinessProbe" not in container and "livenessProbe" not in container
             continue
         probe = container["readinessProbe"]["httpGet"]
-        assert probe["path"] == "/ready" and ports[probe["port"]] == SERVE_PORT, name
+        assert probe["path"] == "/health" and ports[probe["port"]] == SERVE_PORT, name
         assert "livenessProbe" not in container, name  # KubeRay's (the raylet answers) stays
     assert ray_service["spec"]["excludeHeadPodFromServeSvc"] is True
     (port,) = ray_service["spec"]["serveService"]["spec"]["ports"]
