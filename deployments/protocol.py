@@ -171,6 +171,9 @@ class Chunk:
     logprobs: list[dict[str, Any]] | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    # On the first chunk of an answer: how long the request waited for its turn at the
+    # replica's fair-share gate (milliseconds), for the Gateway's access log.
+    gate_wait_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

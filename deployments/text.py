@@ -8,6 +8,7 @@ Serve options, and the environment of vLLM's CPU build: configs/deployments.yaml
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -53,6 +54,7 @@ class TextDeployment(ModelDeployment):
         try:
             async with self.gates.of(model_id, engine).turn(
                     request.tenant, request.sampling.n) as turn:
+                waited_ms: float | None = (time.time_ns() - arrived) / 1e6
                 span = None
                 if trace is not None:
                     trace.past_span("gate", arrived, model=model_id)
@@ -62,6 +64,8 @@ class TextDeployment(ModelDeployment):
                     # travels together.
                     async for chunks in coalesce(engine.generate(request)):
                         _count_served(turn, chunks)
+                        if waited_ms is not None:
+                            chunks, waited_ms = _with_gate_wait(chunks, waited_ms), None
                         yield chunks
                 finally:
                     if span is not None:
@@ -82,12 +86,14 @@ class TextDeployment(ModelDeployment):
         try:
             async with self.gates.of(model_id, engine).turn(
                     request.tenant, request.sampling.n) as turn:
+                waited_ms = (time.time_ns() - arrived) / 1e6
                 span = None
                 if trace is not None:
                     trace.past_span("gate", arrived, model=model_id)
                     span = trace.span("engine", model=model_id)
                 try:
-                    chunks = [chunk async for chunk in engine.generate(request)]
+                    chunks = _with_gate_wait(
+                        [chunk async for chunk in engine.generate(request)], waited_ms)
                 finally:
                     if span is not None:
                         span.end()
@@ -109,6 +115,15 @@ class TextDeployment(ModelDeployment):
         for engine in getattr(self, "engines", {}).values():
             with contextlib.suppress(Exception):  # shutting down: nothing left to tell
                 engine.shutdown()
+
+
+def _with_gate_wait(events: list[TextEvent], waited_ms: float) -> list[TextEvent]:
+    """`events` with the gate's wait on their first chunk."""
+    for i, event in enumerate(events):
+        if isinstance(event, Chunk):
+            return [*events[:i], dataclasses.replace(event, gate_wait_ms=round(waited_ms, 3)),
+                    *events[i + 1:]]
+    return events
 
 
 def _count_served(turn: Turn, events: list[TextEvent] | TextEvent) -> None:

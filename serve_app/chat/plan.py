@@ -82,6 +82,7 @@ class ChatPlan:
     media: ChatMedia | None = None  # image and video parts, for a vision model
     usage: ProducedTokens = field(default_factory=ProducedTokens)
     answered_by: RoutedModel | None = None
+    gate_wait_ms: float | None = None  # the model replica's fair-share wait (access log)
     billed: BilledCall | None = None  # the hold and the rate-limit count, settled once
     key: KeyRecord | None = None  # the caller (its limits count the fallbacks too)
     _rendered: tuple[ChatCompletionRequest, int] | None = field(default=None, init=False,

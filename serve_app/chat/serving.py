@@ -176,6 +176,7 @@ class ChatService:
                                    **self._options(req, primary)) as billed:
             plan = await self._prepare(ctx, key, planned[0], billed)
             answer = await shape(plan)
+        ctx.gate_wait_ms = plan.gate_wait_ms
         self._model_headers(ctx, plan)
         return answer
 
@@ -197,6 +198,7 @@ class ChatService:
             await billed.close(failure)
             raise
         ctx.first_token_ms = ctx.times.elapsed_ms()  # `start` waited for the model's first piece
+        ctx.gate_wait_ms = plan.gate_wait_ms
         self._model_headers(ctx, plan)
         return BilledEvents(billed, events)
 
@@ -324,6 +326,7 @@ class ChatService:
 
         routed, (stream, first) = await self._first_that_answers(plan, start)
         plan.answered_by = routed
+        plan.gate_wait_ms = getattr(first, "gate_wait_ms", None)
         return routed, stream, first
 
     async def run_unary(self, plan: ChatPlan) -> dict[str, Any]:
@@ -331,6 +334,7 @@ class ChatService:
             plan, lambda handle, routed, request: complete_model(
                 handle.complete, routed.model.id, routed.model.id, request))
         plan.answered_by = routed
+        plan.gate_wait_ms = next((c.gate_wait_ms for c in chunks if isinstance(c, Chunk)), None)
         texts: dict[int, str] = {}
         finish: dict[int, str | None] = {}
         logprobs: dict[int, list] = {}

@@ -46,8 +46,22 @@ def test_a_streamed_chat_has_one_line_under_the_clients_request_id(fake_gateway,
     assert line["tokens_out"] == usage["completion_tokens"]
     assert line["cost_nanos_usd"] == charge.total_nanos > 0
     assert 0 < line["ttft_ms"] <= line["duration_ms"]
+    assert 0 <= line["gate_wait_ms"] <= line["ttft_ms"]  # the replica's gate, as it told
     assert line["client"] == "testclient"
     assert key not in json.dumps(line) and fake_gateway.account_id not in json.dumps(line)
+
+
+def test_a_unary_chat_logs_the_gates_wait_and_no_first_token(fake_gateway, key, access_lines):
+    resp = fake_gateway.client.post(
+        "/api/v1/chat/completions", headers=fake_gateway.auth(key),
+        json={"model": "chat-primary", "messages": [{"role": "user", "content": "Hi"}]})
+    assert resp.status_code == 200
+
+    (line,) = [entry for entry in access_lines()
+               if entry["request_id"] == resp.headers["cf-ray"]]
+    assert line["ttft_ms"] is None
+    assert 0 <= line["gate_wait_ms"] <= line["duration_ms"]
+    assert line["tokens_out"] == resp.json()["usage"]["completion_tokens"]
 
 
 def test_an_error_answer_logs_its_code(fake_gateway, key, access_lines):
