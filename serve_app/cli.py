@@ -184,6 +184,16 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("accounts", help="list accounts with their balances and rate-limit tiers")
     sub.add_parser("pending-payments", help="x402 top-ups whose settlement was never "
                                             "confirmed (to check against the chain)")
+    check = sub.add_parser("check-config", help="dry run of a Serve config: catalog, weights, "
+                                                "resources, multi-node settings (exit 1 on "
+                                                "an error)")
+    check.add_argument("config", type=Path, help="a Serve config (configs/production.yaml)")
+    check.add_argument("--catalog", type=Path, help="default: MODEL_CATALOG, as the platform")
+    check.add_argument("--cluster", type=Path, help="the Ray cluster launcher's config "
+                                                    "(default: cluster.yaml)")
+    check.add_argument("--kuberay", type=Path, help="a RayService manifest or kustomize folder "
+                       "(default: deploy/kubernetes/base/rayservice.yaml)")
+
     resolve = sub.add_parser("resolve-payment", help="credit a PENDING top-up that settled, "
                                                      "or drop one that did not")
     resolve.add_argument("payment_id")
@@ -204,6 +214,10 @@ def _accounts(session: Session) -> list[dict]:
 
 def run(argv: list[str] | None = None, settings: Settings | None = None) -> dict | list:
     args = _parser().parse_args(argv)
+    if args.command == "check-config":  # reads files only: no database, no bootstrap
+        from serve_app import config_check  # Ray Serve and the deployments: seconds to import
+
+        raise SystemExit(config_check.main(args))
     settings = settings or Settings()
     done = _database(args, settings.resolved_database_url)
     if done is not None:
