@@ -10,6 +10,7 @@ loop once per step, so it only adds numbers.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +63,9 @@ class RayEngineStats(StatLoggerBase):
 
 def stat_loggers(tags: dict[str, str]) -> list[Callable[[Any, int], StatLoggerBase]]:
     """The `stat_loggers` argument of `AsyncLLM.from_engine_args`, its metrics labelled by
-    `tags`."""
+    `tags`; none with ENGINE_STAT_LOGGING=0 (vLLM then gathers no statistics at all)."""
+    if os.environ.get("ENGINE_STAT_LOGGING", "1") == "0":
+        return []
 
     def factory(vllm_config: Any, engine_index: int = 0) -> StatLoggerBase:
         return RayEngineStats(vllm_config, engine_index, tags=tags)
