@@ -127,11 +127,20 @@ def silent() -> Iterator[Receiver]:
 
 
 @pytest.fixture
+def silent_ones() -> Iterator[list[Receiver]]:
+    """Five more silent receivers (one account's many)."""
+    running = [Receiver(hang=True) for _ in range(5)]
+    yield running
+    for one in running:
+        one.close()
+
+
+@pytest.fixture
 def gateway_settings(tmp_path: Path, media: MediaServer, receiver: Receiver,
-                     silent: Receiver) -> dict:
+                     silent: Receiver, silent_ones: list[Receiver]) -> dict:
+    hosts = [receiver.host, silent.host, *(one.host for one in silent_ones)]
     return {"data_dir": tmp_path, "initial_credit_usd": 10, "model_catalog": CATALOG,
-            "web_fetch_allowed_hosts": media.host,
-            "webhook_allowed_hosts": f"{receiver.host},{silent.host}"}
+            "web_fetch_allowed_hosts": media.host, "webhook_allowed_hosts": ",".join(hosts)}
 
 
 def _queue(gateway, key: str, body: dict):
@@ -301,6 +310,26 @@ def test_a_silent_receiver_never_delays_another_tenants_delivery(gateway, key, r
     assert json.loads(receiver.received[0][1])["queue_id"] == queued.json()["queue_id"]
     assert silent.arrived == 2  # at most two tries at one receiver at once; none recorded
     silent.released.set()
+
+
+def test_an_account_of_many_silent_receivers_holds_four_places_and_no_more(
+        gateway, key, receiver, silent_ones):
+    gateway.services.webhooks.guard.deadline_s = 3600  # held open until the test ends
+    gateway.services.webhooks.guard.timeout_s = 3600
+    for one in silent_ones:
+        assert _queue(gateway, key, {**JOB, "callback_url": f"http://{one.host}/h"}
+                      ).status_code == 200
+    deadline = time.monotonic() + 60
+    while sum(one.arrived for one in silent_ones) < 4:
+        assert time.monotonic() < deadline, "the silent receivers' tries did not start"
+        time.sleep(0.05)
+    other, _ = account_key(gateway, "5")
+
+    queued = _queue(gateway, other, {**JOB, "callback_url": f"http://{receiver.host}/h"})
+    receiver.wait_for(1)
+
+    assert json.loads(receiver.received[0][1])["queue_id"] == queued.json()["queue_id"]
+    assert sum(one.arrived for one in silent_ones) == 4  # the fifth waits for a place
 
 
 def test_a_silent_receiver_costs_a_try_its_deadline_and_no_more(gateway, key, silent):
