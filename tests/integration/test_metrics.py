@@ -79,3 +79,33 @@ def test_tokens_and_charges_are_counted_per_model(platform, inference_key):
     assert _total(samples, "ray_inference_tokens_total", model="tiny-chat",
                   direction="output") > 0
     assert _total(samples, "ray_inference_charged_usd_total", model="tiny-chat") > 0
+
+
+def test_a_chat_shows_the_engines_own_figures_and_the_gates_queue(platform, inference_key):
+    """vLLM's measurements (deployments/engines/vllm_stats.py) and the fair-share gate's
+    (deployments/fair_share.py) reach the same endpoint, labelled by the model."""
+    with httpx.stream("POST", f"{platform.base_url}/chat/completions", timeout=120,
+                      headers={"Authorization": f"Bearer {inference_key}"},
+                      json={"model": "tiny-chat", "max_tokens": 8, "stream": True,
+                            "messages": [{"role": "user", "content": "Hi"}]}) as resp:
+        assert resp.status_code == 200
+        resp.read()
+    chat = {"model": "tiny-chat"}
+    expected = [
+        ("ray_inference_engine_ttft_seconds_count", chat),
+        ("ray_inference_engine_tpot_seconds_count", chat),
+        ("ray_inference_engine_e2e_seconds_count", chat),
+        ("ray_inference_engine_generation_tokens_total", chat),
+        ("ray_inference_engine_prompt_tokens_total", chat),
+        ("ray_inference_engine_prefix_cache_queries_total", chat),
+        ("ray_inference_gate_wait_seconds_count", {**chat, "tier": "default"}),
+    ]
+    samples = _wait_for(platform, lambda s: all(
+        _total(s, name, **labels) > 0 for name, labels in expected))
+    for name, labels in expected:
+        assert _total(samples, name, **labels) > 0, (name, labels)
+    names = {s.name for s in samples if s.labels.get("model") == "tiny-chat"}
+    # Gauges: present once set, whatever their value now.
+    assert {"ray_inference_engine_requests_running", "ray_inference_engine_requests_waiting",
+            "ray_inference_engine_kv_cache_usage", "ray_inference_gate_waiting",
+            "ray_inference_gate_running"} <= names
