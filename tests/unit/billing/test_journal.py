@@ -22,7 +22,7 @@ from serve_app.billing.service import Billing
 from serve_app.cli import main as cli_main
 from serve_app.cli import run as cli
 from serve_app.db.engine import alembic_config, make_engine
-from serve_app.db.tables import Account, BalanceEntry, EntryKind
+from serve_app.db.tables import Account, BalanceEntry, EntryKind, X402Payment
 from serve_app.errors import ApiError
 from serve_app.models.catalog import load_catalog
 from serve_app.money import to_nanos
@@ -225,3 +225,24 @@ def test_the_migration_opens_each_account_with_the_balance_it_has(tmp_path):
         [("OPENING", 1000, 35)]
     assert [(e.kind, e.usd_nanos) for e in _entries(url, "b")] == [("OPENING", 0)]
     assert _differing(url) == []
+
+
+def test_a_new_accounts_credit_and_a_resolved_payment_are_entries(database_url, tmp_path):
+    settings = _settings(database_url, tmp_path)
+    made = cli(["create-account", "--usd", "4", "--actor", "bob"], settings=settings)
+    assert [(e.kind, e.usd_nanos, e.actor) for e in _entries(database_url, made["accountId"])] \
+        == [("GRANT", to_nanos("4"), "bob")]
+    wallet = "0x" + "ab" * 20
+    engine = make_engine(database_url)
+    with Session(engine) as session:  # a top-up whose settlement was never confirmed
+        session.add(X402Payment(payment_id="p-1", wallet_address=wallet, network="eip155:8453",
+                                amount_nanos=to_nanos("6")))
+        session.commit()
+    engine.dispose()
+    done = cli(["resolve-payment", "p-1", "--settled-as", "0xfeed"], settings=settings)
+    assert done["credited"] == 6
+    account = next(a for a in cli(["accounts"], settings=settings)
+                   if a["walletAddress"] == wallet)
+    assert [(e.kind, e.usd_nanos, e.source) for e in _entries(database_url, account["id"])] \
+        == [("TOP_UP", to_nanos("6"), "p-1")]
+    assert cli(["audit"], settings=settings)["ok"]
