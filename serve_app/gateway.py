@@ -53,6 +53,10 @@ from serve_app.version import service_version
 from serve_app.wallets import payment_required
 
 API_PREFIX = "/api/v1"
+# The API's routers, in the order the app includes them (each of GuardedRoutes).
+API_ROUTERS = (models.router, api_keys.router, embeddings.router, chat.router, images.router,
+               audio.router, video.router, responses.router, billing.router,
+               characters.router, x402.router, crypto.router, webhooks.router)
 PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH})
 
 _DESCRIPTION = """Self-hostable inference API: chat, embeddings, images, video and audio,
@@ -100,10 +104,7 @@ def create_app(services: GatewayServices) -> FastAPI:
     app.state.gateway = services
     install_error_handlers(app)
     app.add_exception_handler(InsufficientBalance, _wallet_aware_402)
-    routers = (models.router, api_keys.router, embeddings.router, chat.router, images.router,
-               audio.router, video.router, responses.router, billing.router,
-               characters.router, x402.router, crypto.router, webhooks.router)
-    for router in routers:
+    for router in API_ROUTERS:
         app.include_router(router)
 
     def finished(scope: Scope, status: int, seconds: float) -> None:
@@ -121,7 +122,7 @@ def create_app(services: GatewayServices) -> FastAPI:
                                          unsupported_feature=ctx.unsupported_feature,
                                          caller_failure=ctx.caller_failure)
 
-    check_routes_guarded(app, routers)  # refuses to build an app that would skip a guard
+    check_routes_guarded(app, API_ROUTERS)  # refuses to build an app that would skip a guard
     # Inside the outcome middleware, so that its answers are counted like any other.
     app.add_middleware(CallerGate, keys=services.keys, wallets=services.wallets,
                        trusted_proxies=services.settings.trusted_proxy_rule,

@@ -6,22 +6,19 @@ parser holding the interpreter, in a worker thread or not. So the arrays and obj
 body long enough to hold more than `MAX_CONTAINERS` are counted first, at C speed
 (`bytes.count`), and past it the body is refused unparsed. What passes is parsed inline under
 1 MB (milliseconds), and by orjson in one of two worker threads above. Legitimate large bodies
-are base64 media and long texts: a few containers each.
+are base64 media and long texts: a few containers each. Every JSON route's body comes here
+through its guard (api/guarded_route.py); routes that read their bodies themselves call
+`parse_json`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
-from fastapi.routing import APIRoute, request_response
-from starlette.requests import Request
-from starlette.responses import Response
 
 from serve_app.errors import invalid_request, validation_error_response
 
@@ -71,32 +68,3 @@ async def parse_json(body: bytes) -> Any:
         return await asyncio.wrap_future(_parsers.submit(_parse_counted, body))
     except (ValueError, RecursionError) as exc:  # orjson's and json's decode errors
         raise validation_error_response([{"type": "json_invalid"}]) from exc
-
-
-def _takes_json(request: Request) -> bool:
-    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    return media_type == "application/json" or media_type.endswith("+json")
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _parsed_first(handler: Handler) -> Handler:
-    async def handle(request: Request) -> Response:
-        if _takes_json(request):
-            body = await request.body()
-            if len(body) >= COUNTED_FROM_BYTES:
-                # Starlette's own cache of `request.json()`, which FastAPI then reads.
-                request._json = await parse_json(body)  # type: ignore[attr-defined]
-        return await handler(request)
-
-    return handle
-
-
-def parse_large_bodies_off_loop(app: FastAPI) -> None:
-    """Every route of `app` with a JSON body parameter gets its large bodies parsed by
-    `parse_json` before FastAPI's own handler reads them (routes that read their bodies
-    themselves call `parse_json`)."""
-    for route in app.router.routes:
-        if isinstance(route, APIRoute) and route.body_field is not None:
-            route.app = request_response(_parsed_first(route.get_route_handler()))

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from serve_app.client_address import TrustedProxies, parse_trusted_proxies
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -110,6 +112,9 @@ class Settings(BaseSettings):
     # 1 MB one client address may have on their way at once (429 past it).
     body_timeout_s: float = Field(default=60.0, gt=0)
     large_bodies_per_client: int = Field(default=2, ge=1)
+    # The operator's own proxies (addresses or networks, comma-separated): only from them are
+    # `Forwarded` and `X-Forwarded-For` read for the client's address (client_address.py).
+    trusted_proxies: str = ""
     # The longest an image's header may take to read in the gateway's workers (bounded walk:
     # milliseconds); past it the image is refused as unreadable (400 CORRUPTED_IMAGE).
     image_inspect_timeout_s: float = Field(default=5.0, gt=0)
@@ -131,6 +136,16 @@ class Settings(BaseSettings):
     @property
     def accepted_siwx_domains(self) -> frozenset[str]:
         return frozenset(d.strip().lower() for d in self.siwx_domains.split(",") if d.strip())
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: str) -> str:
+        parse_trusted_proxies(value)  # a typo refuses the settings, not a silent rule
+        return value
+
+    @property
+    def trusted_proxy_rule(self) -> TrustedProxies:
+        return TrustedProxies(parse_trusted_proxies(self.trusted_proxies))
 
     @field_validator("data_dir", "model_catalog", "rate_limit_tiers", "crypto_rpc_nodes",
                      "console_dir")

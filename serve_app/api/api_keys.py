@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import Query, Request, Response
 from sqlmodel import col, select
 
 from serve_app.accounts import keys as service
@@ -15,6 +15,7 @@ from serve_app.api.deps import (
     context_of,
     run_db,
 )
+from serve_app.api.guarded_route import guarded_router
 from serve_app.billing.windows import next_epoch
 from serve_app.db.tables import RateLimitEvent, iso_z
 from serve_app.errors import invalid_request
@@ -24,7 +25,7 @@ from serve_app.money import as_number
 from serve_app.schemas.api_keys import CreateApiKeyRequest, UpdateApiKeyRequest
 from serve_app.services import GatewayServices
 
-router = APIRouter(tags=["API Keys"])
+router = guarded_router(tags=["API Keys"])
 
 
 @router.post("/api_keys", dependencies=[JsonBody], summary="Create an API key")

@@ -13,13 +13,14 @@ import asyncio
 import hashlib
 from typing import Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.audio import serving as service
 from serve_app.audio.voice_change import KIND as VOICE_CHANGE
 from serve_app.audio.voice_change import check_not_voice_changer
@@ -38,7 +39,7 @@ from serve_app.schemas.audio import (
 from serve_app.schemas.video import JobRequest, RetrieveRequest
 from serve_app.services import GatewayServices
 
-router = APIRouter(tags=["Audio"])
+router = guarded_router(tags=["Audio"])
 
 MAX_AUDIO_BYTES = 25 * 1024 * 1024  # files must be smaller
 

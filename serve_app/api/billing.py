@@ -6,11 +6,12 @@ import re
 from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import Query, Request, Response
 from sqlmodel import Session
 
 from serve_app.accounts.provisioning import CURSOR_SECRET, ensure_secret
 from serve_app.api.deps import AdminKey, Context, Services, run_db
+from serve_app.api.guarded_route import guarded_router
 from serve_app.billing import ledger
 from serve_app.billing.analytics import usage_analytics
 from serve_app.billing.history import Walk, decode_cursor, encode_cursor, line_record, page, to_csv
@@ -19,7 +20,7 @@ from serve_app.http.render import json_response
 from serve_app.money import as_number
 from serve_app.pipeline import respond
 
-router = APIRouter(prefix="/billing", tags=["Billing"])
+router = guarded_router(prefix="/billing", tags=["Billing"])
 
 MAX_LOOKBACK_DAYS = 90
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
 from serve_app import characters
 from serve_app.api.deps import Context, CurrentKey, JsonBody, OperatorKey, Services, run_db
+from serve_app.api.guarded_route import guarded_router
 from serve_app.http.render import json_response
 from serve_app.pipeline import respond
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 
-router = APIRouter(prefix="/characters", tags=["Characters"])
+router = guarded_router(prefix="/characters", tags=["Characters"])
 
 
 @router.get("", summary="List characters")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from functools import partial
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST, ClientGone, unless_client_leaves
 from serve_app.http import render
 from serve_app.http.billed_stream import BilledStream
 from serve_app.schemas.chat import ChatCompletionRequest
 
-router = APIRouter(tags=["Chat"])
+router = guarded_router(tags=["Chat"])
 
 
 @router.post("/chat/completions", dependencies=[JsonBody], summary="Chat completion")

@@ -3,11 +3,12 @@ the work is in serve_app/crypto/serving.py."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import Path, Request, Response
 
 from serve_app.api.deps import Context, JsonBody, KeyOrWallet, Services
+from serve_app.api.guarded_route import guarded_router
 
-router = APIRouter(prefix="/crypto/rpc", tags=["Crypto RPC"])
+router = guarded_router(prefix="/crypto/rpc", tags=["Crypto RPC"])
 
 _CALL_SCHEMA = {
     "type": "object",

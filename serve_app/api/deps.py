@@ -16,7 +16,8 @@ from starlette.types import Scope
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.ledger import Balances
 from serve_app.billing.service import RemainingCredit
-from serve_app.caller_gate import bearer_secret_of
+from serve_app.caller_gate import bearer_secret_of, checked_sign_in
+from serve_app.client_address import client_address
 from serve_app.db.engine import run_in_session
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.pipeline import respond
@@ -125,8 +126,8 @@ async def signed_in_caller(request: Request, services: GatewayServices,
     ctx = context_of(request)
     with ctx.step("auth"):
         wallet = await services.wallets.authenticate(
-            header, request.headers.get("host", ""),
-            client=request.client.host if request.client else None)
+            header, request.headers.get("host", ""), client=client_address(request.scope),
+            checked=checked_sign_in(request.scope, header))
         key = ctx.caller = wallet.caller
         services.limits.check_failed_budget(key)
         respond.balance_headers(ctx, await remaining_credit(ctx, services, wallet))

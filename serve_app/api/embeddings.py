@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.billing.pricing import price
 from serve_app.embeddings.serving import encode, most_units, shape
 from serve_app.http import render
 from serve_app.schemas.embeddings import EmbeddingRequest
 
-router = APIRouter(tags=["Embeddings"])
+router = guarded_router(tags=["Embeddings"])
 
 # Answers of more inputs than this are encoded and compressed in a worker thread: a vector of
 # 384 floats takes about a quarter of a millisecond (50 ms for a batch of 256), which would

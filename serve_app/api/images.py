@@ -13,10 +13,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from pydantic import BaseModel
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.errors import invalid_request
 from serve_app.http.render import json_response
 from serve_app.images import serving as service
@@ -32,7 +33,7 @@ from serve_app.schemas.images import (
 )
 from serve_app.services import GatewayServices
 
-router = APIRouter(tags=["Image"])
+router = guarded_router(tags=["Image"])
 
 Source = Callable[[], Awaitable[bytes]]
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 
 from serve_app.api.deps import Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.errors import ApiError
 from serve_app.models.records import model_record
 
-router = APIRouter(tags=["Models"])
+router = guarded_router(tags=["Models"])
 
 TypeFilter = Literal["asr", "embedding", "image", "music", "text", "tts", "upscale", "inpaint",
                      "video", "all", "code"]

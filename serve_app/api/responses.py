@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.chat.response_objects import respond as respond_with
 from serve_app.chat.response_objects import stream_response, to_chat_request
 from serve_app.http import render
 from serve_app.http.billed_stream import BilledStream
 from serve_app.schemas.responses import ResponsesRequest
 
-router = APIRouter(tags=["Chat"])
+router = guarded_router(tags=["Chat"])
 
 
 @router.post("/responses", dependencies=[JsonBody], summary="Create a model response")

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Header, Query, Request, Response
 
 from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.http.render import json_response
 from serve_app.schemas.video import (
     JobRequest,
@@ -26,7 +27,7 @@ from serve_app.schemas.video import (
     RetrieveRequest,
 )
 
-router = APIRouter(tags=["Video"])
+router = guarded_router(tags=["Video"])
 
 _STATUS = {"application/json": {"schema": {"type": "object", "properties": {
     "status": {"type": "string", "enum": ["PROCESSING", "COMPLETED"]},

@@ -4,9 +4,8 @@ signs beside it for a grace period (jobs/webhooks.py `ROTATION_GRACE`)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from serve_app.api.deps import AdminKey, Services
+from serve_app.api.guarded_route import guarded_router
 from serve_app.db.tables import as_utc, utcnow
 from serve_app.jobs.webhooks import (
     ID_HEADER,
@@ -15,7 +14,7 @@ from serve_app.jobs.webhooks import (
     SigningSecrets,
 )
 
-router = APIRouter(tags=["Webhooks"])
+router = guarded_router(tags=["Webhooks"])
 
 
 def _answer(secrets: SigningSecrets) -> dict:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import Depends, Path, Query, Request, Response
 from sqlmodel import Session
 
 from serve_app.api.deps import Context, Services, current_key, run_db, signed_in_caller
+from serve_app.api.guarded_route import guarded_router
+from serve_app.client_address import client_address, counted_address
 from serve_app.errors import ApiError, admin_key_required, authentication_failed
 from serve_app.http.render import json_response
 from serve_app.money import from_nanos
@@ -23,7 +25,7 @@ from serve_app.wallets.payment_required import suggested_top_up
 from serve_app.wallets.sign_in import normalize_address, siwx_header
 from serve_app.wallets.topups import parse_amount, payment_header
 
-router = APIRouter(prefix="/x402", tags=["x402"])
+router = guarded_router(prefix="/x402", tags=["x402"])
 
 ADDRESS_PATTERN = r"^(0x[a-fA-F0-9]{40}|[1-9A-HJ-NP-Za-km-z]{32,44})$"
 
@@ -36,8 +38,8 @@ async def top_up(request: Request, ctx: Context, services: Services,
     if header is None:
         raise services.top_ups.requirements(str(request.url),
                                             parse_amount(amount, services.payments))
-    client_address = request.client.host if request.client else "-"
-    body, receipt = await services.top_ups.top_up(header, client_address)
+    body, receipt = await services.top_ups.top_up(
+        header, counted_address(client_address(request.scope)))
     respond.payment_response_header(ctx, receipt)
     return json_response(ctx, body)
 

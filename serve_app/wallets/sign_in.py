@@ -22,6 +22,7 @@ from sqlmodel import Session
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.wallet_accounts import WalletAccount, find_wallet_account
+from serve_app.client_address import counted_address
 from serve_app.db.engine import run_in_session
 from serve_app.db.tables import utcnow
 from serve_app.errors import ApiError
@@ -120,20 +121,26 @@ class WalletAuth:
             return host
         return sorted(self.accepted_domains)[0]
 
-    async def authenticate(self, header_value: str, request_host: str,
-                           now: datetime | None = None, *,
-                           client: str | None = None) -> SignedInWallet:
-        """The wallet of a SIGN-IN-WITH-X header; `client`: the address it came from, whose
-        sign-ins a minute are counted first (before any signature is checked or nonce
-        written)."""
+    def check(self, header_value: str, request_host: str, now: datetime | None = None, *,
+              client: str | None = None) -> siwx.SignIn:
+        """A SIGN-IN-WITH-X header's message and signature checked, its nonce not used (the
+        caller gate's check before a body is read); `client`: the address it came from,
+        whose sign-ins a minute are counted first (before any signature is checked)."""
         if not self.accepted_domains:
             raise ApiError(401, "Wallet sign-in is not configured on this server: the operator "
                                 "sets SIWX_DOMAINS to the host names clients sign in to",
                            code="AUTHENTICATION_FAILED")
-        self.sign_ins.count(client)
+        self.sign_ins.count(counted_address(client))
         payload = siwx.decode_header(header_value)
-        sign_in = siwx.verify(payload, accepted_domains=self.accepted_domains,
-                              request_host=request_host.lower(), now=now or utcnow())
+        return siwx.verify(payload, accepted_domains=self.accepted_domains,
+                           request_host=request_host.lower(), now=now or utcnow())
+
+    async def authenticate(self, header_value: str, request_host: str,
+                           now: datetime | None = None, *, client: str | None = None,
+                           checked: siwx.SignIn | None = None) -> SignedInWallet:
+        """The wallet of a SIGN-IN-WITH-X header, its nonce used once: `check`ed here, unless
+        `checked` is the caller gate's check of this same header in this request."""
+        sign_in = checked or self.check(header_value, request_host, now, client=client)
         cached = self._accounts.get(sign_in.address)
 
         def use(session: Session) -> WalletAccount:
