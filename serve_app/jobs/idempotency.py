@@ -139,12 +139,17 @@ class QueueKeys:
             return out
         return await run_in_session(self.database, run)
 
-    async def once(self, account_id: str, key: str | None, digest: str,
+    async def once(self, account_id: str, key: str | None, digest_of: Callable[[], str],
                    work: Callable[[], Awaitable[Response]]) -> Response:
-        """`work`'s answer, or the first answer given to `key` (see the module)."""
+        """`work`'s answer, or the first answer given to `key` (see the module).
+
+        `digest_of` (the request's `request_digest`) runs only when a key is sent, and in a
+        worker thread: a video job's body is up to 69 MB, whose hash held the event loop
+        0.1-0.2 s."""
         if key is None:
             return await work()
         check_key(key)
+        digest = await asyncio.to_thread(digest_of)
         give_up = time.monotonic() + self.wait_s
         while True:
             found = await self._run(lambda s, now=self.clock(): claim(s, account_id, key,

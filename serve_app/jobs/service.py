@@ -78,8 +78,9 @@ class JobService:
         callback_url = getattr(body, "callback_url", None)
         if callback_url is not None:
             await check_callback_url(self.callback_guard, callback_url)
-        digest = request_digest(route, {**body.model_dump(mode="json", exclude_unset=True),
-                                        **(digested or {})})
+        def digest() -> str:
+            return request_digest(route, {**body.model_dump(mode="json", exclude_unset=True),
+                                          **(digested or {})})
 
         async def answer() -> Response:
             return render.json_response(ctx, await work())
