@@ -97,9 +97,12 @@ class _ModelPasses:
             async def run(texts: list[str]) -> list[_Row]:
                 return await asyncio.to_thread(_encoded_within_limit, engine, texts)
 
+            async def measure(texts: list[str]) -> list[int]:
+                return await asyncio.to_thread(tokens_read, engine, texts)
+
             passes = self._passes[model_id] = FairBatches(
                 run, max_texts=int(options.get("max_batch_texts", DEFAULT_PASS_TEXTS)),
-                max_wait_s=max_queue_wait_of(spec))
+                max_wait_s=max_queue_wait_of(spec), measure=measure)
         return passes
 
     def fair(self, model_id: str) -> bool:
@@ -111,6 +114,20 @@ class _ModelPasses:
 
     def stats(self) -> dict[str, dict[str, float | int]]:
         return {model_id: passes.stats() for model_id, passes in self._passes.items()}
+
+
+# A token is at least one character: a text's first this-many characters per token the model
+# reads hold all it reads, so a long text's cost is counted on that much of it.
+_CHARS_PER_TOKEN_COUNTED = 8
+
+
+def tokens_read(engine: EmbeddingEngine, texts: list[str]) -> list[int]:
+    """The tokens the model reads of each text (at most `max_seq_length`): each text's cost
+    in the fair share, where a text of 256 tokens costs 256 times one of a single token."""
+    limit = engine.max_seq_length
+    prefix = limit * _CHARS_PER_TOKEN_COUNTED
+    counts = engine.count_tokens([text[:prefix] for text in texts])
+    return [max(1, min(count, limit)) for count in counts]
 
 
 def _encoded_within_limit(engine: EmbeddingEngine, texts: list[str]) -> list[_Row]:

@@ -6,15 +6,18 @@ call ran); filled first come first served, a tenant sending batches of hundreds 
 pass, and a single text of another tenant waits behind all of them. Here each pass is filled a
 slice at a time from the tenant served least so far (texts divided by the tenant's weight, the
 same virtual counters as deployments/fair_share.py, a newcomer lifted to the lowest active
-one), so a big call is spread over several passes and a small one rides in the next.
+one), so a big call is spread over several passes and a small one rides in the next. Texts
+are counted by their cost, `measure`'s (the embedding deployment's: the tokens the model
+reads of each, up to its `max_seq_length`): a pass costs about its tokens, so a tenant of
+long texts counted one a text would take hundreds of times the share of one of short texts.
 
 One pass runs at a time, but for room kept for others: a tenant with no text in the running
 pass (nor waiting) has its texts encoded at once in a second pass beside it, as the text gate
 keeps slots free (the engine does not preempt a pass for a newcomer, and on a CPU a few texts
 beside a large pass take about as long as alone).
 
-A call whose texts would wait longer than `max_wait_s` to be encoded (the texts ahead of it in
-this order over the measured texts per second) is refused at once (`AtCapacity`).
+A call whose texts would wait longer than `max_wait_s` to be encoded (the cost ahead of it in
+this order over the measured cost per second) is refused at once (`AtCapacity`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from deployments.protocol import Tenant
 Out = TypeVar("Out")
 # Encodes a pass's texts: one output per text, in order.
 RunPass = Callable[[list[str]], Awaitable[Sequence[Out]]]
+# The cost of each text of a call (its tokens), in order.
+Measure = Callable[[list[str]], Awaitable[Sequence[float]]]
 # How many recent passes the texts-per-second estimate averages.
 _PASS_SAMPLES = 16
 
@@ -44,6 +49,8 @@ class _Job(Generic[Out]):
     texts: list[str]
     results: list[Out | None]
     done: asyncio.Future[None]
+    costs: Sequence[float]
+    waiting_cost: float  # of the texts not taken yet
     taken: int = 0
     finished: int = 0
 
@@ -59,20 +66,25 @@ class _Owner:
     def pending(self) -> int:
         return sum(len(job.texts) - job.taken for job in self.jobs)
 
+    def pending_cost(self) -> float:
+        return sum(job.waiting_cost for job in self.jobs)
+
 
 class FairBatches(Generic[Out]):
     """The passes of one model's engine (see the module's docstring)."""
 
     def __init__(self, run: RunPass[Out], *, max_texts: int = 64, max_wait_s: float = 30.0,
+                 measure: Measure | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._run = run
+        self._measure = measure  # None: every text costs 1
         self.max_texts = max_texts
         self.max_wait_s = max_wait_s
         self._clock = clock
         self._owners: dict[str, _Owner] = {}
         self._running: set[asyncio.Task] = set()
-        self._passes: collections.deque[tuple[int, float]] = collections.deque(
-            maxlen=_PASS_SAMPLES)  # (texts, seconds) of recent passes
+        self._passes: collections.deque[tuple[int, float, float]] = collections.deque(
+            maxlen=_PASS_SAMPLES)  # (texts, cost, seconds) of recent passes
         self.texts_served = 0
 
     async def encode(self, texts: list[str], owners: Sequence[tuple[Tenant, int]] = ()
@@ -83,15 +95,19 @@ class FairBatches(Generic[Out]):
         if sum(count for _, count in runs) != len(texts):
             raise ValueError("the owners' runs must cover the texts")
         loop = asyncio.get_running_loop()
+        costs = (list(await self._measure(texts)) if self._measure is not None
+                 else [1.0] * len(texts))
         jobs: list[tuple[_Owner, _Job]] = []
         start = 0
         for tenant, count in runs:
             chunk = texts[start:start + count]
+            chunk_costs = costs[start:start + count]
             start += count
             if not chunk:
                 continue
             owner = self._arrive(tenant)
-            job: _Job = _Job(chunk, [None] * len(chunk), loop.create_future())
+            job: _Job = _Job(chunk, [None] * len(chunk), loop.create_future(), chunk_costs,
+                             sum(chunk_costs))
             owner.jobs.append(job)
             jobs.append((owner, job))
         try:
@@ -115,7 +131,8 @@ class FairBatches(Generic[Out]):
     def stats(self) -> dict[str, float | int]:
         return {"waiting_texts": sum(o.pending() for o in self._owners.values()),
                 "tenants": sum(1 for o in self._owners.values() if o.jobs),
-                "texts_per_second": round(self._texts_per_second(), 1),
+                "texts_per_second": round(self._per_second(0), 1),
+                "cost_per_second": round(self._per_second(1), 1),
                 "texts_served": self.texts_served}
 
     # ---- the order -----------------------------------------------------------------------
@@ -159,9 +176,11 @@ class FairBatches(Generic[Out]):
                 slices[-1] = (owner, job, last[2], job.taken + 1)
             else:
                 slices.append((owner, job, job.taken, job.taken + 1))
+            cost = job.costs[job.taken]
             job.taken += 1
+            job.waiting_cost -= cost
             room -= 1
-            owner.served += 1 / owner.weight
+            owner.served += cost / owner.weight
             owner.in_pass += 1
         return slices
 
@@ -189,7 +208,8 @@ class FairBatches(Generic[Out]):
                 owner.in_pass -= b - a
                 self._finish_job(owner, job, exc)
             return
-        self._passes.append((len(texts), self._clock() - started))
+        cost = sum(job.costs[i] for _, job, a, b in slices for i in range(a, b))
+        self._passes.append((len(texts), cost, self._clock() - started))
         self.texts_served += len(texts)
         at = 0
         for owner, job, a, b in slices:
@@ -212,21 +232,21 @@ class FairBatches(Generic[Out]):
 
     # ---- backpressure --------------------------------------------------------------------
 
-    def _texts_per_second(self) -> float:
-        texts = sum(n for n, _ in self._passes)
-        seconds = sum(s for _, s in self._passes)
-        return texts / seconds if seconds > 0 else 0.0
+    def _per_second(self, column: int) -> float:
+        """Texts (column 0) or cost (1) encoded a second over the recent passes."""
+        done = sum(sample[column] for sample in self._passes)
+        seconds = sum(sample[2] for sample in self._passes)
+        return done / seconds if seconds > 0 else 0.0
 
     def _refuse_if_too_long(self, jobs: list[tuple[_Owner, _Job]]) -> None:
         """AtCapacity when the last of these texts would wait longer than the bound: the
-        texts ahead are its tenants' own and those of tenants served less."""
-        rate = self._texts_per_second()
+        cost ahead is its tenants' own and that of tenants served less."""
+        rate = self._per_second(1)
         if rate == 0.0 or not jobs:
             return
         mine = {owner.id for owner, _ in jobs}
         lowest = min(owner.served for owner, _ in jobs)
-        ahead = sum(o.pending() for o in self._owners.values()
-                    if o.id in mine or o.served < lowest)
-        wait = ahead / rate
+        ahead = [o for o in self._owners.values() if o.id in mine or o.served < lowest]
+        wait = sum(o.pending_cost() for o in ahead) / rate
         if wait > self.max_wait_s:
-            raise AtCapacity(max(1.0, float(math.ceil(wait))), ahead)
+            raise AtCapacity(max(1.0, float(math.ceil(wait))), sum(o.pending() for o in ahead))

@@ -47,5 +47,8 @@ def test_an_input_over_the_limit_is_counted_and_never_encoded() -> None:
     assert out.tokens[1] == MAX_INPUT_TOKENS + 2  # counted whole, for the Gateway's 400
     assert not out.vectors[1].any()
     assert engine.encoded == ["short", long_but_within]  # the forward pass skipped it
-    assert engine.counted == [too_long]  # only an input with enough bytes to be over
+    # Whole, only an input with enough bytes to be over; before it, the fair share's count
+    # of each input's cost, on as much of it as the model can read.
+    assert engine.counted[-1:] == [too_long]
+    assert [len(text) for text in engine.counted[:-1]] == [5, 16 * 8, 16 * 8]
     assert out.vectors[0].any() and out.vectors[2].any()

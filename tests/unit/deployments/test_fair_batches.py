@@ -158,3 +158,26 @@ def test_a_failed_pass_fails_the_calls_in_it_and_the_next_ones_run() -> None:
             await batches.encode(["d", "e"], [(LIGHT, 1)])
 
     asyncio.run(scenario())
+
+
+def test_a_pass_is_shared_by_tokens_not_by_texts() -> None:
+    """One tenant's texts of 50 tokens and another's of one token, in one call (as the
+    gateway merges them): counted by texts the long ones took every other place in a pass;
+    counted by tokens one long text is worth fifty short ones."""
+    async def tokens(texts: list[str]) -> list[float]:
+        return [float(len(text)) for text in texts]
+
+    async def scenario() -> None:
+        engine = Engine()
+        batches = FairBatches(engine.run, max_texts=4, measure=tokens)
+        long = [f"h{i}".ljust(50, "x") for i in range(8)]
+        short = [f"{i}" for i in range(8)]
+        call = asyncio.create_task(batches.encode(long + short, [(HEAVY, 8), (LIGHT, 8)]))
+        await settle()
+        assert [text[:2] for text in engine.passes[0]] == ["h0", "0", "1", "2"]
+        engine.release(0)
+        await settle()
+        assert engine.passes[1] == ["3", "4", "5", "6"]
+        await drain(engine, call)
+
+    asyncio.run(scenario())
