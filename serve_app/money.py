@@ -9,6 +9,10 @@ from __future__ import annotations
 from decimal import ROUND_HALF_EVEN, Decimal
 
 NANOS_PER_UNIT = 10**9
+# The largest amount one money figure may be given (a key's spending limit, a credit), in
+# units: its nanos (9e18) fit a signed 64-bit column (at most 2**63 - 1, about 9.22e18), which
+# the reference's own bound of 9,999,999,999 would not.
+MAX_AMOUNT_UNITS = 9_000_000_000
 
 
 def to_nanos(amount: Decimal | float | int | str) -> int:

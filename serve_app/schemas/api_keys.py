@@ -9,8 +9,9 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from serve_app.domain import ApiKeyType, LimitPeriod, ModelPrivacy
+from serve_app.money import MAX_AMOUNT_UNITS
 
-LimitAmount = Annotated[float, Field(ge=0, le=9_999_999_999)]
+LimitAmount = Annotated[float, Field(ge=0, le=MAX_AMOUNT_UNITS)]
 
 _DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
