@@ -6,8 +6,9 @@ request id the client got (`CF-RAY`, `X-Request-ID`), so a client's report leads
 and the trace id when the request was traced. It never holds a key or a secret: the account is
 a hash of its id.
 
-Records go to the `serve_app.access` logger: under Serve, into the Gateway replica's log file
-(with Serve's JSON encoding, the line is the record's `message`); without Serve, to stderr.
+Records go to the `serve_app.access` logger. Where nothing else handles records (a Serve
+replica, whose stderr Serve writes to the replica's log file; plain uvicorn) each line is written
+to stderr bare, so that under Serve's JSON encoding the line is its record's `message`.
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ def access_record(scope: Scope, ctx: RequestContext, status: int, error_body: by
     if ctx.trace is not None:
         record["trace_id"] = ctx.trace.trace_id
     return record
+
+
+def write_access_lines_bare() -> None:
+    """Each access line to stderr as it is, without the prefix of the platform's other
+    records (called where nothing else handles records)."""
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 class AccessLog:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from serve_app.access_log import AccessLog
+from serve_app.access_log import AccessLog, write_access_lines_bare
 from serve_app.api import (
     api_keys,
     audio,
@@ -78,6 +78,7 @@ def configure_logging() -> None:
             "%(asctime)s %(levelname)s %(name)s [request %(request_id)s] %(message)s"))
         handler.addFilter(RequestIdLogFilter())
         logger.addHandler(handler)
+        write_access_lines_bare()
 
 
 def create_app(services: GatewayServices) -> FastAPI:

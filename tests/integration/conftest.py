@@ -27,6 +27,7 @@ import pytest
 
 from deployments.registry import AUDIO_DEPLOYMENTS, IMAGE_DEPLOYMENTS, VIDEO_DEPLOYMENTS
 from serve_app.process_tree import ray_processes, reap
+from serve_app.request_id import SERVE_CALLBACK
 from serve_app.wallets.x402 import dev_facilitator
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
 from tests.integration.web_server import FakeWeb
@@ -173,6 +174,8 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
         "RAY_SERVE_DEFAULT_HTTP_HOST": "127.0.0.1",
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # As `make run` sets it (serve_app/launch.py): Serve drops an unusable X-Request-ID.
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": SERVE_CALLBACK,
     })
     import ray
     from ray import serve

@@ -17,7 +17,9 @@ def test_models_answer_without_a_key_with_service_headers(platform):
     assert resp.status_code == 200
     assert resp.json()["object"] == "list"
     assert len(resp.headers.get_list("date")) == 1
-    assert re.fullmatch(r"[0-9a-f]{32}", resp.headers["cf-ray"])
+    # Under Serve the id is the one Serve's own middleware made (a UUID) and sent as
+    # X-Request-ID; the Gateway makes 32 hex digits where nothing made one before it.
+    assert re.fullmatch(r"[0-9a-f]{32}|[0-9a-f-]{36}", resp.headers["cf-ray"])
     assert re.fullmatch(r"\d{8}\.\d{6}", resp.headers["x-service-version"])
     assert resp.headers["x-service-timestamp"]
 
@@ -79,3 +81,31 @@ def test_an_edited_key_changes_on_every_replica_at_once(platform):
     time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.5)
     # The second replica cached the key with its 2099 expiry; the edit reached it.
     assert httpx.get(f"{second}/api_keys", headers=headers).status_code == 401
+
+
+@pytest.mark.parametrize("sent", [None, "client-id-0042", "not usable"])
+def test_the_request_id_goes_out_once_as_x_request_id_and_cf_ray(platform, sent):
+    """Serve's own middleware sends X-Request-ID: the Gateway adopts the id it reads (the
+    client's usable one, or Serve's own) and sends only CF-RAY beside it."""
+    headers = {} if sent is None else {"X-Request-ID": sent}
+    resp = httpx.get(f"{platform.base_url}/models", headers=headers)
+    assert resp.status_code == 200
+    request_ids, rays = resp.headers.get_list("x-request-id"), resp.headers.get_list("cf-ray")
+    assert len(request_ids) == len(rays) == 1, resp.headers
+    assert request_ids == rays
+    if sent == "client-id-0042":
+        assert rays == [sent]
+    else:
+        assert rays[0] != "not usable"
+
+
+def test_health_and_ready_at_the_site_root(platform):
+    root = platform.base_url.removesuffix("/api/v1")
+    assert httpx.get(f"{root}/health").json() == {"status": "ok"}
+    ready = httpx.get(f"{root}/ready", timeout=30)
+    assert ready.status_code == 200, ready.text
+    checks = ready.json()["checks"]
+    assert checks["database"] == "ok"
+    # Serve's controller counts a running replica for each default model of a running
+    # deployment (text-m, left down, serves no default model).
+    assert [part for part, state in checks.items() if part.startswith("model:") and state == "ok"]
