@@ -2,7 +2,8 @@
 starting anything. It reads what `build_app` would read (the config's arguments, the settings
 from the environment, the catalog) and reports, one line each, OK / WARNING / ERROR:
 
-- the catalog: it loads (every vLLM model's engine options are vLLM's engine arguments);
+- the catalog: it loads (every vLLM model's engine options are vLLM's engine arguments), and
+  each model's engine is one its deployment runs;
 - each model's weights: present, built at the first start, or, on a multi-node config, the
   folder to mount on every node (a cluster's weights live on the nodes' volume, not on the
   machine that runs the check); on one node, missing weights are an error, as at the start;
@@ -137,6 +138,7 @@ def _check_app(app: dict[str, Any], wanted: list[str] | None, multi_node: bool,
             f"no model deployment named {unknown}; known: {sorted(MODEL_DEPLOYMENTS)}")))
     served = [m for m in catalog.models if m.deployment in wanted]
     findings += [_weights(m, settings.data_dir, multi_node) for m in served]
+    findings += [f for m in served if (f := _engine(m)) is not None]
     nodes = _node_types(multi_node, cluster, kuberay, findings)
     configured = {d["name"]: d for d in app.get("deployments") or []}
     for name in wanted:
@@ -172,6 +174,17 @@ def _engine_arguments(catalog: Catalog) -> Finding:
     return Finding("OK", "engine arguments", (
         f"{len(vllm_models)} vLLM models name only engine arguments of vLLM "
         f"{arguments.version}"))
+
+
+def _engine(model: CatalogModel) -> Finding | None:
+    """An error when the model's deployment has no engine of its name (its replica would fail
+    to start, and Serve start it again and again)."""
+    engines = getattr(MODEL_DEPLOYMENTS[model.deployment].func_or_class, "ENGINES", {})
+    if model.engine in engines:
+        return None
+    return Finding("ERROR", f"engine of {model.id}", (
+        f"deployment {model.deployment} has no engine {model.engine!r}; its engines: "
+        f"{sorted(engines)}"))
 
 
 def _weights(model: CatalogModel, data_dir: Path, multi_node: bool) -> Finding:

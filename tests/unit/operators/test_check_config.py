@@ -162,3 +162,13 @@ def test_a_tensor_parallel_model_needs_as_many_gpus_in_its_bundles(
     assert "deployment text-l: its models' engines run on 4 GPUs" in error
     assert "the replica's bundles give 2: set placement_group_bundles: [{CPU: 8.0, GPU: " \
            "1.0}, {GPU: 1.0}, {GPU: 1.0}, {GPU: 1.0}]" in error
+
+
+def test_an_engine_its_deployment_does_not_run_fails(cluster_env, tmp_path, capsys):
+    model = _chat_model("big-chat", "text-l", "${DATA_DIR}/models/big")
+    catalog = _catalog(tmp_path, {**model, "engine": "vlm"})
+    code, lines = _check(capsys, str(CONFIGS / "production.yaml"), "--catalog", str(catalog))
+    assert code == 1
+    (error,) = _lines(lines, "ERROR")
+    assert "engine of big-chat: deployment text-l has no engine 'vlm'; its engines: " \
+           "['vllm']" in error
