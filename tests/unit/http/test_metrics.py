@@ -84,3 +84,18 @@ def test_the_dashboard_shows_the_engines_and_the_gates():
                  "engine_requests_waiting", "gate_waiting", "gate_wait_seconds",
                  "gate_refused_total", "gate_engine_seconds"):
         assert f"ray_inference_{name}" in queried, name
+
+
+def test_the_metrics_page_lists_every_metric_with_its_labels():
+    page = (DASHBOARD.parents[2] / "docs" / "operators" / "metrics.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines()
+            if line.startswith("| `ray_")}
+    for source in (Metrics(), GateMetrics(), EngineMetrics()):
+        for metric in vars(source).values():
+            if not hasattr(metric, "_name"):
+                continue
+            row = rows.get(f"ray_{metric._name}")
+            assert row is not None, metric._name
+            labels = row.split("|")[2]
+            for tag in metric._tag_keys:
+                assert tag in labels, (metric._name, tag)
