@@ -30,6 +30,7 @@ from serve_app.models.constraints import (
     constraints_of,
 )
 from serve_app.models.engine_options import EngineOptions
+from serve_app.models.upstream import UPSTREAM_ENGINE, upstream_problems
 from serve_app.models.vllm_arguments import vllm_arguments
 
 ModelType = Literal["text", "embedding", "image", "upscale", "inpaint", "tts", "asr", "video",
@@ -136,6 +137,16 @@ class CatalogModel(BaseModel):
         arguments = vllm_arguments() if self.engine == VLLM_ENGINE else None
         if arguments is not None:
             problems = arguments.problems(self.id, self.engine_options.engine_arguments)
+            if problems:
+                raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _upstream_is_whole(self) -> CatalogModel:
+        """A model on a server the operator runs names it whole, and its key's variable is
+        set (serve_app/models/upstream.py)."""
+        if self.engine == UPSTREAM_ENGINE:
+            problems = upstream_problems(self.id, self.engine_options.engine_arguments)
             if problems:
                 raise ValueError("; ".join(problems))
         return self
