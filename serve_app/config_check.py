@@ -136,7 +136,8 @@ def _check_app(app: dict[str, Any], wanted: list[str] | None, multi_node: bool,
     if unknown:
         findings.append(Finding("ERROR", "model_deployments", (
             f"no model deployment named {unknown}; known: {sorted(MODEL_DEPLOYMENTS)}")))
-    served = [m for m in catalog.models if m.deployment in wanted]
+    served = [m for m in catalog.models
+              if m.deployment in wanted and m.deployment in MODEL_DEPLOYMENTS]
     findings += [_weights(m, settings.data_dir, multi_node) for m in served]
     findings += [f for m in served if (f := _engine(m)) is not None]
     nodes = _node_types(multi_node, cluster, kuberay, findings)
