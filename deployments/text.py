@@ -16,6 +16,7 @@ from typing import Any
 from ray import serve
 
 from deployments.base import ModelDeployment
+from deployments.engines.openai_upstream import ENGINES as UPSTREAM_ENGINES
 from deployments.engines.text import ENGINES, TextEngine
 from deployments.fair_share import AtCapacity, FairShareGates, Turn
 from deployments.protocol import (
@@ -32,7 +33,8 @@ from deployments.tracing import RemoteTrace
 
 @serve.deployment
 class TextDeployment(ModelDeployment):
-    ENGINES = ENGINES
+    # In process (vLLM), or a server the operator runs (`engine: openai`).
+    ENGINES = {**ENGINES, **UPSTREAM_ENGINES}
     engines: dict[str, TextEngine]
 
     def __init__(self, models: list[ModelSpec]) -> None:

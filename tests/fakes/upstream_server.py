@@ -1,0 +1,132 @@
+"""A real OpenAI-compatible server on a socket (127.0.0.1, a free port), standing in for the
+engines an operator already runs (vLLM's, SGLang's, TGI's server): `engine: openai` models
+talk to it over HTTP exactly as they would to those.
+
+It answers `/v1/chat/completions` as a stream of chunks (the reply's words, one token each,
+then the usage when `stream_options.include_usage` asks) and `/v1/models`. `behaviour` sets
+how it answers next: "ok", a status to refuse with ("429", "503", "400", "500"), "cut" (the
+connection drops after `cut_after` words), "slow" (a word every `slow_interval_s`, many words:
+a client that leaves is seen as `left`), "down" (every path answers 500, `/models` too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+REPLY = "Hello from the upstream server, one word at a time."
+PROMPT_TOKENS = 17  # what the server reports of every prompt
+CACHED_TOKENS = 5
+
+
+class UpstreamServer:
+    """The server's state: what it was sent, how it answers next, and what it saw."""
+
+    def __init__(self) -> None:
+        self.behaviour = "ok"
+        self.reply = REPLY
+        self.cut_after = 3
+        self.slow_interval_s = 0.02
+        self.retry_after: str | None = "7"
+        self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
+        self.left = threading.Event()  # a client left a slow stream: it stopped generating
+        self.base_url = ""
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ])
+
+    async def _models(self, request: Request) -> Response:
+        if self.behaviour == "down":
+            return JSONResponse({"error": {"message": "down"}}, status_code=500)
+        return JSONResponse({"object": "list", "data": [{"id": "upstream-model"}]})
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.bodies.append(body)
+        self.authorizations.append(request.headers.get("authorization"))
+        behaviour = self.behaviour
+        if behaviour == "down":
+            return JSONResponse({"error": {"message": "engine dead"}}, status_code=500)
+        if behaviour.isdigit():
+            headers = {"Retry-After": self.retry_after} if self.retry_after else {}
+            message = (f"max_tokens is too large for http://127.0.0.1:{request.url.port}"
+                       if behaviour == "400" else f"refused with {behaviour}")
+            return JSONResponse({"object": "error", "message": message, "type": "BadRequest",
+                                 "code": int(behaviour)}, status_code=int(behaviour),
+                                headers=headers)
+        return StreamingResponse(self._chunks(body, behaviour), media_type="text/event-stream")
+
+    async def _chunks(self, body: dict[str, Any], behaviour: str) -> AsyncIterator[str]:
+        words = self.reply.split(" ")
+        words = [w + " " for w in words[:-1]] + words[-1:]
+        if behaviour == "slow":
+            words = words * 200
+        limit = body.get("max_tokens")
+        finish = "stop"
+        if limit is not None and len(words) > limit:
+            words, finish = words[:limit], "length"
+        every = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
+        base = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1,
+                "model": body.get("model")}
+
+        def usage(completion: int) -> dict[str, Any]:
+            return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": completion,
+                    "total_tokens": PROMPT_TOKENS + completion,
+                    "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}}
+
+        def sse(data: dict[str, Any]) -> str:
+            return f"data: {json.dumps(data)}\n\n"
+
+        yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                               "content": ""},
+                                        "finish_reason": None}]})
+        try:
+            for n, word in enumerate(words, start=1):
+                if behaviour == "cut" and n > self.cut_after:
+                    raise ConnectionResetError("the upstream's engine died")
+                if behaviour == "slow":
+                    await asyncio.sleep(self.slow_interval_s)
+                last = n == len(words)
+                yield sse({**base, "choices": [{"index": 0, "delta": {"content": word},
+                                                "finish_reason": finish if last else None}],
+                           **({"usage": usage(n)} if every else {})})
+        except asyncio.CancelledError:
+            self.left.set()
+            raise
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield sse({**base, "choices": [], "usage": usage(len(words))})
+        yield "data: [DONE]\n\n"
+
+
+@contextmanager
+def upstream_server() -> Iterator[UpstreamServer]:
+    """The server, listening on 127.0.0.1 in a thread of its own until the block ends."""
+    server = UpstreamServer()
+    config = uvicorn.Config(server.app, host="127.0.0.1", port=0, log_level="warning",
+                            lifespan="off")
+    runner = uvicorn.Server(config)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    while not runner.started:
+        if not thread.is_alive():
+            raise RuntimeError("the upstream server did not start")
+        threading.Event().wait(0.01)
+    port = runner.servers[0].sockets[0].getsockname()[1]
+    server.base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        yield server
+    finally:
+        runner.should_exit = True
+        thread.join(timeout=10)
