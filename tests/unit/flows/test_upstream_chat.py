@@ -1,0 +1,149 @@
+"""Chat with a model on a server the operator runs (`engine: openai`), as a client sees it: the
+Gateway in process, the real text deployment holding the model's upstream engine, a real
+OpenAI-compatible server on a socket (tests/fakes/upstream_server.py) behind it. The answer
+and its charge come from the upstream's usage; its refusals are the spec's errors (a 429 or 503
+upstream goes to the fallbacks, or reaches the client as a 503 with Retry-After); a stream it
+cuts ends with the stream's error and charges what was delivered; its address never shows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deployments.text import TextDeployment
+from serve_app.models.catalog import load_catalog
+from tests.fakes import fake_deployments
+from tests.fakes.handles import DeploymentHandle
+from tests.fakes.served import class_of
+from tests.fakes.upstream_server import PROMPT_TOKENS, REPLY, UpstreamServer, upstream_server
+from tests.unit.flows.conftest import CATALOG
+from tests.unit.flows.sse import DONE, content, events
+
+MODEL = "chat-upstream"
+KEY = "sk-upstream-secret-for-flows"
+
+
+class UpstreamDeployment(DeploymentHandle):
+    """A handle on the real text deployment holding `models` (specs of `engine: openai`)."""
+
+    METHODS = ("generate", "complete", "stats")
+
+    def __init__(self, deployment_name: str, specs: list[dict[str, Any]]) -> None:
+        super().__init__(deployment_name)
+        self.deployment = class_of(TextDeployment)(specs)
+
+    def _answer(self, name: str) -> Any:
+        return getattr(self.deployment, name)
+
+
+@pytest.fixture
+def upstream() -> Iterator[UpstreamServer]:
+    with upstream_server() as server:
+        yield server
+
+
+@pytest.fixture
+def gateway_catalog(tmp_path: Path, upstream: UpstreamServer,
+                    monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The flows' catalog and a model on the upstream, with its key's variable set."""
+    monkeypatch.setenv("UPSTREAM_KEY_FOR_FLOWS", KEY)
+    model = {"id": MODEL, "type": "text", "name": "Chat upstream", "deployment": "text-m",
+             "engine": "openai", "size_class": "M", "context_length": 4096,
+             "max_completion_tokens": 256,
+             "engine_options": {"base_url": upstream.base_url,
+                                "upstream_model": "upstream-model",
+                                "api_key_env": "UPSTREAM_KEY_FOR_FLOWS"},
+             "pricing": {"input": {"usd": 10, "diem": 10}, "output": {"usd": 20, "diem": 20},
+                         "cache_input": {"usd": 10, "diem": 10}}}
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump({"include": [str(CATALOG)], "models": [model]}))
+    return path
+
+
+@pytest.fixture
+def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
+    catalog = load_catalog(gateway_catalog)
+    fleet = fake_deployments(catalog)
+    [model] = [m for m in catalog.models if m.engine == "openai"]
+    fleet["text-m"] = UpstreamDeployment("text-m", [
+        {"id": model.id, "engine": model.engine, "weights": None,
+         "engine_options": model.engine_options.given(), "max_queue_wait_s": 5.0}])
+    return fleet
+
+
+def _chat(gateway, key: str, **body: Any):
+    return gateway.client.post("/api/v1/chat/completions", headers=gateway.auth(key), json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], **body})
+
+
+def test_a_chat_is_the_upstreams_answer_charged_by_its_usage(fake_gateway, key, books,
+                                                             upstream):
+    resp = _chat(fake_gateway, key, max_tokens=100)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == MODEL
+    assert resp.json()["choices"][0]["message"]["content"] == REPLY
+    usage = resp.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (PROMPT_TOKENS, 10)
+    charge = books.only_charge(resp.headers["cf-ray"])
+    assert charge.model_id == MODEL
+    assert sum(units for units, _ in charge.lines.values()) == PROMPT_TOKENS + 10
+    [body] = upstream.bodies
+    assert body["model"] == "upstream-model" and body["max_tokens"] == 100
+    assert upstream.authorizations == [f"Bearer {KEY}"]
+
+
+def test_a_streamed_chat_ends_with_the_upstreams_usage(fake_gateway, key, upstream):
+    resp = _chat(fake_gateway, key, stream=True, stream_options={"include_usage": True})
+    assert resp.status_code == 200, resp.text
+    chunks = events(resp.text)
+    assert chunks[-1] == DONE and content(chunks) == REPLY
+    assert chunks[-2]["usage"]["completion_tokens"] == 10
+    assert chunks[-2]["usage"]["prompt_tokens"] == PROMPT_TOKENS
+
+
+@pytest.mark.parametrize("status", ["429", "503"])
+def test_an_upstream_at_capacity_is_a_503_with_retry_after_and_charges_nothing(
+        fake_gateway, key, books, upstream, status):
+    upstream.behaviour = status
+    before = books.balance_nanos()
+    resp = _chat(fake_gateway, key)
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["code"] == "MODEL_AT_CAPACITY"
+    assert resp.headers["retry-after"] == "7"
+    assert books.balance_nanos() == before and books.open_holds() == 0
+
+
+def test_an_upstream_at_capacity_passes_the_chat_to_the_fallback(fake_gateway, key, fakes,
+                                                                upstream):
+    upstream.behaviour = "429"
+    resp = _chat(fake_gateway, key, fallbacks=[{"model": "chat-fallback"}])
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == "chat-fallback"
+    assert [c.model_id for c in fakes["text-s"].calls] == ["chat-fallback"]
+
+
+def test_an_upstream_400_is_a_400_with_its_message_and_not_its_address(fake_gateway, key,
+                                                                      upstream):
+    upstream.behaviour = "400"
+    resp = _chat(fake_gateway, key)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["code"] == "INVALID_REQUEST"
+    assert resp.json()["error"].startswith("max_tokens is too large for")
+    assert "127.0.0.1" not in resp.text
+
+
+def test_a_stream_the_upstream_cuts_ends_with_its_error_and_charges_what_was_delivered(
+        fake_gateway, key, books, upstream):
+    upstream.behaviour, upstream.cut_after = "cut", 3
+    resp = _chat(fake_gateway, key, stream=True)
+    assert resp.status_code == 200
+    chunks = events(resp.text)
+    assert content(chunks) == "Hello from the "
+    assert chunks[-2]["code"] == "INFERENCE_FAILED" and chunks[-1] == DONE
+    charge = books.only_charge(resp.headers["cf-ray"])
+    units = dict(charge.lines)
+    assert units["output"][0] == 3 and units["input"][0] > 0  # the prompt, estimated
