@@ -24,7 +24,7 @@ from serve_app.db.tables import Account, ApiKeyType, EntryKind, LimitPeriod, Mod
 from serve_app.errors import ApiError
 from serve_app.limits.policy import load_tiers
 from serve_app.models.catalog import load_catalog
-from serve_app.money import as_number, to_nanos
+from serve_app.money import MAX_AMOUNT_UNITS, as_number, to_nanos
 from serve_app.schemas.api_keys import CreateApiKeyRequest
 from serve_app.schemas.characters import CreateCharacterRequest, CreateReviewRequest
 from serve_app.settings import Settings
@@ -48,8 +48,10 @@ def _amount(text: str) -> Decimal:
         value = Decimal(text)
     except InvalidOperation as exc:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError("must be a number, not negative")
+    if value > MAX_AMOUNT_UNITS:  # its nano-units would not fit the 64-bit columns
+        raise argparse.ArgumentTypeError(f"at most {MAX_AMOUNT_UNITS}")
     return value
 
 

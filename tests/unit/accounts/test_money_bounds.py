@@ -32,3 +32,13 @@ def test_a_spending_limit_at_the_bound_is_kept_and_past_it_is_a_400(gateway: Gat
         patched = gateway.client.patch("/api/v1/api_keys", headers=gateway.auth(), json={
             "id": at_bound["id"], "consumptionLimit": {currency: too_much}})
         assert patched.status_code == 400, patched.text
+
+
+def test_the_admin_cli_refuses_an_amount_past_the_bound(gateway: Gateway, capsys):
+    account = gateway.cli("create-account", "--usd", str(MAX_AMOUNT_UNITS))
+    listed = next(a for a in gateway.cli("accounts") if a["id"] == account["accountId"])
+    assert listed["usd"] == MAX_AMOUNT_UNITS  # kept exactly
+    for too_much in (str(MAX_AMOUNT_UNITS + 1), "1e30", "NaN"):
+        with pytest.raises(SystemExit):
+            gateway.cli("create-account", "--usd", too_much)
+        assert "--usd" in capsys.readouterr().err
