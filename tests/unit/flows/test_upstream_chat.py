@@ -147,3 +147,11 @@ def test_a_stream_the_upstream_cuts_ends_with_its_error_and_charges_what_was_del
     charge = books.only_charge(resp.headers["cf-ray"])
     units = dict(charge.lines)
     assert units["output"][0] == 3 and units["input"][0] > 0  # the prompt, estimated
+
+
+def test_the_model_list_shows_the_upstream_model_and_not_its_address(fake_gateway, upstream):
+    resp = fake_gateway.client.get("/api/v1/models")
+    assert resp.status_code == 200
+    assert MODEL in [m["id"] for m in resp.json()["data"]]
+    address = upstream.base_url.removeprefix("http://").removesuffix("/v1")
+    assert address not in resp.text and "UPSTREAM_KEY_FOR_FLOWS" not in resp.text
