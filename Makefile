@@ -60,6 +60,41 @@ lock:
 		"# Install with pip install --no-deps --require-hashes -r requirements/cpu.lock"; \
 		cat $(LOCK_DIR)/hashed.txt; } > $(LOCK)
 
+# The image (Containerfile; docs/operators/image.md). BASE and NODE_BASE are its base images,
+# VARIANT cpu or gpu, IMAGE its name; BUILD is the builder (`docker build`, `podman build` read
+# the same options). torch's CPU wheel goes in through deploy/image/local when TORCH_WHEELS
+# has it, else the build takes it from TORCH_INDEX; CA_BUNDLE, when set, is the authorities
+# pip and npm trust during the build (a network behind a TLS-inspecting proxy).
+.PHONY: image image-check
+IMAGE ?= inference-platform:latest
+BASE ?= python:3.11-slim-bookworm
+NODE_BASE ?= node:22-bookworm-slim
+VARIANT ?= cpu
+BUILD ?= buildah bud --isolation chroot --layers --format docker
+CA_BUNDLE ?=
+LOCAL_TORCH = $(wildcard $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl)
+image: $(LOCK)
+	rm -f deploy/image/local/*.whl deploy/image/local/ca-bundle.crt
+	$(if $(LOCAL_TORCH),cp -l $(LOCAL_TORCH) deploy/image/local/ 2>/dev/null \
+		|| cp $(LOCAL_TORCH) deploy/image/local/)
+	$(if $(CA_BUNDLE),cp $(CA_BUNDLE) deploy/image/local/ca-bundle.crt)
+	$(BUILD) --build-arg BASE=$(BASE) --build-arg NODE_BASE=$(NODE_BASE) \
+		--build-arg VARIANT=$(VARIANT) --build-arg TORCH_INDEX=$(if $(LOCAL_TORCH),,$(TORCH_INDEX)) \
+		-f Containerfile -t $(IMAGE) .
+
+# Builds the image on Debian bookworm's minbase (debootstrap; no registry needed), starts it
+# (buildah run, in a network namespace of its own), and asks it for /api/v1/models and one chat;
+# prints the image's size, the build's time and the time from start to first chat.
+CHECK_IMAGE := localhost/inference-platform:check
+CHECK_BASE := localhost/bookworm-python:3.11
+CHECK_NODE_BASE := localhost/bookworm-node:20
+CHECK_CA_BUNDLE ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+image-check:
+	deploy/image/base.sh $(CHECK_BASE) $(CHECK_NODE_BASE)
+	$(PYTHON) deploy/image/check.py --image $(CHECK_IMAGE) \
+		--build "$(MAKE) --no-print-directory image BASE=$(CHECK_BASE) \
+			NODE_BASE=$(CHECK_NODE_BASE) IMAGE=$(CHECK_IMAGE) CA_BUNDLE=$(CHECK_CA_BUNDLE)"
+
 # The web console (served by the Gateway under /console): a typed front end built with npm.
 $(CONSOLE): console/package.json console/package-lock.json console/index.html \
 		console/vite.config.ts console/tsconfig.json $(wildcard console/src/*)
