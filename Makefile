@@ -179,4 +179,5 @@ faults: $(STAMP)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache console/node_modules console/dist test-artifacts \
-		.cache/weights .cache/weights.new .cache/vllm-modelinfos
+		.cache/weights .cache/weights.new .cache/vllm-modelinfos .cache/lock \
+		deploy/image/local/*.whl deploy/image/local/ca-bundle.crt
