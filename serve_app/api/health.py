@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
@@ -35,14 +35,28 @@ CHECK_TIMEOUT_S = 2.0
 # config that leaves a modality out, or one whose deployment serves no model): not a failure.
 OK = "ok"
 NOT_RUN = "not run by this application"
+# A deployment that autoscaling took to zero replicas on purpose (the media classes when idle):
+# its first request starts one and waits for it, so the platform can serve it. Not a failure.
+SCALED_TO_ZERO = "scaled to zero: a replica starts on the first request"
+PASSING = (OK, NOT_RUN, SCALED_TO_ZERO)
 
-# (application, deployment) -> replicas running, from Serve's controller; None outside Serve.
-ReplicaCounts = Callable[[], Awaitable[dict[tuple[str, str], int] | None]]
+
+class Replicas(NamedTuple):
+    """A deployment's replicas as Serve's controller reports them."""
+
+    running: int
+    # No replica running and none wanted: Serve reports such a deployment healthy (or
+    # upscaling, once a request asks for one).
+    scaled_to_zero: bool = False
 
 
-async def serve_replica_counts() -> dict[tuple[str, str], int] | None:
-    """Running replicas of every deployment Serve knows, or None when this process runs
-    without Serve (uvicorn, the unit tier): then a deployment with a handle counts as running."""
+# (application, deployment) -> its replicas, from Serve's controller; None outside Serve.
+ReplicaCounts = Callable[[], Awaitable[dict[tuple[str, str], Replicas] | None]]
+
+
+async def serve_replica_counts() -> dict[tuple[str, str], Replicas] | None:
+    """The replicas of every deployment Serve knows, or None when this process runs without
+    Serve (uvicorn, the unit tier): then a deployment with a handle counts as running."""
     import ray
 
     if not ray.is_initialized():
@@ -50,9 +64,14 @@ async def serve_replica_counts() -> dict[tuple[str, str], int] | None:
     from ray import serve
 
     status = await asyncio.to_thread(serve.status)
-    return {(app_name, name): int(overview.replica_states.get("RUNNING", 0))
-            for app_name, app in status.applications.items()
-            for name, overview in app.deployments.items()}
+    counts: dict[tuple[str, str], Replicas] = {}
+    for app_name, app in status.applications.items():
+        for name, overview in app.deployments.items():
+            running = int(overview.replica_states.get("RUNNING", 0))
+            at_target = str(getattr(overview.status, "value", overview.status)) in (
+                "HEALTHY", "UPSCALING")
+            counts[(app_name, name)] = Replicas(running, running == 0 and at_target)
+    return counts
 
 
 class Readiness:
@@ -83,7 +102,7 @@ class Readiness:
         gauge = metrics().dependency_up
         for part, state in result.items():
             if state != NOT_RUN:
-                gauge.set(1 if state == OK else 0, tags={"part": part})
+                gauge.set(1 if state in PASSING else 0, tags={"part": part})
         return result
 
     @staticmethod
@@ -129,10 +148,11 @@ class Readiness:
         return states
 
     def _model_state(self, deployments: list[str],
-                     counts: dict[tuple[str, str], int] | None) -> str:
+                     counts: dict[tuple[str, str], Replicas] | None) -> str:
         handles = {d: self.router.deployment_handle(d) for d in deployments}
         if all(handle is None for handle in handles.values()):
             return NOT_RUN
+        state = OK
         for deployment, handle in handles.items():
             if handle is None:
                 return f"deployment {deployment!r} not run by this application"
@@ -140,9 +160,13 @@ class Readiness:
                 continue
             key = (getattr(handle, "app_name", ""), getattr(handle, "deployment_name",
                                                              deployment))
-            if counts.get(key, 0) < 1:
+            replicas = counts.get(key, Replicas(0))
+            if replicas.running >= 1:
+                continue
+            if not replicas.scaled_to_zero:
                 return f"deployment {deployment!r} has no running replica"
-        return OK
+            state = SCALED_TO_ZERO
+        return state
 
 
 class HealthRoutes:
@@ -162,7 +186,7 @@ class HealthRoutes:
             await JSONResponse({"status": "ok"})(scope, receive, send)
             return
         checks = await self.readiness.checks()
-        failing = [part for part, state in checks.items() if state not in (OK, NOT_RUN)]
+        failing = [part for part, state in checks.items() if state not in PASSING]
         if not failing:
             await JSONResponse({"status": "ready", "checks": checks})(scope, receive, send)
             return

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.api.health import NOT_RUN, Readiness
+from serve_app.api.health import NOT_RUN, SCALED_TO_ZERO, Readiness, Replicas
 from serve_app.settings import Settings
 from tests.fakes import DeploymentHandle
 from tests.unit.conftest import Gateway, make_gateway
@@ -71,12 +71,8 @@ async def test_not_ready_names_a_default_model_with_no_running_replica(fake_gate
     services = fake_gateway.services
     chat = services.catalog.by_id["smollm2-135m-instruct"]
 
-    async def no_chat_replica() -> dict[tuple[str, str], int]:
-        return {(getattr(handle, "app_name", ""), getattr(handle, "deployment_name", name)):
-                0 if name == chat.deployment else 1
-                for name in services.router.deployments_of(chat)
-                + [m.deployment for m in services.catalog.models]
-                if (handle := services.router.deployment_handle(name)) is not None}
+    async def no_chat_replica() -> dict[tuple[str, str], Replicas]:
+        return _replicas(services, {chat.deployment: Replicas(0)})
 
     checks = await Readiness(services.engine, None, services.catalog, services.router,
                              replica_counts=no_chat_replica).checks()
@@ -84,6 +80,32 @@ async def test_not_ready_names_a_default_model_with_no_running_replica(fake_gate
     assert checks["model:smollm2-135m-instruct"] == (
         f"deployment {chat.deployment!r} has no running replica")
     assert checks["model:text-embedding-all-minilm-l6-v2"] == "ok"
+
+
+async def test_a_default_model_scaled_to_zero_on_purpose_is_ready(fake_gateway):
+    """The media classes scale to zero when idle (production.yaml): Serve reports such a
+    deployment at its target with no replica, and its first request starts one, so a cluster
+    at rest stays in its Service instead of leaving it after every idle period."""
+    services = fake_gateway.services
+    chat = services.catalog.by_id["smollm2-135m-instruct"]
+
+    async def chat_scaled_to_zero() -> dict[tuple[str, str], Replicas]:
+        return _replicas(services, {chat.deployment: Replicas(0, scaled_to_zero=True)})
+
+    readiness = Readiness(services.engine, None, services.catalog, services.router,
+                          replica_counts=chat_scaled_to_zero)
+    checks = await readiness.checks()
+    assert checks["model:smollm2-135m-instruct"] == SCALED_TO_ZERO
+    assert all(state in ("ok", NOT_RUN, SCALED_TO_ZERO) for state in checks.values()), checks
+
+
+def _replicas(services, overrides: dict[str, Replicas]) -> dict[tuple[str, str], Replicas]:
+    """One running replica for every deployment of the catalog, but those overridden."""
+    names = {m.deployment for m in services.catalog.models}
+    return {(getattr(handle, "app_name", ""), getattr(handle, "deployment_name", name)):
+            overrides.get(name, Replicas(1))
+            for name in names
+            if (handle := services.router.deployment_handle(name)) is not None}
 
 
 def test_not_ready_names_redis_when_it_is_down(tmp_path, gateway_catalog, fakes):
