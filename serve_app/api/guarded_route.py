@@ -161,13 +161,14 @@ def check_routes_guarded(app: FastAPI, routers: Iterable[APIRouter]) -> None:
         for route in router.routes:
             if not isinstance(route, APIRoute):
                 continue
+            methods = route.methods or set()  # typed Optional from FastAPI 0.137
             if not (needs_caller(route) or route.body_field is not None
-                    or route.methods & {"POST", "PUT", "PATCH"}):
+                    or methods & {"POST", "PUT", "PATCH"}):
                 continue
             if not isinstance(route, GuardedRoute):
                 raise RoutesNotGuarded(f"{route.path} is a {type(route).__name__}, not a "
                                        "GuardedRoute: make its router with guarded_router()")
-            for method in sorted(route.methods):
+            for method in sorted(methods):
                 must.append((method, _probe_path(route), route.path))
 
     async def probe_all() -> list[str]:
