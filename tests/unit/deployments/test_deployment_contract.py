@@ -5,6 +5,7 @@ process, answer its result objects and report failures as EngineError values."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import pickle
 from types import SimpleNamespace
@@ -150,9 +151,13 @@ def test_a_text_deployment_merges_its_engines_chunks_and_reports_a_model_it_lack
     deployment = TextDeployment.func_or_class([])
     engine = deployment.engines["m1"] = _StubEngine()
 
-    assert asyncio.run(deployment.complete("m1", REQUEST)) == [
-        Chunk(index=0, text="Hello!", tokens=3, finish_reason="stop", prompt_tokens=4),
-        Usage(prompt_tokens=4, completion_tokens=3)]
+    merged, usage = asyncio.run(deployment.complete("m1", REQUEST))
+    # the first chunk carries the fair-share gate's wait, which the access log reports
+    assert isinstance(merged, Chunk) and merged.gate_wait_ms is not None
+    assert merged.gate_wait_ms >= 0
+    assert dataclasses.replace(merged, gate_wait_ms=None) == Chunk(
+        index=0, text="Hello!", tokens=3, finish_reason="stop", prompt_tokens=4)
+    assert usage == Usage(prompt_tokens=4, completion_tokens=3)
     assert engine.requests == [REQUEST]
 
     async def streamed(model_id: str) -> list:

@@ -21,6 +21,7 @@ from serve_app.accounts.secrets import generate_secret, hash_secret
 from serve_app.cli import run as cli
 from serve_app.db.engine import alembic_config, make_engine, migrate
 from serve_app.limits.policy import DEFAULT_LIMITS, load_tiers
+from serve_app.models.catalog import read_catalog_file
 from serve_app.settings import Settings
 from tests.conftest import _PG_REASON, drop_postgres_schema, new_postgres_schema
 from tests.unit.conftest import Gateway, make_gateway
@@ -202,10 +203,11 @@ def test_partner_accounts_get_the_partner_columns_of_their_tier(tmp_path):
 
 
 def test_catalog_overrides_apply_on_the_default_tier_only(tmp_path):
-    catalog = yaml.safe_load(Settings().model_catalog.read_text())
-    for model in catalog["models"]:
-        if model["id"] == CHAT_MODEL:
-            model["rate_limits"] = {"requests_per_minute": 7}
+    default_catalog = Settings().model_catalog
+    [chat] = [m for m in read_catalog_file(default_catalog)["models"] if m["id"] == CHAT_MODEL]
+    # a catalog that includes the default one and overrides its chat model's limits
+    catalog = {"include": [str(default_catalog.resolve())],
+               "models": [{**chat, "rate_limits": {"requests_per_minute": 7}}]}
     path = tmp_path / "models.yaml"
     path.write_text(yaml.safe_dump(catalog))
     with _gateway(Settings(data_dir=tmp_path, model_catalog=path,
