@@ -100,12 +100,20 @@ def test_a_chat_shows_the_engines_own_figures_and_the_gates_queue(platform, infe
         ("ray_inference_engine_prefix_cache_queries_total", chat),
         ("ray_inference_gate_wait_seconds_count", {**chat, "tier": "default"}),
     ]
-    samples = _wait_for(platform, lambda s: all(
-        _total(s, name, **labels) > 0 for name, labels in expected))
+    gauges = {"ray_inference_engine_requests_running", "ray_inference_engine_requests_waiting",
+              "ray_inference_engine_kv_cache_usage", "ray_inference_gate_waiting",
+              "ray_inference_gate_running"}
+    # Gauges: present once set, whatever their value. Ray's agent shows a gauge in the report
+    # after it was set, and each replica's worker reports on its own schedule: the names seen
+    # over the scrapes while waiting are what an operator's Prometheus would have recorded.
+    seen: set[str] = set()
+
+    def shown(s: list) -> bool:
+        seen.update(x.name for x in s if x.labels.get("model") == "tiny-chat")
+        return gauges <= seen and all(_total(s, name, **labels) > 0
+                                      for name, labels in expected)
+
+    samples = _wait_for(platform, shown)
     for name, labels in expected:
         assert _total(samples, name, **labels) > 0, (name, labels)
-    names = {s.name for s in samples if s.labels.get("model") == "tiny-chat"}
-    # Gauges: present once set, whatever their value now.
-    assert {"ray_inference_engine_requests_running", "ray_inference_engine_requests_waiting",
-            "ray_inference_engine_kv_cache_usage", "ray_inference_gate_waiting",
-            "ray_inference_gate_running"} <= names
+    assert gauges <= seen, gauges - seen
