@@ -13,12 +13,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from ray import serve
 
 from deployments.base import ModelDeployment
 from deployments.engines.embedding import ENGINES, EmbeddingEngine, Encoded
+from deployments.engines.openai_embeddings import ENGINES as UPSTREAM_ENGINES
+from deployments.engines.openai_embeddings import OpenAIUpstreamEmbedder
+from deployments.engines.openai_upstream import UpstreamFailed
 from deployments.fair_batches import FairBatches
 from deployments.fair_share import AtCapacity
 from deployments.protocol import (
@@ -41,7 +45,8 @@ logger = logging.getLogger("deployments.embedding")
 
 @serve.deployment
 class EmbeddingDeployment(ModelDeployment):
-    ENGINES = ENGINES
+    # In process (sentence-transformers), or a server the operator runs (`engine: openai`).
+    ENGINES = {**ENGINES, **UPSTREAM_ENGINES}
     engines: dict[str, EmbeddingEngine]
 
     def __init__(self, models: list[ModelSpec]) -> None:
@@ -65,6 +70,8 @@ class EmbeddingDeployment(ModelDeployment):
                 texts, owners if self.passes.fair(model_id) else ())
         except AtCapacity as full:
             return at_capacity(model_id, full.retry_after)
+        except UpstreamFailed as failed:  # a server the operator runs refused or failed
+            return failed.error
         vectors = np.stack([vector for vector, _, _ in rows])
         # The forward passes that carried the call (a large one is spread over several).
         engine_ms = sum({pass_ms for _, _, pass_ms in rows})
@@ -74,9 +81,14 @@ class EmbeddingDeployment(ModelDeployment):
     def dimensions(self, model_id: str) -> int:
         return self.engines[model_id].dimensions
 
-    async def stats(self) -> dict[str, dict[str, float | int]]:
-        """Per model: texts waiting, active tenants, texts a second, texts served."""
-        return self.passes.stats()
+    async def stats(self) -> dict[str, dict[str, Any]]:
+        """Per model: texts waiting, active tenants, texts a second, texts served; a model on
+        a server the operator runs: that server's state too (`upstream`)."""
+        stats: dict[str, dict[str, Any]] = dict(self.passes.stats())
+        for model_id, engine in self.engines.items():
+            if isinstance(engine, OpenAIUpstreamEmbedder):
+                stats[model_id] = {**stats.get(model_id, {}), **engine.stats()}
+        return stats
 
 
 class _ModelPasses:
@@ -95,9 +107,13 @@ class _ModelPasses:
             options = spec["engine_options"] if spec else {}
 
             async def run(texts: list[str]) -> list[_Row]:
+                if isinstance(engine, OpenAIUpstreamEmbedder):
+                    return await _encoded_upstream(engine, texts)
                 return await asyncio.to_thread(_encoded_within_limit, engine, texts)
 
             async def measure(texts: list[str]) -> list[int]:
+                if isinstance(engine, OpenAIUpstreamEmbedder):  # an estimate, no tokenizer
+                    return tokens_read(engine, texts)
                 return await asyncio.to_thread(tokens_read, engine, texts)
 
             passes = self._passes[model_id] = FairBatches(
@@ -150,6 +166,16 @@ def _encoded_within_limit(engine: EmbeddingEngine, texts: list[str]) -> list[_Ro
             rows.append((done.vectors[at], done.tokens[at], engine_ms))
             at += 1
     return rows
+
+
+async def _encoded_upstream(engine: OpenAIUpstreamEmbedder, texts: list[str]) -> list[_Row]:
+    """Each text's row of one call to a server the operator runs (its time is the call's):
+    the server refuses an input over its context itself."""
+    started = time.perf_counter()
+    done = await engine.embed(texts)
+    call_ms = (time.perf_counter() - started) * 1000
+    return [(vector, tokens, call_ms)
+            for vector, tokens in zip(done.vectors, done.tokens, strict=True)]
 
 
 def _timed(engine: EmbeddingEngine, texts: list[str]) -> tuple[Encoded, float]:

@@ -83,6 +83,20 @@ class UpstreamSettings:
         return key
 
 
+def upstream_client(settings: UpstreamSettings) -> httpx.AsyncClient:
+    """The pooled client of one upstream: its key in every request's header, HTTP/2 where
+    the server offers it, at most `max_concurrency` connections, no redirects followed."""
+    key = settings.api_key()
+    return httpx.AsyncClient(
+        base_url=settings.base_url.rstrip("/") + "/",
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+        http2=importlib.util.find_spec("h2") is not None,
+        timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),
+        limits=httpx.Limits(max_connections=settings.max_concurrency,
+                            max_keepalive_connections=settings.max_concurrency),
+        follow_redirects=False)
+
+
 class UpstreamHealth:
     """Failures in a row of one upstream: past the bound it is offline until a probe of its
     `/models` answers (one probe task at a time)."""
@@ -120,7 +134,7 @@ class UpstreamHealth:
         return {"online": self.online, "failures_in_a_row": self.failures_in_a_row}
 
 
-class _Failed(Exception):
+class UpstreamFailed(Exception):
     """The upstream failed this request: `error` is the answer, `counts` whether it counts
     towards the upstream being offline (a refusal for load or a client's mistake does not)."""
 
@@ -141,15 +155,7 @@ class OpenAIUpstreamEngine:
         # The gate's slots are the bound itself; its reserved room is taken out of them
         # (deployments/fair_share.py), so the upstream never sees more than the bound.
         self.max_num_seqs = settings.max_concurrency
-        key = settings.api_key()
-        self.client = httpx.AsyncClient(
-            base_url=settings.base_url.rstrip("/") + "/",
-            headers={"Authorization": f"Bearer {key}"} if key else {},
-            http2=importlib.util.find_spec("h2") is not None,
-            timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(max_connections=settings.max_concurrency,
-                                max_keepalive_connections=settings.max_concurrency),
-            follow_redirects=False)
+        self.client = upstream_client(settings)
         self.health = UpstreamHealth(settings)
         self.in_flight = 0
         # Completion tokens of requests the client left mid-stream (most recent last).
@@ -160,9 +166,7 @@ class OpenAIUpstreamEngine:
             yield EngineError(400, "This model takes no images or videos", field="messages")
             return
         if not self.health.online:
-            yield EngineError(503, "The model is offline; try again in "
-                                   f"{self.settings.probe_interval_s:.0f} s",
-                              code="MODEL_OFFLINE", retry_after=self.settings.probe_interval_s)
+            yield offline(self.settings)
             return
         count = _Count(prompt_estimate(request.messages))
         self.in_flight += 1
@@ -172,7 +176,7 @@ class OpenAIUpstreamEngine:
             async with contextlib.aclosing(self._stream(request, count)) as events:
                 async for event in events:
                     yield event
-        except _Failed as failed:
+        except UpstreamFailed as failed:
             if failed.counts:
                 self.health.failed(self.client)
             yield failed.error
@@ -190,7 +194,7 @@ class OpenAIUpstreamEngine:
         try:
             async with self.client.stream("POST", "chat/completions", json=body) as answer:
                 if answer.status_code != 200:
-                    raise _refusal(answer.status_code, await answer.aread(),
+                    raise refusal(answer.status_code, await answer.aread(),
                                    answer.headers.get("retry-after"), self.settings)
                 finished = False
                 async for line in answer.aiter_lines():
@@ -203,19 +207,12 @@ class OpenAIUpstreamEngine:
                     for chunk in count.chunks(_json(data), self.settings.usage_every_chunk):
                         yield chunk
                 if not finished and not count.all_finished():
-                    raise _Failed(_ended_early(), counts=True)
-        except httpx.TimeoutException as exc:
-            logger.warning("upstream %s timed out (%s)", self.settings.upstream_model,
-                           type(exc).__name__)
-            raise _Failed(_ended_early() if count.started else EngineError(
-                503, "The model did not answer in time; try again later", code="MODEL_OFFLINE",
-                retry_after=DEFAULT_RETRY_AFTER_S), counts=True) from None
-        except httpx.TransportError as exc:
+                    raise UpstreamFailed(_ended_early(), counts=True)
+        except httpx.TransportError as exc:  # timeouts too
             logger.warning("upstream %s failed (%s)", self.settings.upstream_model,
                            type(exc).__name__)
-            raise _Failed(_ended_early() if count.started else EngineError(
-                503, "The model is offline; try again later", code="MODEL_OFFLINE",
-                retry_after=DEFAULT_RETRY_AFTER_S), counts=True) from None
+            raise UpstreamFailed(_ended_early() if count.started else unreachable(exc),
+                                 counts=True) from None
 
     def stats(self) -> dict[str, Any]:
         return {"unfinished": self.in_flight, "cancelled_tokens": list(self.cancelled),
@@ -241,9 +238,9 @@ class _Count:
 
     def chunks(self, data: Any, usage_every_chunk: bool) -> list[Chunk]:
         if not isinstance(data, dict):
-            raise _Failed(_ended_early() if self.started else _bad_answer(), counts=True)
+            raise UpstreamFailed(_ended_early() if self.started else _bad_answer(), counts=True)
         if "error" in data:  # an error reported inside the stream
-            raise _Failed(_ended_early() if self.started else _bad_answer(), counts=True)
+            raise UpstreamFailed(_ended_early() if self.started else _bad_answer(), counts=True)
         usage = data.get("usage")
         reported_completion = None
         if isinstance(usage, dict):
@@ -363,27 +360,44 @@ def _ended_early() -> EngineError:
                        code="INFERENCE_FAILED")
 
 
+def offline(settings: UpstreamSettings) -> EngineError:
+    """The answer of a model whose upstream is offline (at once, until a probe answers)."""
+    return EngineError(503, f"The model is offline; try again in "
+                            f"{settings.probe_interval_s:.0f} s",
+                       code="MODEL_OFFLINE", retry_after=settings.probe_interval_s)
+
+
+def unreachable(exc: httpx.HTTPError) -> EngineError:
+    """A 503 for an upstream that did not answer at all (no connection, a timeout)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return EngineError(503, "The model did not answer in time; try again later",
+                           code="MODEL_OFFLINE", retry_after=DEFAULT_RETRY_AFTER_S)
+    return EngineError(503, "The model is offline; try again later", code="MODEL_OFFLINE",
+                       retry_after=DEFAULT_RETRY_AFTER_S)
+
+
 def _bad_answer() -> EngineError:
     return EngineError(500, "The model's server answered something else than a chat "
                             "completion", code="INFERENCE_FAILED")
 
 
-def _refusal(status: int, body: bytes, retry_after: str | None,
-             settings: UpstreamSettings) -> _Failed:
+def refusal(status: int, body: bytes, retry_after: str | None,
+            settings: UpstreamSettings) -> UpstreamFailed:
     """The upstream's refusal as ours: a 429 or 503 is a 503 with Retry-After (the Gateway
     tries the fallbacks), a 400 or 422 stays a 400 with the upstream's message, anything else
     is our failure (logged with its status, never the upstream's address)."""
     if status in (429, 503):
         wait = _seconds(retry_after)
-        return _Failed(EngineError(503, f"The model is at capacity; try again in "
-                                        f"{math.ceil(wait)} s", code="MODEL_AT_CAPACITY",
-                                   retry_after=wait), counts=False)
+        return UpstreamFailed(EngineError(503, f"The model is at capacity; try again in "
+                                               f"{math.ceil(wait)} s", code="MODEL_AT_CAPACITY",
+                                          retry_after=wait), counts=False)
     message = _upstream_message(body, settings)
     if status in (400, 413, 422):
-        return _Failed(EngineError(400, message or "The model refused the request"),
-                       counts=False)
+        return UpstreamFailed(EngineError(400, message or "The model refused the request"),
+                              counts=False)
     logger.warning("upstream %s answered %d: %s", settings.upstream_model, status, message)
-    return _Failed(EngineError(500, "Inference failed", code="INFERENCE_FAILED"), counts=True)
+    return UpstreamFailed(EngineError(500, "Inference failed", code="INFERENCE_FAILED"),
+                          counts=True)
 
 
 def _seconds(retry_after: str | None) -> float:

@@ -3,7 +3,9 @@ engines an operator already runs (vLLM's, SGLang's, TGI's server): `engine: open
 talk to it over HTTP exactly as they would to those.
 
 It answers `/v1/chat/completions` as a stream of chunks (the reply's words, one token each,
-then the usage when `stream_options.include_usage` asks) and `/v1/models`. `behaviour` sets
+then the usage when `stream_options.include_usage` asks), `/v1/embeddings` (vectors of
+EMBEDDING_DIMENSIONS, not unit length, and a usage of each input's words plus two, summed)
+and `/v1/models`. `behaviour` sets
 how it answers next: "ok", a status to refuse with ("429", "503", "400", "500"), "cut" (the
 connection drops after `cut_after` words), "slow" (a word every `slow_interval_s`, many words:
 a client that leaves is seen as `left`), "down" (every path answers 500, `/models` too).
@@ -27,6 +29,12 @@ from starlette.routing import Route
 REPLY = "Hello from the upstream server, one word at a time."
 PROMPT_TOKENS = 17  # what the server reports of every prompt
 CACHED_TOKENS = 5
+EMBEDDING_DIMENSIONS = 3
+
+
+def embedding_tokens(text: str) -> int:
+    """What the server reports of one input's tokens."""
+    return len(text.split()) + 2
 
 
 class UpstreamServer:
@@ -44,6 +52,7 @@ class UpstreamServer:
         self.base_url = ""
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ])
 
@@ -54,6 +63,27 @@ class UpstreamServer:
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
+        refused = self._refused(request, body)
+        if refused is not None:
+            return refused
+        return StreamingResponse(self._chunks(body, self.behaviour),
+                                 media_type="text/event-stream")
+
+    async def _embeddings(self, request: Request) -> Response:
+        body = await request.json()
+        refused = self._refused(request, body)
+        if refused is not None:
+            return refused
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = [{"object": "embedding", "index": i,
+                 "embedding": [float(len(text)), 1.0, float(i)]}
+                for i, text in reversed(list(enumerate(texts)))]  # any order: index says
+        tokens = sum(embedding_tokens(text) for text in texts)
+        return JSONResponse({"object": "list", "data": data, "model": body.get("model"),
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    def _refused(self, request: Request, body: dict[str, Any]) -> Response | None:
+        """Records the request; the refusal `behaviour` asks for, if any."""
         self.bodies.append(body)
         self.authorizations.append(request.headers.get("authorization"))
         behaviour = self.behaviour
@@ -66,7 +96,7 @@ class UpstreamServer:
             return JSONResponse({"object": "error", "message": message, "type": "BadRequest",
                                  "code": int(behaviour)}, status_code=int(behaviour),
                                 headers=headers)
-        return StreamingResponse(self._chunks(body, behaviour), media_type="text/event-stream")
+        return None
 
     async def _chunks(self, body: dict[str, Any], behaviour: str) -> AsyncIterator[str]:
         words = self.reply.split(" ")
