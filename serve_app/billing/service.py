@@ -134,6 +134,13 @@ class Billing:
     def _quiet(self) -> bool:
         return len(self._open_holds) <= 1
 
+    def held_since(self, request_id: str, payer: Payer, created_at: datetime) -> Hold:
+        """The hold a request took at `created_at` and passed on (a queued job's, keyed by
+        its request id), to settle or release it later; its balances are not known here."""
+        age_s = (self.clock() - created_at).total_seconds()
+        return Hold(self, request_id, payer, Balances(0, 0), created_at,
+                    started=time.monotonic() - age_s)
+
     async def hold(self, request_id: str, payer: Payer, amount_nanos: int) -> Hold:
         now = self.clock()
         started = time.perf_counter()

@@ -75,16 +75,25 @@ class Admission:
     def start(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel, tokens: int, *,
               feature_budget: bool = False, limit: LimitCheck | None = None
               ) -> PendingAdmission:
+        """Start the limiter's decision for `model` (`begin`), to be followed by `hold`."""
+        deciding, beside = self.begin(ctx, key, model, tokens, feature_budget=feature_budget,
+                                      limit=limit)
+        return PendingAdmission(self, ctx, key, deciding, beside)
+
+    def begin(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel, tokens: int, *,
+              feature_budget: bool = False, limit: LimitCheck | None = None
+              ) -> tuple[asyncio.Future[Ticket | None], bool]:
         """Start the limiter's decision for `model` (`tokens`: the most the request may
         use: chat's prompt estimate and completion limit);
         `feature_budget`: unsupported features count toward their own budget (chat).
-        `limit` replaces the model's limits with another check."""
+        `limit` replaces the model's limits with another check. Gives the decision under
+        way, and whether the hold may run beside it (the key is well inside its limits)."""
         if limit is not None:  # its failures count toward the key's model-less budget
-            return PendingAdmission(self, ctx, key, asyncio.ensure_future(limit()), False)
+            return asyncio.ensure_future(limit()), False
         ctx.limit_model = model.id
         beside = self.limits.has_room(key, model, tokens)
-        deciding = self._decide(ctx, key, model, tokens, feature_budget)
-        return PendingAdmission(self, ctx, key, asyncio.ensure_future(deciding), beside)
+        deciding = self.decide(ctx, key, model, tokens, feature_budget)
+        return asyncio.ensure_future(deciding), beside
 
     async def admit_fallback(self, charge: Charge, key: KeyRecord, model: CatalogModel,
                              tokens: int, *, left_tokens: int) -> None:
@@ -94,7 +103,7 @@ class Admission:
         to the measured tokens), and the model that failed keeps `left_tokens` counted."""
         ctx = charge.ctx
         with ctx.step("fallback-limits"):
-            ticket = await self._decide(ctx, key, model, tokens, False)
+            ticket = await self.decide(ctx, key, model, tokens, False)
         previous, charge.ticket = charge.ticket, ticket
         if previous is not None:
             previous.correct(left_tokens)
@@ -121,7 +130,7 @@ class Admission:
         ctx.unsupported_feature = True
         self.limits.unsupported_feature(key, ctx.limit_model, ctx.request_id)
 
-    async def _decide(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel,
+    async def decide(self, ctx: RequestContext, key: KeyRecord, model: CatalogModel,
                       tokens: int, feature_budget: bool) -> Ticket | None:
         try:
             ticket = await self.limits.admit(key, model, tokens, feature_budget=feature_budget)
@@ -133,7 +142,7 @@ class Admission:
             respond.rate_limit_headers(ctx, ticket.state)
         return ticket
 
-    async def _hold(self, ctx: RequestContext, key: KeyRecord, models: Sequence[CatalogModel],
+    async def hold_most(self, ctx: RequestContext, key: KeyRecord, models: Sequence[CatalogModel],
                     max_cost: Cost | MaxUnits) -> Hold:
         """Hold the highest price any of `models` (a model and its fallbacks) may charge."""
         for model in models:
@@ -162,10 +171,10 @@ class PendingAdmission:
             with ctx.step("limits"):
                 ticket = await self._deciding
             with ctx.step("hold"):
-                hold = await self._admission._hold(ctx, self._key, models, max_cost)
+                hold = await self._admission.hold_most(ctx, self._key, models, max_cost)
             return Charge(ctx, hold, ticket)
         with ctx.step("limits+hold"):
-            holding = asyncio.ensure_future(self._admission._hold(ctx, self._key, models,
+            holding = asyncio.ensure_future(self._admission.hold_most(ctx, self._key, models,
                                                                   max_cost))
             try:
                 admitted, held = await asyncio.gather(self._deciding, holding,

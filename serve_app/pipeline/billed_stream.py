@@ -11,8 +11,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
-from serve_app.pipeline.runner import BilledCall
+
+class Settles(Protocol):
+    """What a stream settles where it ends (pipeline/bill.py's `Bill`)."""
+
+    async def close(self, failure: BaseException | None = None) -> None: ...
 
 
 class Mark(Enum):
@@ -28,7 +33,7 @@ class BilledEvents:
     deliver; the HTTP response (serve_app/http/billed_stream.py) sends them and closes the
     call."""
 
-    billed: BilledCall
+    billed: Settles
     events: AsyncIterator[str | Mark] | AsyncIterator[bytes | Mark]
     # Stops the model's work when the stream is cut short (None: the events are closed;
     # a generator closed before its first step runs none of its code, so a source that

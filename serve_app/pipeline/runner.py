@@ -40,6 +40,7 @@ from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission, LimitCheck
+from serve_app.pipeline.bill import Admitting, Bill
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.settlement import Charge
 
@@ -155,6 +156,26 @@ class RequestRunner:
             self.router.require_online(model)
         for helper in quoted.helpers:
             self.router.require_online(helper)
+
+    @asynccontextmanager
+    async def admit(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel, *,
+                    tokens: int = 0, limit: LimitCheck | None = None,
+                    calls_model: bool = True, feature_budget: bool = False,
+                    model_headers: bool = True) -> AsyncIterator[Bill]:
+        """The request's bill (pipeline/bill.py), the limiter's decision started; the body
+        checks the request, `hold`s, works and `deliver`s; the exit settles or releases,
+        however the body ends (a stream's bill: where its stream ends). The options are
+        `open`'s."""
+        deciding, beside = self.admission.begin(ctx, key, routed.model, tokens, limit=limit,
+                                                feature_budget=feature_budget)
+        bill = Bill(ctx, admitting=Admitting(self.admission, self.router, key, routed,
+                                             deciding, beside, calls_model, model_headers))
+        try:
+            yield bill
+        except BaseException as failure:
+            await bill.exit(failure)
+            raise
+        await bill.exit()
 
     @asynccontextmanager
     async def run(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
