@@ -1,4 +1,4 @@
-"""`POST /embeddings`: one embedding call through the request runner (pipeline/runner.py)."""
+"""`POST /embeddings`: one embedding call on its bill (pipeline/bill.py)."""
 
 from __future__ import annotations
 
@@ -25,15 +25,14 @@ async def create_embeddings(body: EmbeddingRequest, ctx: Context, key: Inference
     routed = services.router.resolve(body.model, "embedding")
     model, texts = routed.model, body.texts
     estimate = sum(len(t) for t in texts) // 4 + 1
-    async with services.runner.run(
-            ctx, key, routed, lambda: price(model, most_units(model, texts, body.dimensions)),
-            tokens=estimate) as billed:
+    async with services.runner.admit(ctx, key, routed, tokens=estimate) as bill:
+        await bill.hold(price(model, most_units(model, texts, body.dimensions)))
         with ctx.step("model"):
             embedded = await services.embedder.embed(model, texts, services.admission.tenant(key))
         ctx.record("replica", embedded.replica_ms)
         if embedded.engine_ms:
             ctx.record("engine", embedded.engine_ms)
-        billed.deliver(price(model, {"input": embedded.tokens}), tokens=embedded.tokens)
+        bill.deliver(price(model, {"input": embedded.tokens}), tokens=embedded.tokens)
     with ctx.step("respond"):
         vectors = shape(embedded.vectors, body.dimensions)
         payload = {
