@@ -1,5 +1,5 @@
-"""Image requests between the router and the image deployments, through the request runner
-(pipeline/runner.py): the model, the checks of the request and the most it may cost, then,
+"""Image requests between the router and the image deployments, each on its bill
+(pipeline/bill.py): the model, the checks of the request and the most it may cost, then,
 once admitted and held, the inputs (read and checked from their headers), one call to the
 deployment, and the settlement of what it did cost. Nothing is charged when any step fails:
 the hold goes back.
@@ -23,7 +23,6 @@ from deployments.protocol import (
     TextRequest,
 )
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.images import image_cost
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images import sizing
@@ -33,7 +32,7 @@ from serve_app.models.catalog import Catalog, CatalogModel, ImageOperation
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.runner import Quote, RequestRunner
+from serve_app.pipeline.runner import RequestRunner
 from serve_app.schemas.images import (
     BackgroundRemoveRequest,
     GenerateRequest,
@@ -92,16 +91,6 @@ class ImageService:
     def _ids(self, operation: ImageOperation) -> str:
         return ", ".join(m.id for m in self.catalog.for_operation(operation)) or "(none)"
 
-    async def _charged(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-                       quote: Quote, work: Callable[[], Awaitable[tuple[Produced, Cost]]]
-                       ) -> Produced:
-        """`work` through the request runner: it reads the inputs, calls the model and gives
-        what it made with its cost."""
-        async with self.runner.run(ctx, key, routed, quote) as billed:
-            produced, cost = await work()
-            billed.deliver(cost)
-        return produced
-
     async def _run(self, ctx: RequestContext, model: CatalogModel,
                    inputs: list[ImageInput], params: dict[str, Any], fmt: str) -> Produced:
         handle = self.router.image(model)
@@ -123,7 +112,8 @@ class ImageService:
         routed = self.model_for("upscale", None)
         model = routed.model
 
-        async def work() -> tuple[Produced, Cost]:
+        async with self.runner.admit(ctx, key, routed) as bill:
+            await bill.hold(image_cost(model, scale=body.scale))
             data = await source()
             image = await self.inspector.inspect(data, "image", account_id=key.account_id,
                                                  min_pixels=sizing.UPSCALE_MIN_PIXELS)
@@ -131,10 +121,8 @@ class ImageService:
             params = {"scale": scale, "creativity": body.clamped_creativity}
             produced = await self._run(ctx, model, [image], params, "png")
             respond.upscale_factor_header(ctx, scale)
-            return produced, image_cost(model, scale=scale)
-
-        return await self._charged(ctx, key, routed,
-                                   lambda: image_cost(model, scale=body.scale), work)
+            bill.deliver(image_cost(model, scale=scale))
+        return produced
 
     async def remove_background(self, ctx: RequestContext, key: KeyRecord,
                                 body: BackgroundRemoveRequest,
@@ -142,13 +130,14 @@ class ImageService:
         routed = self.model_for("background-remove", None)
         model = routed.model
 
-        async def work() -> tuple[Produced, Cost]:
+        async with self.runner.admit(ctx, key, routed) as bill:
+            await bill.hold(image_cost(model))
             image = await self.inspector.inspect(await source(), "image",
                                                  account_id=key.account_id,
                                                  max_pixels=sizing.EDIT_MAX_PIXELS)
-            return await self._run(ctx, model, [image], {}, "png"), image_cost(model)
-
-        return await self._charged(ctx, key, routed, lambda: image_cost(model), work)
+            produced = await self._run(ctx, model, [image], {}, "png")
+            bill.deliver(image_cost(model))
+        return produced
 
     async def _enhanced(self, ctx: RequestContext, prompt: str) -> str | None:
         """The rewritten prompt, also sent URL-encoded in `x-service-enhanced-prompt`; None when
@@ -195,13 +184,11 @@ class ImageService:
         quality = _quality(model, body.quality)
         enhance = _wants_enhancement(model, body.enhance_prompt)
 
-        def quote() -> Cost:
+        async with self.runner.admit(ctx, key, routed) as bill:
             _edit_limits(model, body, len(sources))
-            return image_cost(model, resolution=sizing.resolution_of(model, body.resolution),
-                              quality=quality, input_images=len(sources), enhanced=enhance)
-
-        async def work() -> tuple[Produced, Cost]:
-            resolution = sizing.resolution_of(model, body.resolution)  # checked by the quote
+            resolution = sizing.resolution_of(model, body.resolution)
+            await bill.hold(image_cost(model, resolution=resolution, quality=quality,
+                                       input_images=len(sources), enhanced=enhance))
             inputs = [await self.inspector.inspect(
                 await read(), name, account_id=key.account_id,
                 min_pixels=sizing.EDIT_MIN_PIXELS, max_pixels=sizing.EDIT_MAX_PIXELS)
@@ -217,10 +204,9 @@ class ImageService:
                       if model.capabilities.get("supportsOptimizePromptThinking") else None}
             produced = await self._run(ctx, model, inputs, params, fmt)
             respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
-            return produced, image_cost(model, resolution=size.resolution, quality=quality,
-                                        input_images=len(inputs), enhanced=enhanced is not None)
-
-        return await self._charged(ctx, key, routed, quote, work)
+            bill.deliver(image_cost(model, resolution=size.resolution, quality=quality,
+                                    input_images=len(inputs), enhanced=enhanced is not None))
+        return produced
 
     def styled_prompt(self, prompt: str, style: str | None) -> str:
         if style is None:
@@ -240,14 +226,11 @@ class ImageService:
         quality = _quality(model, body.quality)
         enhance = _wants_enhancement(model, body.enhance_prompt)
 
-        def quote() -> Cost:
+        async with self.runner.admit(ctx, key, routed) as bill:
             _check_prompt_length(model, body.prompt)
-            self.styled_prompt(body.prompt, body.style_preset)
-            return image_cost(model, outputs=body.variants, resolution=resolution,
-                              quality=quality, enhanced=enhance)
-
-        async def work() -> tuple[Produced, Cost]:
-            prompt = self.styled_prompt(body.prompt, body.style_preset)  # checked by the quote
+            prompt = self.styled_prompt(body.prompt, body.style_preset)
+            await bill.hold(image_cost(model, outputs=body.variants, resolution=resolution,
+                                       quality=quality, enhanced=enhance))
             enhanced = await self._enhanced(ctx, prompt) if enhance else None
             params = {"prompt": enhanced or prompt, "negative_prompt": body.negative_prompt,
                       "width": sizing.fit_divisor(body.width, model),
@@ -258,11 +241,10 @@ class ImageService:
                       "safe_mode": body.safe_mode}
             produced = await self._run(ctx, model, [], params, body.format)
             respond.content_headers(ctx, blurred=produced.blurred and body.safe_mode)
-            return produced, image_cost(model, outputs=len(produced.images),
-                                        resolution=resolution, quality=quality,
-                                        enhanced=enhanced is not None)
-
-        return await self._charged(ctx, key, routed, quote, work)
+            bill.deliver(image_cost(model, outputs=len(produced.images),
+                                    resolution=resolution, quality=quality,
+                                    enhanced=enhanced is not None))
+        return produced
 
     def native_generation(self, body: OpenAIImageRequest) -> GenerateRequest:
         """`/images/generations` as the native generation request: its size within the native
