@@ -39,6 +39,19 @@ NOT_RUN = "not run by this application"
 # its first request starts one and waits for it, so the platform can serve it. Not a failure.
 SCALED_TO_ZERO = "scaled to zero: a replica starts on the first request"
 PASSING = (OK, NOT_RUN, SCALED_TO_ZERO)
+# A model on a server the operator runs (`engine: openai`) whose server does not answer: named,
+# and a failure when it is a type's default model; another such model is the operator's to see
+# (the platform serves everything else, so a pod is not taken out of its Service for it).
+DEGRADED = "degraded: "
+
+
+def upstream_offline(state: dict[str, Any]) -> str:
+    return (f"its server does not answer ({state.get('failures_in_a_row', 0)} failures in a "
+            "row); its replica probes it until it does")
+
+
+def passing(state: str) -> bool:
+    return state in PASSING or state.startswith(DEGRADED)
 
 
 class Replicas(NamedTuple):
@@ -88,7 +101,8 @@ class Readiness:
 
     async def checks(self) -> dict[str, str]:
         """Each part's state, `ok` or why not; the parts: database, redis (when configured),
-        and `model:<id>` for each type's default model."""
+        `model:<id>` for each type's default model, and for each model on a server the
+        operator runs (`engine: openai`)."""
         database, redis, models = await asyncio.gather(
             self._bounded(self._database()), self._bounded(self._redis_ping()),
             self._bounded(self._models()))
@@ -137,14 +151,26 @@ class Readiness:
         return OK
 
     async def _models(self) -> dict[str, str]:
-        counts = await self.replica_counts()
+        counts, upstreams = await asyncio.gather(self.replica_counts(),
+                                                 self.router.upstreams.current())
         states: dict[str, str] = {}
+        defaults = set()
         for model_type in sorted({m.type for m in self.catalog.models}):
             model = self.catalog.default_model(model_type)
             if model is None:
                 continue
+            defaults.add(model.id)
             states[f"model:{model.id}"] = self._model_state(self.router.deployments_of(model),
                                                             counts)
+        for model in self.router.upstreams.models:
+            part, state = f"model:{model.id}", upstreams.get(model.id)
+            if state is None:  # its deployment is not run here, or did not say
+                continue
+            if state.get("online") is not False:
+                states.setdefault(part, OK)
+            elif states.get(part, OK) in PASSING:
+                offline = upstream_offline(state)
+                states[part] = offline if model.id in defaults else DEGRADED + offline
         return states
 
     def _model_state(self, deployments: list[str],
@@ -186,7 +212,7 @@ class HealthRoutes:
             await JSONResponse({"status": "ok"})(scope, receive, send)
             return
         checks = await self.readiness.checks()
-        failing = [part for part, state in checks.items() if state not in PASSING]
+        failing = [part for part, state in checks.items() if not passing(state)]
         if not failing:
             await JSONResponse({"status": "ready", "checks": checks})(scope, receive, send)
             return

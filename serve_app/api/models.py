@@ -9,7 +9,9 @@ from fastapi import Query
 from serve_app.api.deps import Services
 from serve_app.api.guarded_route import guarded_router
 from serve_app.errors import ApiError
+from serve_app.models.catalog import CatalogModel
 from serve_app.models.records import model_record
+from serve_app.services import GatewayServices
 
 router = guarded_router(tags=["Models"])
 
@@ -25,7 +27,7 @@ async def list_models(services: Services, type: TypeFilter = Query("all")) -> di
     return {
         "object": "list",
         "type": type,
-        "data": [model_record(m, offline=not services.router.is_online(m)) for m in models],
+        "data": [model_record(m, offline=_offline(services, m)) for m in models],
     }
 
 
@@ -54,4 +56,9 @@ async def get_model(model_id: str, services: Services) -> dict:
     if model is None:
         raise ApiError(404, f"Model {model_id!r} not found; GET /models lists the models",
                        code="MODEL_NOT_FOUND")
-    return model_record(model, offline=not services.router.is_online(model))
+    return model_record(model, offline=_offline(services, model))
+
+
+def _offline(services: GatewayServices, model: CatalogModel) -> bool:
+    """Its deployment is not running, or its server (`engine: openai`) does not answer."""
+    return not services.router.is_online(model) or services.router.upstreams.is_offline(model)

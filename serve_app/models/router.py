@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from serve_app.errors import ApiError
 from serve_app.models.catalog import Catalog, CatalogModel
+from serve_app.models.upstream_states import UpstreamStates
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -60,6 +61,8 @@ class ModelRouter:
     def __init__(self, catalog: Catalog, handles: dict[str, Any]) -> None:
         self.catalog = catalog
         self._handles = dict(handles)
+        # Whether the servers of `engine: openai` models answer (their replicas' word).
+        self.upstreams = UpstreamStates(catalog, self.deployment_handle)
 
     def deployments_of(self, model: CatalogModel) -> list[str]:
         """The deployments that run `model`: its own, or those of the models it chains (a

@@ -7,6 +7,7 @@ cuts ends with the stream's error and charges what was delivered; its address ne
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import yaml
 
 from deployments.text import TextDeployment
 from serve_app.models.catalog import load_catalog
+from serve_app.models.upstream_states import UpstreamStates
 from tests.fakes import fake_deployments
 from tests.fakes.handles import DeploymentHandle
 from tests.fakes.served import class_of
@@ -56,7 +58,8 @@ def gateway_catalog(tmp_path: Path, upstream: UpstreamServer,
              "max_completion_tokens": 256,
              "engine_options": {"base_url": upstream.base_url,
                                 "upstream_model": "upstream-model",
-                                "api_key_env": "UPSTREAM_KEY_FOR_FLOWS"},
+                                "api_key_env": "UPSTREAM_KEY_FOR_FLOWS",
+                                "failures_to_offline": 2, "probe_interval_s": 0.05},
              "pricing": {"input": {"usd": 10, "diem": 10}, "output": {"usd": 20, "diem": 20},
                          "cache_input": {"usd": 10, "diem": 10}}}
     path = tmp_path / "catalog.yaml"
@@ -155,3 +158,34 @@ def test_the_model_list_shows_the_upstream_model_and_not_its_address(fake_gatewa
     assert MODEL in [m["id"] for m in resp.json()["data"]]
     address = upstream.base_url.removeprefix("http://").removesuffix("/v1")
     assert address not in resp.text and "UPSTREAM_KEY_FOR_FLOWS" not in resp.text
+
+
+def test_an_upstream_that_stops_answering_is_listed_offline_named_by_ready_and_comes_back(
+        fake_gateway, key, fakes, upstream):
+    router = fake_gateway.services.router
+    # Every reader asks the deployment again (the Gateway's default: at most every 5 s).
+    router.upstreams = UpstreamStates(router.catalog, router.deployment_handle, max_age_s=0)
+    upstream.behaviour = "down"
+    for _ in range(2):  # the catalog's failures_to_offline
+        assert _chat(fake_gateway, key).status_code == 500
+    assert _chat(fake_gateway, key).json()["code"] == "MODEL_OFFLINE"  # not asked again
+
+    ready = fake_gateway.client.get("/ready")
+    # Not the text default: the platform serves the rest, so it stays ready, naming the model.
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"][f"model:{MODEL}"] == (
+        "degraded: its server does not answer (2 failures in a row); its replica probes it "
+        "until it does")
+    listed = fake_gateway.client.get(f"/api/v1/models/{MODEL}").json()
+    assert listed["model_spec"]["offline"] is True
+
+    upstream.behaviour = "ok"
+    deployment = fakes["text-m"].deployment
+    for _ in range(600):  # the replica's probe (every 0.05 s here) finds it again
+        if fake_gateway.client.portal.call(deployment.stats)[MODEL]["upstream"]["online"]:
+            break
+        time.sleep(0.05)
+    assert fake_gateway.client.get("/ready").json()["checks"][f"model:{MODEL}"] == "ok"
+    assert fake_gateway.client.get(f"/api/v1/models/{MODEL}").json()["model_spec"][
+        "offline"] is False
+    assert _chat(fake_gateway, key).status_code == 200
