@@ -17,6 +17,7 @@ import yaml
 
 from deployments.embedding import EmbeddingDeployment
 from serve_app.models.catalog import load_catalog
+from serve_app.models.upstream_states import UpstreamStates
 from tests.fakes import fake_deployments
 from tests.fakes.handles import DeploymentHandle
 from tests.fakes.served import class_of
@@ -59,10 +60,13 @@ def gateway_catalog(tmp_path: Path, upstream: UpstreamServer,
              "context_length": 512,
              "engine_options": {"base_url": upstream.base_url,
                                 "upstream_model": "upstream-embedder",
-                                "api_key_env": "UPSTREAM_EMBEDDING_KEY_FOR_FLOWS"},
+                                "api_key_env": "UPSTREAM_EMBEDDING_KEY_FOR_FLOWS",
+                                "failures_to_offline": 2, "probe_interval_s": 0.05},
              "pricing": {"input": {"usd": INPUT_USD, "diem": INPUT_USD}}}
     path = tmp_path / "catalog.yaml"
-    path.write_text(yaml.safe_dump({"include": [str(CATALOG)], "models": [model]}))
+    # The type's default model: /ready counts it.
+    path.write_text(yaml.safe_dump({"include": [str(CATALOG)], "models": [model],
+                                    "traits": {"embedding": {"default": MODEL}}}))
     return path
 
 
@@ -136,3 +140,23 @@ def test_an_upstream_that_fails_is_a_500_charging_nothing(fake_gateway, key, boo
     assert resp.status_code == 500, resp.text
     assert resp.json()["code"] == "INFERENCE_FAILED"
     assert books.balance_nanos() == before and books.open_holds() == 0
+
+
+def test_a_default_model_whose_server_stops_answering_makes_the_gateway_not_ready(
+        fake_gateway, key, upstream):
+    router = fake_gateway.services.router
+    router.upstreams = UpstreamStates(router.catalog, router.deployment_handle, max_age_s=0)
+    assert fake_gateway.client.get("/ready").status_code == 200
+    upstream.behaviour = "down"
+    for _ in range(2):  # the catalog's failures_to_offline
+        assert _embed(fake_gateway, key).status_code == 500
+    ready = fake_gateway.client.get("/ready")
+    assert ready.status_code == 503, ready.text
+    assert ready.json()["code"] == "NOT_READY"
+    assert ready.json()["checks"][f"model:{MODEL}"] == (
+        "its server does not answer (2 failures in a row); its replica probes it until it "
+        "does")
+    address = upstream.base_url.removeprefix("http://").removesuffix("/v1")
+    assert address not in ready.text
+    assert fake_gateway.client.get("/api/v1/models?type=embedding").json()["data"][0][
+        "model_spec"]["offline"] is True
