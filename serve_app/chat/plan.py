@@ -20,7 +20,7 @@ from serve_app.chat.vision import VisionSpec
 from serve_app.chat.web import WebDocument, find_urls
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel
-from serve_app.pipeline.runner import BilledCall
+from serve_app.pipeline.bill import Bill
 from serve_app.schemas.chat import (
     AudioPart,
     ChatCompletionRequest,
@@ -83,7 +83,7 @@ class ChatPlan:
     usage: ProducedTokens = field(default_factory=ProducedTokens)
     answered_by: RoutedModel | None = None
     gate_wait_ms: float | None = None  # the model replica's fair-share wait (access log)
-    billed: BilledCall | None = None  # the hold and the rate-limit count, settled once
+    billed: Bill | None = None  # the hold and the rate-limit count, settled once
     key: KeyRecord | None = None  # the caller (its limits count the fallbacks too)
     _rendered: tuple[ChatCompletionRequest, int] | None = field(default=None, init=False,
                                                                repr=False)
@@ -195,7 +195,7 @@ class ChatPlan:
         return cost if cost.lines else None
 
     def delivered(self) -> tuple[Cost | None, int]:
-        """What was delivered so far and its tokens, read when the billed call closes. Once a
+        """What was delivered so far and its tokens, read when the bill closes. Once a
         model answered: what it sent, with the web read and the audio heard, and the tokens
         measured. Before: what was done for the request is charged whatever the model then
         does (the web searched and scraped, audio heard), and the count is the prompt's

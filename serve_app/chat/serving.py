@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
@@ -50,9 +51,10 @@ from serve_app.models.calls import ModelFailed, complete_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
+from serve_app.pipeline.bill import Bill
 from serve_app.pipeline.billed_stream import BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.runner import BilledCall, Quote, Quoted, RequestRunner
+from serve_app.pipeline.runner import RequestRunner
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
 from serve_app.tracing import traceparent
 
@@ -61,8 +63,8 @@ __all__ = ["ChatPlan", "ChatService", "chunks_with_first"]  # the /responses sha
 
 
 class ChatService:
-    """Chat between the router and the text deployments: admitted through the request runner
-    (pipeline/runner.py), planned (model, fallbacks, prompt, sampling), answered unary or
+    """Chat between the router and the text deployments: admitted on its bill
+    (pipeline/bill.py), planned (model, fallbacks, prompt, sampling), answered unary or
     streamed."""
 
     def __init__(self, router: ModelRouter, catalog: Catalog, web: WebTools, database: Engine,
@@ -106,31 +108,29 @@ class ChatService:
             if params.enable_web_search == "on":
                 raise ApiError(503, str(exc), code="WEB_SEARCH_UNAVAILABLE") from exc
 
-    def _options(self, req: ChatCompletionRequest, primary: RoutedModel) -> dict[str, Any]:
-        """The request runner's options for a chat: its tokens (the prompt's estimate and the
-        completion limit), the unsupported features' budget, and the model headers of the
-        model that answers (set once it has)."""
-        return {"tokens": admission_tokens(req, primary.model), "feature_budget": True,
-                "model_headers": False}
+    def _admit(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+               primary: RoutedModel) -> AbstractAsyncContextManager[Bill]:
+        """The chat's bill: its tokens (the prompt's estimate and the completion limit), the
+        unsupported features' budget, and the model headers of the model that answers (set
+        once it has)."""
+        return self.runner.admit(ctx, key, primary, tokens=admission_tokens(req, primary.model),
+                                 feature_budget=True, model_headers=False)
 
-    def _quote(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
-               primary: RoutedModel, planned: list[ChatPlan]) -> Quote:
-        """The request's checks (`_checked`), run while the limiter decides; the plan they
-        build goes to `planned`. A request with files or image and video parts first holds a
+    async def _planned(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+                       primary: RoutedModel, bill: Bill) -> ChatPlan:
+        """The request checked (`_checked`, while the limiter decides), held for, then
+        prepared (`_prepare`). A request with files or image and video parts first holds a
         floor (its known text, chat/plan.py) and reads them, then holds what they make it
         cost (`_read_inputs`); any other holds its most at once. The candidates and the model
         that hears audio parts are held for (their privacy tiers) and must run (one of the
-        candidates)."""
-        async def quote() -> Quoted:
-            plan = await self._checked(ctx, key, req, primary)
-            planned.append(plan)
-            reads = has_files(plan.req) or has_media(plan.req)
-            return Quoted(plan.floor_cost() if reads else plan.max_cost(),
-                          fallbacks=[c.model for c in plan.candidates[1:]],
-                          helpers=[plan.transcriber] if plan.transcriber else [],
-                          measure=plan.delivered)
-
-        return quote
+        candidates). What was delivered is read from the plan when the bill closes."""
+        plan = await self._checked(ctx, key, req, primary)
+        reads = has_files(plan.req) or has_media(plan.req)
+        bill.measure = plan.delivered
+        await bill.hold(plan.floor_cost() if reads else plan.max_cost(),
+                        fallbacks=[c.model for c in plan.candidates[1:]],
+                        helpers=[plan.transcriber] if plan.transcriber else [])
+        return await self._prepare(ctx, key, plan, bill)
 
     async def _checked(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
                        primary: RoutedModel) -> ChatPlan:
@@ -167,14 +167,12 @@ class ChatService:
 
     async def answer(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
                      shape: Callable[[ChatPlan], Awaitable[T]]) -> T:
-        """A unary answer through the request runner: admitted, prepared (`_prepare`), then
+        """A unary answer on its bill: admitted, checked, held and prepared (`_planned`), then
         `shape(plan)` (the model's work, shaped); what was delivered is settled however it
         ends. The model headers name the model that answered."""
-        primary, planned = self.router.resolve(req.model, "text"), list[ChatPlan]()
-        async with self.runner.run(ctx, key, primary,
-                                   self._quote(ctx, key, req, primary, planned),
-                                   **self._options(req, primary)) as billed:
-            plan = await self._prepare(ctx, key, planned[0], billed)
+        primary = self.router.resolve(req.model, "text")
+        async with self._admit(ctx, key, req, primary) as bill:
+            plan = await self._planned(ctx, key, req, primary, bill)
             answer = await shape(plan)
         ctx.gate_wait_ms = plan.gate_wait_ms
         self._model_headers(ctx, plan)
@@ -183,24 +181,18 @@ class ChatService:
     async def stream(self, ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
                      start: Callable[[ChatPlan], Awaitable[AsyncIterator[str | Mark]]]
                      ) -> BilledEvents:
-        """A streamed answer through the request runner: admitted, prepared, then
+        """A streamed answer on its bill: admitted, checked, held and prepared, then
         `start(plan)` starts the model (fallbacks included) before the response does, so
         that a failure to start is still an ordinary error answer, and gives its events;
-        from then on, the stream settles (pipeline/billed_stream.py)."""
-        primary, planned = self.router.resolve(req.model, "text"), list[ChatPlan]()
-        billed = await self.runner.open(ctx, key, primary,
-                                        self._quote(ctx, key, req, primary, planned),
-                                        **self._options(req, primary))
-        try:
-            plan = await self._prepare(ctx, key, planned[0], billed)
+        from then on, the bill is the stream's, which settles it (pipeline/billed_stream.py)."""
+        primary = self.router.resolve(req.model, "text")
+        async with self._admit(ctx, key, req, primary) as bill:
+            plan = await self._planned(ctx, key, req, primary, bill)
             events = await start(plan)
-        except BaseException as failure:
-            await billed.close(failure)
-            raise
-        ctx.first_token_ms = ctx.times.elapsed_ms()  # `start` waited for the model's first piece
-        ctx.gate_wait_ms = plan.gate_wait_ms
-        self._model_headers(ctx, plan)
-        return BilledEvents(billed, events)
+            ctx.first_token_ms = ctx.times.elapsed_ms()  # `start` waited for the first piece
+            ctx.gate_wait_ms = plan.gate_wait_ms
+            self._model_headers(ctx, plan)
+            return bill.stream(events)
 
     @staticmethod
     def _model_headers(ctx: RequestContext, plan: ChatPlan) -> None:
@@ -208,13 +200,13 @@ class ChatService:
         respond.model_headers(ctx, plan.answered_by.model, plan.router_label)
 
     async def _prepare(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan,
-                       billed: BilledCall) -> ChatPlan:
+                       bill: Bill) -> ChatPlan:
         """Once the hold is taken: the audio parts decoded, the files and media read (and
         the hold of what they make the request cost), the engine request composed (URL
         media fetched, the web searched and scraped, audio heard last). Nothing ran on the
         model yet: should any of it fail, the hold goes back but what was done is charged
         (the searches answered, the pages scraped, the audio heard: `ChatPlan.delivered`)."""
-        plan.billed = billed
+        plan.billed = bill
         if plan.transcriber is not None:  # every part's bytes, before any work is done
             plan.audio_data = decode_audio_parts(plan.req)
         if has_files(plan.req) or has_media(plan.req):
@@ -235,7 +227,7 @@ class ChatService:
                 plan.media = await self.media.collect(req, primary.model, key.account_id)
         plan.req = req
         assert plan.billed is not None, "hold the floor first"
-        await plan.billed.charge.rehold(plan.max_cost())
+        await plan.billed.rehold(plan.max_cost())
 
     async def _compose(self, ctx: RequestContext, key: KeyRecord, plan: ChatPlan) -> None:
         """The engine request, once the hold is taken: URL media fetched, the web read, audio
@@ -312,8 +304,8 @@ class ChatService:
         """The fallback's limits count the request (429 when they refuse)."""
         if plan.billed is None or plan.key is None:
             return
-        await self.admission.admit_fallback(
-            plan.billed.charge, plan.key, model, admission_tokens(plan.req, model),
+        await plan.billed.admit_fallback(
+            self.admission, plan.key, model, admission_tokens(plan.req, model),
             left_tokens=prompt_estimate(plan.req))
 
     async def start_model_stream(self, plan: ChatPlan) -> tuple[
