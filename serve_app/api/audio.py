@@ -51,18 +51,10 @@ MAX_AUDIO_BYTES = 25 * 1024 * 1024  # files must be smaller
                               "description": "The audio"}})
 async def create_speech(body: SpeechRequest, ctx: Context, key: InferenceCaller,
                         services: Services) -> Response:
-    speech = await services.audio.speak(ctx, key, body)
-    if body.streaming:
-        return BilledStream(speech.stream(), media_type=speech.media_type)
-    failure: BaseException | None = None
-    try:
-        audio = await speech.whole()
-    except BaseException as exc:
-        failure = exc
-        raise
-    finally:
-        await speech.close(failure)
-    return Response(audio, media_type=speech.media_type)
+    speech, media_type = await services.audio.speak(ctx, key, body)
+    if isinstance(speech, bytes):
+        return Response(speech, media_type=media_type)
+    return BilledStream(speech, media_type=media_type)
 
 
 async def _upload(request: Request, *, required: bool = True

@@ -22,7 +22,7 @@ from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.runner import BilledCall, RequestRunner
+from serve_app.pipeline.runner import RequestRunner
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest
 
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac",
@@ -36,14 +36,12 @@ DEFAULT_MAX_AUDIO_SECONDS = 1800
 
 @dataclass(eq=False)
 class Speech:
-    """A speech answer on its way: its audio `pieces` and its billed call, which reads what
-    was delivered at its `close` (`delivered`). Streamed, the response settles it
-    (`BilledStream`: `pieces` yields `SETTLE` once all the audio is out); whole, `whole()`
-    reads the pieces and the router's `close()` settles."""
+    """A speech answer on its way: its audio `pieces`, and what of it was delivered
+    (`delivered`, which its bill reads when it closes). Streamed, the response settles the
+    bill (`BilledStream`: `pieces` yields `SETTLE` once all the audio is out); whole,
+    `whole()` reads the pieces."""
 
     model: CatalogModel
-    media_type: str
-    billed: BilledCall
     cost: Cost  # of the whole input
     characters: int  # of the whole input
     first: protocol.SpeechPiece | None
@@ -54,7 +52,6 @@ class Speech:
 
     def __post_init__(self) -> None:
         self.pieces = self._audio()
-        self.billed.measure = self.delivered
 
     async def _audio(self) -> AsyncIterator[bytes | Mark]:
         """The audio, piece by piece. A piece counts as delivered when its consumer comes
@@ -78,10 +75,6 @@ class Speech:
             return price(self.model, {"speech_characters": min(self.sent, self.characters)}), None
         return None, None
 
-    def stream(self) -> BilledEvents:
-        """The pieces and the call they settle, for the response that streams them."""
-        return BilledEvents(self.billed, self.pieces, stop=self.stop)
-
     async def stop(self) -> None:
         """Stop the synthesis (started or not: the deployment's stream is open from
         `speak` on)."""
@@ -97,13 +90,6 @@ class Speech:
         except BaseException:
             self.sent = 0
             raise
-
-    async def close(self, failure: BaseException | None = None) -> None:
-        """Stop the synthesis, then settle what was delivered (a whole answer's)."""
-        try:
-            await self.stop()
-        finally:
-            await self.billed.close(failure)
 
 
 def pick_voice(model: CatalogModel, requested: str | None) -> str:
@@ -138,22 +124,18 @@ class AudioService:
         self.runner = runner
         self.admission = runner.admission
 
-    async def speak(self, ctx: RequestContext, key: KeyRecord,
-                    body: SpeechRequest) -> Speech:
-        """Start the speech of `body.input`; the first piece is ready when this returns, so a
-        failure to start is an error answer, not a broken stream."""
+    async def speak(self, ctx: RequestContext, key: KeyRecord, body: SpeechRequest
+                    ) -> tuple[bytes | BilledEvents, str]:
+        """The speech of `body.input`, and its media type: all of its audio, or, streamed
+        (`body.streaming`), the pieces for the response that sends them and settles the bill.
+        The first piece is ready when this returns, so a failure to start is an error
+        answer, not a broken stream."""
         routed = self.router.resolve(body.model, "tts")
         model = routed.model
         cost = price(model, {"speech_characters": len(body.input)})
-
-        def quote() -> Cost:
-            pick_voice(model, body.voice)
-            _format(model, body.response_format)
-            return cost
-
-        billed = await self.runner.open(ctx, key, routed, quote)
-        voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
-        try:
+        async with self.runner.admit(ctx, key, routed) as bill:
+            voice, fmt = pick_voice(model, body.voice), _format(model, body.response_format)
+            await bill.hold(cost)
             handle = self.router.speech(model)
             with ctx.step("model"):
                 stream = stream_model(handle.speak, model.id, model.id,
@@ -161,10 +143,14 @@ class AudioService:
                                                              fmt, self.admission.tenant(key)))
                 await anext(stream)  # SpeechStart: the voice is loaded and known
                 first = await anext(stream, None)
-        except BaseException as failure:
-            await billed.close(failure)
-            raise
-        return Speech(model, CONTENT_TYPES[fmt], billed, cost, len(body.input), first, stream)
+            speech = Speech(model, cost, len(body.input), first, stream)
+            bill.measure = speech.delivered
+            if body.streaming:
+                return bill.stream(speech.pieces, stop=speech.stop), CONTENT_TYPES[fmt]
+            try:
+                return await speech.whole(), CONTENT_TYPES[fmt]
+            finally:
+                await speech.stop()  # then the bill settles what was delivered
 
     async def transcribe(self, ctx: RequestContext, key: KeyRecord,
                          body: TranscriptionRequest, audio: bytes) -> protocol.Transcription:
@@ -172,8 +158,8 @@ class AudioService:
         model = routed.model
         given = model.engine_options.max_seconds
         most = int(DEFAULT_MAX_AUDIO_SECONDS if given is None else given)
-        async with self.runner.run(ctx, key, routed,
-                                   lambda: price(model, {"audio_seconds": most})) as billed:
+        async with self.runner.admit(ctx, key, routed) as bill:
+            await bill.hold(price(model, {"audio_seconds": most}))
             handle = self.router.transcription(model)
             with ctx.step("model"):
                 out: protocol.Transcription = await call_model(
@@ -181,7 +167,7 @@ class AudioService:
                     protocol.TranscriptionRequest(audio, body.language, body.timestamps,
                                                   self.admission.tenant(key)))
             ctx.record("replica", out.replica_ms)
-            billed.deliver(price(model, {"audio_seconds": max(1, math.ceil(out.duration))}))
+            bill.deliver(price(model, {"audio_seconds": max(1, math.ceil(out.duration))}))
         return out
 
     def voices(self, model_name: str | None) -> list[dict[str, str]]:
