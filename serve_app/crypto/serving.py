@@ -335,7 +335,7 @@ class CryptoRpc:
                        rpc: RpcRequest,
                        admitted: Callable[[], Awaitable[Response | None]] | None = None
                        ) -> Response:
-        """Caps, hold, node, settlement, through the request runner (pipeline/runner.py).
+        """Caps, hold, node, settlement, on the request's bill (pipeline/bill.py).
         `admitted`: run once the caller is held; an answer it gives is returned in place of
         forwarding (the hold given back)."""
         model = self.model(slug)
@@ -349,12 +349,11 @@ class CryptoRpc:
             self.credits.start(key.account_id, rpc.max_credits)
             counted = True
 
-        credits, billed = 0, None
+        credits, bill = 0, None
         try:
-            async with self.runner.run(
-                    ctx, key, RoutedModel(model),
-                    lambda: price(model, {LINE_TYPE: rpc.max_credits}), limit=caps,
-                    calls_model=False, model_headers=False) as billed:
+            async with self.runner.admit(ctx, key, RoutedModel(model), limit=caps,
+                                         calls_model=False, model_headers=False) as bill:
+                await bill.hold(price(model, {LINE_TYPE: rpc.max_credits}))
                 instead = await admitted() if admitted is not None else None
                 if instead is not None:
                     return instead  # nothing delivered: the hold goes back
@@ -365,14 +364,14 @@ class CryptoRpc:
                 except CallerCaused as failed:
                     credits = error_credits(rpc)
                     cost = price(model, {LINE_TYPE: credits})
-                    billed.deliver(cost)
+                    bill.deliver(cost)
                     raise failed.answer(credits, cost_usd(cost)) from None
                 credits = rpc.max_credits if answer is None else count_credits(rpc, answer)
                 cost = price(model, {LINE_TYPE: credits})
-                billed.deliver(cost)
+                bill.deliver(cost)
         finally:
             if counted:
-                spent = credits if billed is not None and billed.settled else 0
+                spent = credits if bill is not None and bill.settled else 0
                 self.credits.finish(key.account_id, rpc.max_credits, spent)
         return Response(raw, media_type="application/json",
                         headers={"X-Venice-RPC-Credits": str(credits),
