@@ -50,6 +50,7 @@ from serve_app.models.router import ModelRouter
 from serve_app.net_guard import GuardedFetcher
 from serve_app.pipeline.admission import Admission
 from serve_app.pipeline.runner import RequestRunner
+from serve_app.responses.service import BackgroundResponses
 from serve_app.settings import Settings
 from serve_app.video.probe import probe as probe_video
 from serve_app.video.serving import VideoService
@@ -117,6 +118,7 @@ class GatewayServices:
     voice_changer: VoiceChanger
     video: VideoService
     webhooks: WebhookDeliveries
+    responses: BackgroundResponses = field(init=False)  # built on `chat`
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -163,7 +165,7 @@ class GatewayServices:
                                      first_retry=timedelta(
                                          seconds=settings.webhook_first_retry_s))
         webhooks.upkeep.append(queue_keys.sweep)
-        return cls(
+        services = cls(
             settings=settings,
             catalog=catalog,
             engine=engine,
@@ -211,6 +213,8 @@ class GatewayServices:
                                inspector=image_inspector),
             webhooks=webhooks,
         )
+        services.responses = BackgroundResponses.from_settings(settings, engine, services.chat)
+        return services
 
     async def start(self) -> None:
         """Background work of the replica: key change notices and the key sync, the sweeps."""
@@ -222,6 +226,7 @@ class GatewayServices:
             asyncio.create_task(self.crypto_rpc.run_sweeper()),
             asyncio.create_task(self.job_runner.run()),
             asyncio.create_task(self.webhooks.run()),
+            asyncio.create_task(self.responses.run()),
         ]
 
     async def stop(self) -> None:
@@ -231,6 +236,8 @@ class GatewayServices:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        with contextlib.suppress(Exception):
+            await self.responses.stop()  # each generation of this replica charges what it made
         with contextlib.suppress(Exception):
             await self.keys.sync()  # write the last `lastUsedAt` stamps
         with contextlib.suppress(Exception):

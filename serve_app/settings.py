@@ -108,6 +108,12 @@ class Settings(BaseSettings):
     # the megabytes their inputs and finished media keep in the result store (429 past them).
     job_open_per_account: int = Field(default=20, ge=1)
     job_stored_mb_per_account: int = Field(default=2048, ge=1)
+    # Background responses (`/responses` with `background: true`): how long a finished one
+    # and its events are kept, and per account how many may be kept at once and the
+    # megabytes they may keep (429 past them).
+    responses_kept_s: float = Field(default=3600.0, gt=0)
+    responses_per_account: int = Field(default=100, ge=1)
+    responses_stored_mb_per_account: int = Field(default=64, ge=1)
     # The longest a request body may take to arrive (408 past it), and how many bodies over
     # 1 MB one client address may have on their way at once (429 past it).
     body_timeout_s: float = Field(default=60.0, gt=0)

@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 from deployments.protocol import Chunk, TextEvent, Usage
@@ -149,6 +150,35 @@ async def stream_response(ctx: RequestContext, key: KeyRecord, req: ChatCompleti
         return _events(plan, routed.model.id, chunks_with_first(first, stream))
 
     return await chat_service.stream(ctx, key, req, start)
+
+
+async def background_stream(ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
+                            chat_service: ChatService) -> BilledEvents:
+    """The response.* events of `req` for a background response: admitted, held for and
+    prepared now (what refuses it is this request's answer), the model started only when the
+    events are first read, by the worker that drives them (serve_app/responses/), not by
+    this request. Closing the events stops the model."""
+    async def start(plan: ChatPlan) -> AsyncIterator[str | Mark]:
+        plan.answered_by = plan.candidates[0]  # the model asked for, until one answers
+
+        async def events() -> AsyncIterator[str | Mark]:
+            routed, stream, first = await chat_service.start_model_stream(plan)
+            try:
+                async with aclosing(_events(plan, routed.model.id,
+                                            chunks_with_first(first, stream))) as shaped:
+                    async for event in shaped:
+                        yield event
+            finally:
+                await _close(stream)
+        return events()
+
+    return await chat_service.stream(ctx, key, req, start)
+
+
+async def _close(stream: AsyncIterator[TextEvent]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
 
 
 async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent]

@@ -473,3 +473,36 @@ class WebhookDelivery(SQLModel, table=True):
 def open_job_request_ids():
     """A subquery of the reservations that open jobs hold: the hold sweeper leaves them."""
     return select(JobRow.request_id).where(col(JobRow.status).in_(OPEN_STATUSES))
+
+
+class StoredResponse(SQLModel, table=True):
+    """A background `/responses` generation (serve_app/responses/): its response object as it
+    stands, whose it is, and the lease of the replica whose worker drives it. The money is
+    held under `request_id` until the worker settles what the engine made; the row and its
+    events are deleted after `expires_at` (swept)."""
+
+    __tablename__ = "stored_responses"
+
+    id: str = Field(primary_key=True, max_length=80)  # resp_<request id>
+    account_id: str = Field(max_length=36, index=True)
+    request_id: str = Field(max_length=64)
+    status: str = Field(max_length=16)  # queued | in_progress | completed | failed | ...
+    response: str = Field(sa_column=Column(Text, nullable=False))  # the object, JSON
+    # Bytes it keeps (its object and its events): an account's sum is bounded.
+    stored_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    lease_owner: str | None = Field(default=None, max_length=64)
+    lease_expires_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
+    cancel_requested: bool = Field(default=False)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
+    expires_at: datetime = Field(sa_column=_utc_column(nullable=False, index=True))
+
+
+class ResponseEvent(SQLModel, table=True):
+    """One numbered event of a stored response, where no Redis keeps them
+    (serve_app/responses/events.py)."""
+
+    __tablename__ = "response_events"
+
+    response_id: str = Field(primary_key=True, max_length=80)
+    sequence_number: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    data: str = Field(sa_column=Column(Text, nullable=False))

@@ -72,6 +72,8 @@ class ResponsesRequest(_Open):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     stream: bool = False
+    # Run detached from the connection and keep the response (serve_app/responses/).
+    background: bool = False
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     text: TextConfig | None = None
@@ -89,4 +91,6 @@ class ResponsesRequest(_Open):
     def _not_empty(self) -> ResponsesRequest:
         if isinstance(self.input, list) and not self.input:
             raise ValueError("input must not be empty")
+        if self.background and self.store is False:
+            raise ValueError("background responses are stored: store must not be false")
         return self

@@ -1,0 +1,396 @@
+"""Background responses: the worker that drives a generation detached from the request that
+asked for it, and what the routes ask of it.
+
+`create` admits the request as a streamed one (limits, the hold, the fair-share tenant: the
+caller's), writes the response's row (refused past the account's bound) and hands the billed
+events to a task of this replica, which owns them from then on: it numbers nothing itself
+(the events come numbered, chat/response_objects.py) but appends each to the event log
+before anyone may read it, renews its lease on the row, and settles the hold exactly once,
+where a streamed answer does (`SETTLE`: what the engine made, whether anyone watched), or
+when it is cut short (a cancel: the model is stopped first, then what it made is charged and
+the rest of the hold released).
+
+Readers on any replica follow the log (`follow`): the events after the one they name, then
+live ones until the response has ended. A replica that dies leaves a lease that runs out: the
+sweep of any other fails the response (its hold, taken by the dead replica's billing service,
+is released by the billing sweep: nothing is charged), and deletes ended responses past their
+keeping time with their events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine
+
+from serve_app.accounts.key_store import KeyRecord
+from serve_app.chat.response_objects import background_stream
+from serve_app.chat.serving import ChatService
+from serve_app.db.tables import StoredResponse, utcnow
+from serve_app.errors import ApiError, stream_error_body
+from serve_app.limits.limit_headers import limit_headers
+from serve_app.pipeline.billed_stream import SETTLE, BilledEvents
+from serve_app.pipeline.context import RequestContext
+from serve_app.responses.events import EventLog, RedisEventLog, TableEventLog
+from serve_app.responses.store import ResponseStore, ResponseView
+from serve_app.schemas.chat import ChatCompletionRequest
+from serve_app.settings import Settings
+
+logger = logging.getLogger("serve_app.responses")
+
+# How often a reader on another replica than the worker's looks for new events (the worker's
+# own replica wakes its readers at once).
+POLL_S = 0.25
+SWEEP_INTERVAL_S = 10.0
+INTERRUPTED = ("The generation was interrupted (the Gateway replica that ran it stopped); "
+               "nothing was charged")
+STOPPED = "The generation was stopped (the Gateway replica that ran it shut down)"
+
+
+def not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"No response {response_id!r}: it is unknown, expired or deleted",
+                    code="MEDIA_NOT_FOUND")
+
+
+def sse(data: str) -> str:
+    """An event of the log as the stream sends it, its number as the SSE id."""
+    payload = json.loads(data)
+    return f"id: {payload['sequence_number']}\nevent: {payload['type']}\ndata: {data}\n\n"
+
+
+@dataclass(eq=False)
+class _Progress:
+    """What a worker saw of its response's events: the last number, the bytes kept, the
+    latest object, the items done and the text of the one under way (the object of a
+    response cancelled midway)."""
+
+    response: dict[str, Any]
+    seq: int = -1
+    stored_bytes: int = 0
+    done_items: list[dict[str, Any]] = field(default_factory=list)
+    text: str = ""
+    item: dict[str, Any] | None = None
+    last_kind: str | None = None
+
+    def saw(self, payload: dict[str, Any], size: int) -> None:
+        self.seq = int(payload["sequence_number"])
+        self.stored_bytes += size
+        kind = self.last_kind = payload["type"]
+        if "response" in payload:
+            self.response = {**payload["response"], "background": True}
+        if kind == "response.output_item.added":
+            self.item, self.text = payload["item"], ""
+        elif kind == "response.output_text.delta":
+            self.text += payload["delta"]
+        elif kind == "response.output_item.done":
+            self.done_items.append(payload["item"])
+            self.item, self.text = None, ""
+
+    def cut_short(self, status: str) -> dict[str, Any]:
+        """The object of a response stopped before its end: what it had made."""
+        output = list(self.done_items)
+        if self.item is not None and self.item.get("type") == "message":
+            output.append({**self.item, "status": "incomplete", "content": [
+                {"type": "output_text", "text": self.text, "annotations": []}]})
+        return {**self.response, "status": status, "output": output, "usage": None}
+
+
+@dataclass(eq=False)
+class _Drive:
+    task: asyncio.Task
+    cancelled: bool = False  # by a cancel (not by a shutdown)
+
+
+class BackgroundResponses:
+    def __init__(self, store: ResponseStore, events: EventLog, chat: ChatService, *,
+                 kept_s: float, per_account: int, stored_bytes_per_account: int) -> None:
+        self.store, self.events, self.chat = store, events, chat
+        self.kept = timedelta(seconds=kept_s)
+        self.per_account, self.stored_bytes_per_account = per_account, stored_bytes_per_account
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._drives: dict[str, _Drive] = {}
+        self._signals: dict[str, asyncio.Event] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings, engine: Engine,
+                      chat: ChatService) -> BackgroundResponses:
+        """Events in Redis where `REDIS_URL` is set, else in the database."""
+        events: EventLog = (RedisEventLog(settings.redis_url, prefix=settings.redis_prefix,
+                                          kept_s=settings.responses_kept_s)
+                            if settings.redis_url else TableEventLog(engine))
+        return cls(ResponseStore(engine, lease=timedelta(seconds=settings.job_lease_s)),
+                   events, chat, kept_s=settings.responses_kept_s,
+                   per_account=settings.responses_per_account,
+                   stored_bytes_per_account=settings.responses_stored_mb_per_account
+                   * 1024 * 1024)
+
+    # -- creating
+
+    def _refuse_if_full(self, kept: int, stored: int) -> None:
+        if kept >= self.per_account or stored >= self.stored_bytes_per_account:
+            raise ApiError(
+                429, f"This account keeps too many background responses (at most "
+                     f"{self.per_account}, {self.stored_bytes_per_account // (1024 * 1024)} MB "
+                     "of objects and events): delete finished ones (DELETE /responses/{id}) "
+                     "or wait for them to expire", code="RATE_LIMIT_EXCEEDED",
+                headers=limit_headers(retry_after_s=1))
+
+    async def create(self, ctx: RequestContext, key: KeyRecord,
+                     req: ChatCompletionRequest) -> dict[str, Any]:
+        """Admit `req` (a chat request of a `/responses` body), keep its response and start
+        its generation on a task of this replica; the queued object."""
+        self._refuse_if_full(*await self.store.usage(key.account_id))
+        source = await background_stream(ctx, key, req, self.chat)
+        ctx.first_token_ms = None  # the model starts after the answer
+        response_id = f"resp_{ctx.request_id}"
+        model_id = self.chat.router.resolve(req.model, "text").model.id
+        queued = {"id": response_id, "object": "response", "created_at": int(time.time()),
+                  "model": model_id, "status": "queued", "background": True, "output": [],
+                  "error": None, "usage": None}
+        encoded = json.dumps(queued, separators=(",", ":"))
+        now = utcnow()
+        row = StoredResponse(id=response_id, account_id=key.account_id,
+                             request_id=ctx.request_id, status="queued", response=encoded,
+                             stored_bytes=len(encoded), lease_owner=self.owner,
+                             lease_expires_at=now + self.store.lease,
+                             expires_at=now + self.kept)
+        try:
+            written = await self.store.add_within(row, self.per_account,
+                                                  self.stored_bytes_per_account)
+            if not written:  # the bound, reached meanwhile by a concurrent request
+                self._refuse_if_full(self.per_account, self.stored_bytes_per_account)
+        except BaseException as failure:
+            await _abandon(source, failure)
+            raise
+        task = asyncio.create_task(self._drive(response_id, source, _Progress(queued)),
+                                   name=f"response-{response_id}")
+        self._drives[response_id] = _Drive(task)
+        return queued
+
+    # -- driving
+
+    def _notify(self, response_id: str) -> None:
+        signal = self._signals.pop(response_id, None)
+        if signal is not None:
+            signal.set()
+
+    async def _record(self, response_id: str, event: str, progress: _Progress) -> None:
+        data = event.split("data: ", 1)[1].rstrip("\n")
+        payload = json.loads(data)
+        await self.events.append(response_id, int(payload["sequence_number"]), data)
+        progress.saw(payload, len(data))
+        if payload["type"] == "response.created":
+            await self.store.write(response_id, self.owner, status="in_progress",
+                                   response=progress.response)
+        self._notify(response_id)
+
+    async def _drive(self, response_id: str, source: BilledEvents, progress: _Progress) -> None:
+        renewing = asyncio.create_task(self._renew(response_id, progress))
+        failure: BaseException | None = None
+        try:
+            async for event in source.events:
+                if event is SETTLE:
+                    break
+                assert isinstance(event, str)
+                await self._record(response_id, event, progress)
+        except BaseException as exc:  # a cancel, a shutdown, a failure of the model's
+            failure = exc
+        try:
+            await asyncio.shield(self._end(response_id, source, progress, failure))
+        except Exception:
+            logger.exception("background response %s did not end cleanly", response_id)
+        finally:
+            renewing.cancel()
+            self._drives.pop(response_id, None)
+            self._notify(response_id)
+
+    async def _end(self, response_id: str, source: BilledEvents, progress: _Progress,
+                   failure: BaseException | None) -> None:
+        """Settle once (the model stopped first when cut short), keep the last events, and
+        write the response's end."""
+        try:
+            if failure is not None:
+                await _aclose(source.events)
+        finally:
+            await source.billed.close(failure)
+        if failure is None:
+            async for event in source.events:  # the last ones: response.completed (failed)
+                assert isinstance(event, str)
+                await self._record(response_id, event, progress)
+            status = "completed" if progress.last_kind == "response.completed" else "failed"
+            final = {**progress.response, "status": status}
+        else:
+            drive = self._drives.get(response_id)
+            if drive is not None and drive.cancelled:
+                final = progress.cut_short("cancelled")
+            else:
+                error = failure if isinstance(failure, ApiError) else ApiError(
+                    500, STOPPED if isinstance(failure, asyncio.CancelledError)
+                    else "Inference failed", code="INFERENCE_FAILED")
+                if not isinstance(failure, (ApiError, asyncio.CancelledError)):
+                    logger.error("background response %s failed", response_id,
+                                 exc_info=failure)
+                final = {**progress.cut_short("failed"),
+                         "error": stream_error_body(error, "responses")}
+                failed = {"type": "response.failed", "sequence_number": progress.seq + 1,
+                          "response": final}
+                await self._record(response_id, f"data: {_compact(failed)}\n\n", progress)
+        size = progress.stored_bytes + len(_compact(final))
+        await self.store.write(response_id, self.owner, status=final["status"],
+                               response=final, stored_bytes=size, ended=True,
+                               kept_for=self.kept)
+
+    async def _renew(self, response_id: str, progress: _Progress) -> None:
+        """Keep the lease while the generation runs, note its bytes, and stop it when a
+        cancel was asked through another replica, or the lease was lost."""
+        while True:
+            await asyncio.sleep(self.store.lease.total_seconds() / 3)
+            try:
+                ours = await self.store.write(response_id, self.owner,
+                                              stored_bytes=progress.stored_bytes)
+                view = await self.store.get(response_id)
+            except Exception:  # the database hiccupped: try again at the next beat
+                logger.exception("renewing the lease of response %s failed", response_id)
+                continue
+            drive = self._drives.get(response_id)
+            if drive is None:
+                return
+            if view is None or not ours or view.cancel_requested:
+                if not ours:
+                    logger.warning("response %s is no longer ours: stopping it", response_id)
+                drive.cancelled = view is not None and view.cancel_requested
+                drive.task.cancel()
+                return
+
+    # -- reading and acting on one
+
+    async def own(self, key: KeyRecord, response_id: str) -> ResponseView:
+        """The caller's response; any other is unknown to them (404)."""
+        view = await self.store.get(response_id)
+        if view is None or view.account_id != key.account_id:
+            raise not_found(response_id)
+        return view
+
+    async def follow(self, response_id: str, after: int) -> AsyncIterator[str]:
+        """The events after number `after`, each once, then live ones until the response
+        has ended (its end is written after its last event)."""
+        while True:
+            signal = self._signals.setdefault(response_id, asyncio.Event())
+            view = await self.store.get(response_id)
+            if view is None:  # deleted meanwhile
+                return
+            for seq, data in await self.events.read(response_id, after):
+                if seq != after + 1:  # never skip one: the rest is read again
+                    break
+                yield sse(data)
+                after = seq
+            if view.ended:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signal.wait(), POLL_S)
+
+    async def cancel(self, key: KeyRecord, response_id: str) -> ResponseView:
+        """Stop the generation (the model first), charge what it made and release the rest
+        of the hold; the response as it then stands. An ended response stays as it is."""
+        view = await self.own(key, response_id)
+        if view.ended:
+            return view
+        await self.store.request_cancel(response_id)
+        drive = self._drives.get(response_id)
+        if drive is not None:  # driven here: stopped now
+            drive.cancelled = True
+            drive.task.cancel()
+            await asyncio.wait([drive.task])
+        else:  # driven by another replica, which reads the request as it renews its lease
+            await self._ended(response_id)
+        return await self.own(key, response_id)
+
+    async def _ended(self, response_id: str) -> None:
+        """Wait for the response to end: its worker's next lease beat, or the sweep."""
+        beats = int((self.store.lease.total_seconds() * 2 + SWEEP_INTERVAL_S) / POLL_S) + 1
+        for _ in range(beats):
+            signal = self._signals.setdefault(response_id, asyncio.Event())
+            view = await self.store.get(response_id)
+            if view is None or view.ended:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signal.wait(), POLL_S)
+
+    async def delete(self, key: KeyRecord, response_id: str) -> None:
+        """Delete the response and its events (one still running is cancelled first)."""
+        view = await self.own(key, response_id)
+        if not view.ended:
+            await self.cancel(key, response_id)
+        await self._forget(response_id)
+
+    async def _forget(self, response_id: str) -> None:
+        await self.events.delete(response_id)
+        await self.store.delete(response_id)
+        self._notify(response_id)
+
+    # -- upkeep
+
+    async def sweep(self) -> None:
+        """Fail the responses whose worker died (their lease ran out), and delete ended
+        responses past their keeping time, with their events."""
+        for view in await self.store.orphaned():
+            if view.lease_owner == self.owner and view.id in self._drives:
+                continue  # ours and alive: its renewal is late, not gone
+            failed = {**view.response, "status": "failed", "error": {
+                "code": "INFERENCE_FAILED", "message": INTERRUPTED}}
+            if await self.store.fail_orphan(view, failed, self.kept):
+                logger.warning("background response %s failed: its worker is gone", view.id)
+                kept = await self.events.read(view.id, -1)
+                seq = kept[-1][0] + 1 if kept else 0
+                await self.events.append(view.id, seq, _compact(
+                    {"type": "response.failed", "sequence_number": seq, "response": failed}))
+                self._notify(view.id)
+        for response_id in await self.store.expired():
+            await self._forget(response_id)
+
+    async def run(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception:
+                logger.exception("the background responses' sweep failed")
+            await asyncio.sleep(interval_s)
+
+    async def stop(self) -> None:
+        """Stop this replica's generations (each charges what it made) and close the log."""
+        drives = list(self._drives.values())
+        for drive in drives:
+            drive.task.cancel()
+        if drives:
+            await asyncio.wait([drive.task for drive in drives])
+        await self.events.close()
+
+
+def _compact(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+async def _aclose(events: AsyncIterator[object]) -> None:
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()
+
+
+async def _abandon(source: BilledEvents, failure: BaseException) -> None:
+    """A generation that will not run: its events closed (the model never started), its hold
+    released."""
+    try:
+        await _aclose(source.events)
+    finally:
+        await source.billed.close(failure)

@@ -1,0 +1,244 @@
+"""Background responses as the `openai` SDK uses them: `background: true` answers at once and
+the generation runs on without any client; its numbered events are kept, so a stream cut after
+event k resumes after k (`starting_after`, or SSE's `Last-Event-ID`) with every later event
+once; a cancel stops the engine and charges what it made; only the owning account sees it; a
+finished response and its events expire, and an account keeps a bounded number."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+
+from serve_app.db.tables import utcnow
+from tests.fakes import FakeTextDeployment
+from tests.unit.conftest import account_key
+
+REPLY = "one two three four five six seven eight"
+WAIT_S = 60  # a bound for a broken build only: the tests wait on states and events
+
+
+def _sdk(gateway, key: str) -> OpenAI:
+    return OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
+                  http_client=gateway.client)
+
+
+@pytest.fixture
+def sdk(fake_gateway, key) -> OpenAI:
+    return _sdk(fake_gateway, key)
+
+
+@pytest.fixture
+def text(fakes) -> FakeTextDeployment:
+    fake = fakes["text-xs"]
+    for engine in fake.engines.values():
+        engine.reply, engine.pieces = REPLY, len(REPLY.split())  # a word a piece
+    return fake
+
+
+class Gate:
+    """The engine stops after `after` pieces until the generation is cancelled; `reached`
+    tells the test it is there, `closed` that the engine's generator was stopped."""
+
+    def __init__(self, fake: FakeTextDeployment, after: int) -> None:
+        self.reached, self.closed, self.after = threading.Event(), threading.Event(), after
+        self.sent_after_gate = 0
+        for engine in fake.engines.values():
+            engine.generate = self._generate(engine)  # type: ignore[method-assign]
+
+    def _generate(self, engine):
+        async def generate(request) -> AsyncIterator[Any]:
+            try:
+                for index, event in enumerate(engine.chunks(request)):
+                    if index == self.after:
+                        self.reached.set()
+                        await asyncio.Event().wait()  # until cancelled
+                        self.sent_after_gate += 1
+                    yield event
+            finally:
+                self.closed.set()
+        return generate
+
+
+def _settled(sdk: OpenAI, response_id: str) -> Any:
+    """The response once it has ended, read by following its events to their end."""
+    for _ in sdk.responses.retrieve(response_id, stream=True):
+        pass
+    return sdk.responses.retrieve(response_id)
+
+
+def _request_id(response_id: str) -> str:
+    return response_id.removeprefix("resp_")
+
+
+def test_a_background_response_completes_with_no_client_and_is_fetched_later(
+        fake_gateway, sdk, text, books):
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    assert created.status == "queued" and created.background is True
+
+    # nobody reads it: the generation settles by itself
+    request_id = _request_id(created.id)
+    charge = _wait_for(lambda: books.charges(request_id))[0]
+    done = _wait_for(lambda: (r := sdk.responses.retrieve(created.id)).status == "completed"
+                     and r)
+
+    assert done.output_text == REPLY
+    assert done.usage.output_tokens == len(REPLY.split())
+    assert charge.lines["output"][0] == len(REPLY.split())
+    assert books.held(request_id) is None
+
+
+def test_a_stream_cut_after_event_k_resumes_with_every_later_event_once(fake_gateway, sdk, key,
+                                                                        text):
+    uncut = [e for e in sdk.responses.create(model="chat-primary", input="Count",
+                                             stream=True)]
+    k = 4
+    seen: list[dict[str, Any]] = []
+    with fake_gateway.client.stream("POST", "/api/v1/responses", headers=fake_gateway.auth(key),
+                                    json={"model": "chat-primary", "input": "Count",
+                                          "background": True, "stream": True}) as cut:
+        for line in cut.iter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+                if seen[-1]["sequence_number"] == k:
+                    break  # the connection drops here
+    response_id = seen[0]["response"]["id"]
+
+    resumed = list(sdk.responses.retrieve(response_id, stream=True, starting_after=k))
+
+    numbers = [e["sequence_number"] for e in seen] + [e.sequence_number for e in resumed]
+    assert numbers == list(range(len(numbers)))  # each once, none missing
+    assert [e.type for e in resumed][-1] == "response.completed"
+    deltas = [e["delta"] for e in seen if e["type"] == "response.output_text.delta"] + [
+        e.delta for e in resumed if e.type == "response.output_text.delta"]
+    uncut_text = "".join(e.delta for e in uncut if e.type == "response.output_text.delta")
+    assert "".join(deltas) == uncut_text == REPLY
+    assert [e["type"] for e in seen] + [e.type for e in resumed] == [e.type for e in uncut]
+
+
+def test_a_stream_resumes_after_the_last_event_id_it_received(fake_gateway, sdk, key, text):
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    everything = list(sdk.responses.retrieve(created.id, stream=True))
+
+    resp = fake_gateway.client.get(f"/api/v1/responses/{created.id}?stream=true",
+                                   headers={**fake_gateway.auth(key), "Last-Event-ID": "2"})
+
+    assert resp.status_code == 200, resp.text
+    ids = [int(line[4:]) for line in resp.text.splitlines() if line.startswith("id: ")]
+    assert ids == [e.sequence_number for e in everything][3:]
+
+
+def test_a_cancel_stops_the_engine_and_charges_what_it_made(fake_gateway, sdk, text, books):
+    gate = Gate(text, after=3)  # three pieces, each a word
+    before = books.balance_nanos()
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    assert gate.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+
+    cancelled = sdk.responses.cancel(created.id)
+
+    assert cancelled.status == "cancelled"
+    assert gate.closed.is_set() and gate.sent_after_gate == 0  # the engine was stopped
+    assert cancelled.output[0].content[0].text == "one two three "
+    request_id = _request_id(created.id)
+    charge = books.only_charge(request_id)
+    assert charge.lines["output"][0] == 3
+    assert books.held(request_id) is None  # the rest of the hold released
+    assert books.balance_nanos() == before - charge.total_nanos
+    assert sdk.responses.retrieve(created.id).status == "cancelled"
+    assert sdk.responses.cancel(created.id).status == "cancelled"  # once is enough
+
+
+def test_another_account_cannot_see_or_touch_a_response(fake_gateway, sdk, text):
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    _settled(sdk, created.id)
+    stranger = _sdk(fake_gateway, account_key(fake_gateway, "5")[0])
+
+    for act in (lambda: stranger.responses.retrieve(created.id),
+                lambda: stranger.responses.retrieve(created.id, stream=True),
+                lambda: stranger.responses.cancel(created.id),
+                lambda: stranger.responses.delete(created.id)):
+        with pytest.raises(openai.NotFoundError) as refused:
+            act()
+        assert refused.value.response.json()["code"] == "MEDIA_NOT_FOUND"
+    assert sdk.responses.retrieve(created.id).status == "completed"
+
+
+def test_a_deleted_response_is_gone_with_its_events(fake_gateway, sdk, text):
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    _settled(sdk, created.id)
+
+    sdk.responses.delete(created.id)
+
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(created.id)
+    events = fake_gateway.client.portal.call(
+        fake_gateway.services.responses.events.read, created.id, -1)
+    assert events == []
+
+
+def test_a_finished_response_and_its_events_expire(fake_gateway, sdk, text):
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    _settled(sdk, created.id)
+    responses = fake_gateway.services.responses
+    responses.store.clock = lambda: utcnow() + responses.kept + timedelta(seconds=1)
+
+    fake_gateway.client.portal.call(responses.sweep)
+
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(created.id)
+    assert fake_gateway.client.portal.call(responses.events.read, created.id, -1) == []
+
+
+def test_the_account_bound_refuses_new_background_work_and_holds_nothing(
+        fake_gateway, sdk, text, books):
+    fake_gateway.services.responses.per_account = 1
+    kept = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    _settled(sdk, kept.id)
+    before = books.balance_nanos()
+
+    with pytest.raises(openai.RateLimitError) as refused:
+        sdk.responses.create(model="chat-primary", input="Count", background=True)
+
+    body = refused.value.response.json()
+    assert body["code"] == "RATE_LIMIT_EXCEEDED" and "DELETE /responses" in body["error"]
+    assert books.balance_nanos() == before and books.open_holds() == 0
+    sdk.responses.delete(kept.id)  # room again
+    assert sdk.responses.create(model="chat-primary", input="Count",
+                                background=True).status == "queued"
+
+
+def test_background_with_store_false_is_refused(sdk):
+    with pytest.raises(openai.BadRequestError):
+        sdk.responses.create(model="chat-primary", input="Count", background=True,
+                             store=False)
+
+
+def _text_kept(gateway, response_id: str) -> str:
+    """The text of the deltas kept so far (the deployment may merge pieces into one)."""
+    kept = gateway.client.portal.call(gateway.services.responses.events.read, response_id, -1)
+    events = [json.loads(data) for _, data in kept]
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+def _wait_for(check):
+    """`check()` once it is truthy: the state the test waits on (read again as it changes)."""
+    for _ in _beats():
+        found = check()
+        if found:
+            return found
+    raise AssertionError("never reached")
+
+
+def _beats() -> Iterator[None]:
+    stop = threading.Event()
+    for _ in range(WAIT_S * 100):
+        yield
+        stop.wait(0.01)
