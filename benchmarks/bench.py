@@ -34,11 +34,26 @@ folders, with LiteLLM's proxy in front of it in a second column), the same clien
   peer_cheap_route        GET /api_keys/rate_limits at concurrency 8 / LiteLLM's
                           authenticated GET /v1/models (its key checked, no model called)
 
+Our Gateway in front of that same vLLM server (a catalog model `engine: openai` pointing at
+it, deployments/engines/openai_upstream.py), against the server direct, LiteLLM in front of
+it alongside (goals: within 5% on rates, +5 ms on the first token, ahead of LiteLLM):
+
+  upstream_1token_c8      1-token chats/s at concurrency 8 / the server's
+  upstream_ttft_ms        median time to first token, 1 stream, minus the server's
+  upstream_stream_s1      one 128-token stream's tokens/s / the server's (s8: 8 streams)
+
+The platform measured (`--platform`): `bench`, benchmarks/catalog.yaml's two deployments in
+this process's Ray; `full`, what `make run` serves (`python -m serve_app.launch` on
+configs/local.yaml: every modality of the local catalog) on a DATA_DIR kept between runs under
+.cache/bench-full (so its chat model's compile cache is warm from the second run on), measured
+as the peers are (`full_peer_*`); `both`.
+
 Figures ending in `_ms`/`_s` hold the figure itself as `ratio`, with its ceiling as `goal`.
 The API keys belong to an account on the `benchmark` rate-limit tier, so no request is refused
 for its rate; the limiter still decides every request. Results go to `bench-results.json`.
 
     make bench                    # all of it (~12 minutes on 2 cores)
+    .venv/bin/python benchmarks/bench.py --only peers --platform both --seconds 5
     .venv/bin/python benchmarks/bench.py --only embeddings,cheap_route
     .venv/bin/python benchmarks/bench.py --only peers --seconds 5
     .venv/bin/python benchmarks/bench.py --only chat,peers --isa avx2   # an AVX2-only CPU's kernels
@@ -56,10 +71,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import isa
+import yaml
 from clients import PROMPT, RUNS, best, format_steps, step_profile, stream_chats, wrk
 from fairness import measure_fairness, two_accounts
 from figures import Figure, Progress, ceiling_figure, rate_figure, report, write
@@ -72,6 +90,7 @@ from peers import (
     measure_peers,
     our_dtype,
     peer_figures,
+    upstream_figures,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +118,11 @@ SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
 # measured in the same run: floor.py).
 FLOOR_MARGIN_MS = 5
 PARTS = ("embeddings", "chat", "cheap_route", "startup", "peers", "fairness")
+PLATFORMS = {"bench": ("bench",), "full": ("full",), "both": ("bench", "full")}
+# The full platform's DATA_DIR, kept between runs (its compile cache, its database).
+FULL_DATA_DIR = ROOT / ".cache" / "bench-full"
+# The catalog model of our Gateway in front of vLLM's server (`engine: openai`).
+UPSTREAM_MODEL = "smollm2-upstream"
 
 
 # ---------------------------------------------------------------- references in process
@@ -292,6 +316,34 @@ class Platform:
         reap(tree)
 
 
+def gateway_in_front(data_dir: Path, key: str) -> Callable[[str, str], Iterator]:
+    """Our platform whose catalog's one chat model is a server already running (`engine:
+    openai` at `base_url`, its name `served`), on the text deployment that `make bench` runs,
+    with `key`'s account: (API base, key, model id) while the block runs."""
+
+    @contextmanager
+    def in_front(base_url: str, served: str) -> Iterator[tuple[str, str, str]]:
+        catalog = data_dir / "upstream-catalog.yaml"
+        catalog.write_text(yaml.safe_dump({
+            "models": [{
+                "id": UPSTREAM_MODEL, "type": "text", "name": "SmolLM2 on vLLM's server",
+                "deployment": "text-xs", "engine": "openai", "size_class": "XS",
+                "privacy": "private", "context_length": 2048, "max_completion_tokens": 1024,
+                # The server's own batch (peers.TEXT_SETTINGS): the gate sends no more.
+                "engine_options": {"base_url": base_url, "upstream_model": served,
+                                   "usage_every_chunk": True, "max_concurrency": 10},
+                "pricing": {"input": {"usd": 0.05, "diem": 0.05},
+                            "output": {"usd": 0.1, "diem": 0.1}}}],
+            "traits": {"text": {"default": UPSTREAM_MODEL}}}))
+        platform = Platform(data_dir, ["text-xs"], catalog)
+        try:
+            yield platform.base, key, UPSTREAM_MODEL
+        finally:
+            platform.stop()
+
+    return in_front
+
+
 def _noop_app():
     from fastapi import FastAPI
     from ray import serve
@@ -326,6 +378,15 @@ def _noop_app():
 def start_to_first_chat(data_dir: Path) -> float:
     """Seconds from `python -m serve_app.launch` (what `make run` runs) on a DATA_DIR with
     prepared weights until its first chat completion answers 200."""
+    with launched(data_dir) as (_, seconds):
+        return seconds
+
+
+@contextmanager
+def launched(data_dir: Path) -> Iterator[tuple[str, float]]:
+    """`make run`'s platform (`python -m serve_app.launch` on configs/local.yaml) on
+    `data_dir`, from its start until its first chat answers: (its API base, the seconds that
+    took), until the block ends."""
     port = free_port()
     env = {**os.environ, "PORT": str(port), "DATA_DIR": str(data_dir),
            "ADMIN_API_KEY": ADMIN_KEY, "RAY_PORT": str(free_port()),
@@ -340,18 +401,20 @@ def start_to_first_chat(data_dir: Path) -> float:
     url = f"http://127.0.0.1:{port}/api/v1/chat/completions"
     body = {"model": SMOLLM2, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
     try:
-        while time.monotonic() - started < 600:
+        while True:
+            if time.monotonic() - started > 600:
+                raise TimeoutError("no chat answer within 600 s")
             if proc.poll() is not None:
                 raise RuntimeError(f"make run exited with {proc.returncode}")
             try:
                 resp = httpx.post(url, json=body, timeout=30,
                                   headers={"Authorization": f"Bearer {ADMIN_KEY}"})
                 if resp.status_code == 200:
-                    return time.monotonic() - started
+                    break
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        raise TimeoutError("no chat answer within 600 s")
+        yield f"http://127.0.0.1:{port}/api/v1", time.monotonic() - started
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -371,6 +434,10 @@ def main() -> None:
     parser.add_argument("--isa", choices=isa.CHOICES, default="native",
                         help="avx2: every engine and peer on the kernels of a CPU without "
                              "AVX-512 (benchmarks/isa.py)")
+    parser.add_argument("--platform", choices=tuple(PLATFORMS), default="bench",
+                        help="bench: benchmarks/catalog.yaml's two deployments; full: what "
+                             "make run serves (configs/local.yaml), measured as the peers "
+                             "are; both")
     args = parser.parse_args()
     isa.run_as(args.isa)
     parts = set(args.only.split(","))
@@ -380,8 +447,8 @@ def main() -> None:
     chat, peers = "chat" in parts, "peers" in parts
     steps = 1 + 2 * ("embeddings" in parts) + 3 * chat + ("cheap_route" in parts) \
         + bool(parts - {"startup", "fairness"}) + ("startup" in parts) \
-        + peers * (5 + (our_dtype() != VLLM_DEFAULT_DTYPE)) \
-        + 4 * ("fairness" in parts)
+        + peers * (6 + (our_dtype() != VLLM_DEFAULT_DTYPE)) \
+        + 4 * ("fairness" in parts) + 2 * ("full" in PLATFORMS[args.platform])
     step = Progress(steps)
     data_dir = prepare_data_dir()
     step("weights ready (SmolLM2 converted, tiny model built)")
@@ -410,8 +477,12 @@ def main() -> None:
         figures.extend(measured)
         write(figures, RESULTS)
 
+    platforms = PLATFORMS[args.platform]
+    ours: dict[str, float] = {}
+    ours_full: dict[str, float] = {}
     if parts - {"startup", "fairness"}:
         key = benchmark_key(data_dir)
+    if parts - {"startup", "fairness"} and "bench" in platforms:
         platform = Platform(data_dir, ["embedding", *(["text-xs"] if chat or peers else [])])
         step(f"platform up at {platform.base}")
         try:
@@ -427,10 +498,17 @@ def main() -> None:
                      f"{ours['cheap8']:.0f} GET /api_keys/rate_limits/s (8)")
         finally:
             platform.stop()
+    if peers and "full" in platforms:
+        ours_full = measure_full(args, step)
     if peers:
         found = measure_peers((SMOLLM2, MODELS_DIR / SMOLLM2), (EMBEDDER, embedder_folder()),
-                              ENGINE_ENV, args.tokens, args.seconds, step, free_port)
-        add(peer_figures(ours, found))
+                              ENGINE_ENV, args.tokens, args.seconds, step, free_port,
+                              in_front=gateway_in_front(data_dir, key))
+        if ours:
+            add(peer_figures(ours, found))
+        if ours_full:
+            add(peer_figures(ours_full, found, prefix="full_"))
+        add(upstream_figures(found))
     if "fairness" in parts:
         # Two accounts of one share each: one floods, the other chats (fairness.py).
         keys = two_accounts(lambda: bench_settings(data_dir))
@@ -448,6 +526,25 @@ def main() -> None:
         step(f"make run to first chat: {again:.1f} s ({first:.1f} s the first time, "
              "compiling)")
     report(figures, RESULTS)
+
+
+def measure_full(args: argparse.Namespace, step: Progress) -> dict[str, float]:
+    """What the peers are measured on, through the platform `make run` serves (every
+    modality of the local catalog, on FULL_DATA_DIR)."""
+    FULL_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    if not (FULL_DATA_DIR / "models").exists():
+        (FULL_DATA_DIR / "models").symlink_to(MODELS_DIR)
+    key = benchmark_key(FULL_DATA_DIR)
+    with launched(FULL_DATA_DIR) as (base, seconds):
+        step(f"the full platform (make run's) up at {base}: first chat after {seconds:.0f} s")
+        ours = chat_figures(base, key, SMOLLM2, args.tokens, args.seconds)
+        ours["emb32"] = embedding_figure(base, key, EMBEDDER, args.seconds)
+        ours["cheap8"] = authenticated_get(f"{base}/api_keys/rate_limits", key, args.seconds)
+    step(f"ours on the full platform, as the peers are measured: {ours['short8']:.1f} "
+         f"1-token chats/s (8), TTFT {ours['ttft1']:.0f} ms, {ours['s1']:.1f} tok/s (1), "
+         f"{ours['s8']:.1f} tok/s (8), {ours['emb32']:.0f} embeddings/s (32), "
+         f"{ours['cheap8']:.0f} GET /api_keys/rate_limits/s (8)")
+    return ours
 
 
 def measure_api(platform: Platform, key: str, parts: set[str], ref: dict[str, float],

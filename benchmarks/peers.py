@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -39,6 +40,9 @@ SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
 TEXT_SETTINGS = ["--max-num-seqs", "10", "--max-model-len", "2048"]
 # vLLM's own choice of dtype on a CPU, whatever the CPU: the peer "as a user gets it" runs it.
 VLLM_DEFAULT_DTYPE = "bfloat16"
+# Our Gateway in front of a server (`engine: openai`): given the server's base URL (up to /v1)
+# and its model name, a running platform's (API base, key, catalog model id) until it ends.
+InFront = Callable[[str, str], AbstractContextManager[tuple[str, str, str]]]
 
 
 def our_dtype() -> str:
@@ -178,10 +182,12 @@ def authenticated_get(url: str, key: str, seconds: int) -> float:
 
 
 def measure_peers(text: tuple[str, Path] | None, embedder: tuple[str, Path] | None,
-                  engine_env: dict[str, str], tokens: int, seconds: int, step, free_port
-                  ) -> dict[str, dict[str, float]]:
+                  engine_env: dict[str, str], tokens: int, seconds: int, step, free_port,
+                  in_front: InFront | None = None) -> dict[str, dict[str, float]]:
     """{"vllm": figures, "litellm": figures}: each vLLM server (the chat model, then the
-    embedder) alone and behind one LiteLLM proxy, one server at a time."""
+    embedder) alone and behind one LiteLLM proxy, one server at a time; with `in_front`,
+    also behind our Gateway ("upstream": a catalog model `engine: openai` on the same chat
+    server, measured after the other two, while LiteLLM's proxy idles as it did for them)."""
     env = peer_environment(engine_env)
     logs = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     ports = {"text": free_port(), "embedding": free_port(), "litellm": free_port()}
@@ -215,6 +221,11 @@ def measure_peers(text: tuple[str, Path] | None, embedder: tuple[str, Path] | No
                                                 log=logs / "vllm-text.log"))
                 out["litellm"].update(chat_figures(f"{proxy}/v1", LITELLM_KEY, name, tokens,
                                                    seconds, log=logs / "litellm.log"))
+                if in_front is not None:
+                    with in_front(f"{url}/v1", name) as (base, key, model):
+                        out["upstream"] = chat_figures(base, key, model, tokens, seconds)
+                    step("our Gateway in front of the same server (engine: openai): "
+                         + _one(out["upstream"]))
             step("peers, chat: " + _summary(out))
             if our_dtype() != VLLM_DEFAULT_DTYPE:
                 # What a user of vLLM's server gets on this CPU: its own dtype.
@@ -232,8 +243,13 @@ def measure_peers(text: tuple[str, Path] | None, embedder: tuple[str, Path] | No
             with server("vllm-embedding", vllm_serve(folder, name, ports["embedding"], []),
                         env, f"{url}/health", logs):
                 out["vllm"]["emb32"] = embedding_figure(f"{url}/v1", "none", name, seconds)
-                out["litellm"]["emb32"] = embedding_figure(f"{proxy}/v1", LITELLM_KEY, name,
-                                                           seconds)
+                try:
+                    out["litellm"]["emb32"] = embedding_figure(f"{proxy}/v1", LITELLM_KEY,
+                                                               name, seconds)
+                except (RuntimeError, subprocess.CalledProcessError) as failed:  # 0, no crash
+                    print(f"    LiteLLM's embeddings failed ({failed}): see "
+                          f"{logs / 'litellm.log'}", flush=True)
+                    out["litellm"]["emb32"] = 0.0
             step(f"peers, embeddings at 32: vLLM {out['vllm']['emb32']:.0f}/s, LiteLLM + vLLM "
                  f"{out['litellm']['emb32']:.0f}/s")
     return out
@@ -249,35 +265,58 @@ def _summary(out: dict[str, dict[str, float]]) -> str:
                                                        ("LiteLLM + vLLM", out["litellm"])))
 
 
-def peer_figures(ours: dict[str, float], peers: dict[str, dict[str, float]]) -> list[Figure]:
-    """Ours against vLLM's server alone (the ratio and goal), LiteLLM + vLLM alongside."""
+def peer_figures(ours: dict[str, float], peers: dict[str, dict[str, float]],
+                 prefix: str = "") -> list[Figure]:
+    """Ours against vLLM's server alone (the ratio and goal), LiteLLM + vLLM alongside.
+    `prefix`: the platform measured, in each figure's name (`full_`: the local catalog)."""
     vllm, litellm = peers["vllm"], peers["litellm"]
     figures = []
     if "short8" in ours and "short8" in vllm:
         figures += [
-            with_litellm(rate_figure("peer_1token_c8", "req/s", ours["short8"], vllm["short8"],
-                                     0.95), litellm["short8"]),
-            with_litellm(ceiling_figure("peer_ttft_ms", "ms", ours["ttft1"], vllm["ttft1"], 10),
-                         litellm["ttft1"]),
-            with_litellm(rate_figure("peer_stream_s1", "tok/s", ours["s1"], vllm["s1"], 0.95),
-                         litellm["s1"]),
-            with_litellm(rate_figure("peer_stream_s8", "tok/s", ours["s8"], vllm["s8"], 0.95),
-                         litellm["s8"])]
+            with_litellm(rate_figure(f"{prefix}peer_1token_c8", "req/s", ours["short8"],
+                                     vllm["short8"], 0.95), litellm["short8"]),
+            with_litellm(ceiling_figure(f"{prefix}peer_ttft_ms", "ms", ours["ttft1"],
+                                        vllm["ttft1"], 10), litellm["ttft1"]),
+            with_litellm(rate_figure(f"{prefix}peer_stream_s1", "tok/s", ours["s1"],
+                                     vllm["s1"], 0.95), litellm["s1"]),
+            with_litellm(rate_figure(f"{prefix}peer_stream_s8", "tok/s", ours["s8"],
+                                     vllm["s8"], 0.95), litellm["s8"])]
     default = peers.get("vllm_default")
     if default and "short8" in ours:
         # Against vLLM's server as a user gets it on this CPU (its own dtype).
         figures += [
-            rate_figure("peer_default_1token_c8", "req/s", ours["short8"], default["short8"],
+            rate_figure(f"{prefix}peer_default_1token_c8", "req/s", ours["short8"],
+                        default["short8"], 0.95),
+            ceiling_figure(f"{prefix}peer_default_ttft_ms", "ms", ours["ttft1"],
+                           default["ttft1"], 10),
+            rate_figure(f"{prefix}peer_default_stream_s1", "tok/s", ours["s1"], default["s1"],
                         0.95),
-            ceiling_figure("peer_default_ttft_ms", "ms", ours["ttft1"], default["ttft1"], 10),
-            rate_figure("peer_default_stream_s1", "tok/s", ours["s1"], default["s1"], 0.95),
-            rate_figure("peer_default_stream_s8", "tok/s", ours["s8"], default["s8"], 0.95)]
+            rate_figure(f"{prefix}peer_default_stream_s8", "tok/s", ours["s8"], default["s8"],
+                        0.95)]
     if "cheap8" in ours and "cheap8" in litellm:
-        figures.append(rate_figure("peer_cheap_route", "req/s", ours["cheap8"],
+        figures.append(rate_figure(f"{prefix}peer_cheap_route", "req/s", ours["cheap8"],
                                    litellm["cheap8"], 5.0,
                                    note="LiteLLM's GET answered nothing: its log, peer logs"))
     if "emb32" in ours and "emb32" in vllm:
-        figures.append(with_litellm(rate_figure("peer_embeddings_c32", "texts/s",
+        figures.append(with_litellm(rate_figure(f"{prefix}peer_embeddings_c32", "texts/s",
                                                 ours["emb32"], vllm["emb32"], 0.95),
                                     litellm["emb32"]))
     return figures
+
+
+def upstream_figures(peers: dict[str, dict[str, float]]) -> list[Figure]:
+    """Our Gateway in front of vLLM's server (`engine: openai`) against the same server
+    direct: 1-token chats at 8 within 5%, first token at most 5 ms later, one stream within
+    5%; LiteLLM in front of the same server alongside (ours ahead of it on each)."""
+    up, vllm, litellm = peers.get("upstream"), peers["vllm"], peers["litellm"]
+    if not up or "short8" not in vllm:
+        return []
+    return [
+        with_litellm(rate_figure("upstream_1token_c8", "req/s", up["short8"], vllm["short8"],
+                                 0.95), litellm["short8"]),
+        with_litellm(ceiling_figure("upstream_ttft_ms", "ms", up["ttft1"], vllm["ttft1"], 5),
+                     litellm["ttft1"]),
+        with_litellm(rate_figure("upstream_stream_s1", "tok/s", up["s1"], vllm["s1"], 0.95),
+                     litellm["s1"]),
+        with_litellm(rate_figure("upstream_stream_s8", "tok/s", up["s8"], vllm["s8"], 0.95),
+                     litellm["s8"])]
