@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from deployments.gil import hand_over_the_gil_quickly
+from deployments.priority import lower_cpu_priority
 from deployments.spec import ModelSpec
 from deployments.weights.registry import engine_weights
 
@@ -45,4 +46,5 @@ class ModelDeployment:
 
     def __init__(self, models: list[ModelSpec]) -> None:
         hand_over_the_gil_quickly()  # engines run in worker threads beside the event loop
+        lower_cpu_priority()  # behind the request path (ENGINE_NICENESS), before engines start
         self.engines: dict[str, Any] = load_engines(models, self.ENGINES)
