@@ -8,7 +8,6 @@ from __future__ import annotations
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.audio.serving import pick_voice
 from serve_app.audio.voice_change import check_not_voice_changer
-from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd
 from serve_app.errors import invalid_request
 from serve_app.jobs.runner import TENANT_PARAM, tenant_param
@@ -40,26 +39,25 @@ class QueuedAudio:
         model = routed.model
         check_not_voice_changer(model, "queue")
 
-        def quote() -> Cost:  # the request's checks (400), then its price
-            given = model.audio_constraints.prompt_character_limit
+        async with self.job_service.intake(ctx, key, routed, "audio",
+                                           body.callback_url) as intake:
+            given = model.audio_constraints.prompt_character_limit  # the checks (400)
             limit = DEFAULT_PROMPT_LIMIT if given is None else given
             if len(body.prompt) > limit:
                 raise invalid_request(f"prompt is {len(body.prompt)} characters; {model.id} "
                                       f"takes at most {limit}", "prompt")
             _unsupported(model, body)
-            _voice(model, body.voice)
-            return audio_cost(model, duration_seconds=parse_seconds(body.duration_seconds),
+            voice = _voice(model, body.voice)
+            cost = audio_cost(model, duration_seconds=parse_seconds(body.duration_seconds),
                               character_count=len(body.prompt))
-
-        job = await self.job_service.queue_job(
-            ctx, key, routed, "audio", quote,
-            lambda: {"prompt": body.prompt, "voice": _voice(model, body.voice),
-                     "speed": body.speed or 1.0, "format": model.default_format or "mp3",
-                     "duration_seconds": parse_seconds(body.duration_seconds),
-                     # its turn at the speech engine is the caller's, as a stream's is
-                     TENANT_PARAM: tenant_param(
-                         self.job_service.request_runner.admission.tenant(key))},
-            body.callback_url)
+            await intake.admit(cost)  # its price, known without inputs
+            job = await intake.queue(cost, {
+                "prompt": body.prompt, "voice": voice, "speed": body.speed or 1.0,
+                "format": model.default_format or "mp3",
+                "duration_seconds": parse_seconds(body.duration_seconds),
+                # its turn at the speech engine is the caller's, as a stream's is
+                TENANT_PARAM: tenant_param(
+                    self.job_service.request_runner.admission.tenant(key))})
         return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}
 
 

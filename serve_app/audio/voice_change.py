@@ -28,7 +28,6 @@ from typing import Any
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.audio.sources import SourceAudio, check_source
 from serve_app.audio.voice_pipeline import SOURCE_INPUT
-from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.audio import (
     parse_seconds,
     quote_usd,
@@ -90,16 +89,11 @@ class VoiceChanger:
         spec = model.voice_changer
         assert spec is not None
 
-        def quote() -> Cost:  # the fields (400), then the least a change costs
-            _check_fields(model, spec, body, upload)
-            _voice(model, spec, body.voice)
-            return voice_change_floor(model)
-
         async with self.job_service.intake(ctx, key, routed, KIND,
                                            body.callback_url) as intake:
-            await intake.admit(quote)
-            field = _check_fields(model, spec, body, upload)
+            field = _check_fields(model, spec, body, upload)  # 400
             voice = _voice(model, spec, body.voice)
+            await intake.admit(voice_change_floor(model))  # the least a change costs
             async with self.job_service.fetch_slots.slot(key.account_id):
                 data = upload if upload is not None else await self.sources.read(
                     body.audio_url or "", field, allow_urls=True, media="audio")

@@ -1,16 +1,18 @@
 """One media job on its way into the queue, in the order that keeps abuse cheap:
 
-1. `admit`, through the request runner (pipeline/runner.py): the caller is counted, the
-   request checked, and held before anything is read: the job's price when it is known without
-   its inputs, otherwise its floor, the least it can cost given what the request says (an
+0. entered (`async with`), the job's bill (pipeline/bill.py) starts the limiter's decision;
+   the service checks the request meanwhile (its 400s come after a 429);
+1. `admit`: held before anything is read: the job's price when it is known without its
+   inputs, otherwise its floor, the least it can cost given what the request says (an
    account that cannot pay that gets its 402 before any byte is fetched), then the model
    online (503); then the account's caps on open jobs and stored bytes (caps.py, 429);
 2. `keep`: each input, once read and checked, is spooled to the result store under the job's
    key and dropped from memory (one at a time, never all of them at once), within the
    account's stored-bytes cap;
 3. `hold`: the job's real price, once the inputs told it (an upscale's length), replaces the
-   first hold (`Charge.rehold`, as a chat's files do);
-4. `queue`: the row is written; the job runner takes it and its hold from there.
+   first hold (`Bill.rehold`, as a chat's files do);
+4. `queue`: the row is written and the bill passed on; the job runner takes the job and its
+   hold from there (`Bill.resume`).
 
 Used as `async with`: whatever fails on the way releases the hold and deletes what was kept,
 so nothing is charged or stored for a job that was not queued.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
 from serve_app.accounts.key_store import KeyRecord
@@ -32,8 +34,9 @@ from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
 from serve_app.models.router import RoutedModel
+from serve_app.pipeline.bill import Bill
 from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.runner import BilledCall, RequestRunner
+from serve_app.pipeline.runner import RequestRunner
 
 logger = logging.getLogger("serve_app.jobs")
 
@@ -51,11 +54,13 @@ def least_hold(floor: Cost) -> Cost:
 
 
 class JobIntake:
+    """A job's intake (the module's docstring); `async with` it."""
+
     def __init__(self, *, request_runner: RequestRunner, jobs: JobQueue,
                  results: ResultStore, runner: JobRunner, caps: JobCaps,
                  pending: PendingIntakes, ctx: RequestContext, key: KeyRecord,
                  routed: RoutedModel, kind: str, callback_url: str | None = None) -> None:
-        self.request_runner, self.jobs = request_runner, jobs
+        self.jobs = jobs
         self.results, self.runner, self.caps = results, runner, caps
         self.pending = pending
         self.ctx, self.key, self.routed = ctx, key, routed
@@ -67,7 +72,9 @@ class JobIntake:
         self.job.inputs = {}
         self.kept_bytes = 0
         self._reserved = False  # counted in `pending` until its row is written or it fails
-        self._billed: BilledCall | None = None
+        self._billing: AbstractAsyncContextManager[Bill] = request_runner.admit(ctx, key,
+                                                                                routed)
+        self._bill: Bill | None = None
         self._written = False
         self._queued = False
 
@@ -75,19 +82,17 @@ class JobIntake:
     def queue_id(self) -> str:
         return self.job.queue_id
 
-    async def admit(self, quote: Callable[[], Cost]) -> Cost:
-        """Count the caller, check the request and hold what `quote` (its checks) gives: the
-        job's price, or, when that is known only once the inputs are read, its floor (the
-        least it can cost: `hold` replaces it); pipeline/runner.py orders the refusals (429,
-        400, 403, 402, 503). Then 429 when the account has its most open jobs or stored
-        bytes. Returns what `quote` gave."""
-        quoted: list[Cost] = []
+    @property
+    def bill(self) -> Bill:
+        assert self._bill is not None, "enter the intake first"
+        return self._bill
 
-        def least() -> Cost:
-            quoted.append(quote())
-            return least_hold(quoted[0])
-
-        self._billed = await self.request_runner.open(self.ctx, self.key, self.routed, least)
+    async def admit(self, least: Cost) -> None:
+        """Hold `least`: the job's price, or, when that is known only once the inputs are
+        read, its floor (the least it can cost: `hold` replaces it); the bill orders the
+        refusals (429, the service's 400s, 403, 402, 503). Then 429 when the account has its
+        most open jobs or stored bytes."""
+        await self.bill.hold(least_hold(least))
         account = self.key.account_id
         async with self.pending.lock(account):  # check and reserve, one request at a time
             open_jobs, stored = await self.jobs.account_usage(account)
@@ -95,7 +100,6 @@ class JobIntake:
             self.caps.check_stored(stored + self.pending.bytes(account))
             self.pending.add(account, jobs=1)
             self._reserved = True
-        return quoted[0]
 
     async def keep(self, name: str, data: bytes, media_type: str) -> None:
         """Spool one checked input to the result store (the caller then drops its bytes);
@@ -115,15 +119,13 @@ class JobIntake:
     async def hold(self, cost: Cost) -> None:
         """Hold the job's real price in place of what `admit` held (402 when the account
         cannot pay it: the first hold is then already given back)."""
-        assert self._billed is not None, "admit first"
-        await self._billed.charge.rehold(cost)
+        await self.bill.rehold(cost)
 
     async def queue(self, cost: Cost, params: dict) -> JobView:
         """Write the job at `cost` (what was held). The write finishes even when the client
         leaves meanwhile, so that its outcome is known: a job its client never heard of is
         withdrawn (nobody could retrieve it), and released on the way out."""
-        assert self._billed is not None and cost.nanos == self._billed.charge.hold.nanos, \
-            "hold the job's price before queueing it"
+        assert cost.nanos == self.bill.held_nanos, "hold the job's price before queueing it"
         job = self.job
         job.params = params
         job.stored_bytes = self.kept_bytes
@@ -133,7 +135,7 @@ class JobIntake:
             view = await self._write(job)
             self._unreserve()  # its row counts now
         self._queued = True
-        self._billed.pass_on()  # the job keeps its hold: the job runner settles it
+        self.bill.pass_on()  # the job keeps its hold: the job runner settles it
         self.runner.wake()
         return view
 
@@ -169,18 +171,23 @@ class JobIntake:
             self._reserved = False
 
     async def __aenter__(self) -> JobIntake:
+        self._bill = await self._billing.__aenter__()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        if not self._queued:
-            await self._abandon(exc)
-
-    async def _abandon(self, failure: BaseException | None) -> None:
-        """Nothing is charged and nothing is kept: the hold goes back, the inputs go."""
+        """A job not queued is charged nothing and keeps nothing: the hold goes back (the
+        bill's exit: a 429 of the limiter still answers first), the inputs go."""
+        if self._queued:
+            await self._billing.__aexit__(exc_type, exc, tb)  # passed on: nothing to do
+            return
         self._unreserve()
-        if self._billed is not None:
-            await self._billed.close(failure)
+        try:
+            await self._billing.__aexit__(exc_type, exc, tb)
+        finally:
+            await self._delete_kept()
+
+    async def _delete_kept(self) -> None:
         # a withdrawn job's media too: a runner may have made it before the withdrawal
         kept = [*self.job.inputs.values(), *([result_key(self.queue_id)] if self._written
                                              else [])]

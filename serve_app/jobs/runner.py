@@ -34,9 +34,9 @@ from typing import Any
 from sqlalchemy import true
 
 from deployments.protocol import MediaJob, MediaResult, Tenant
-from serve_app.billing.ledger import Balances, Payer
+from serve_app.billing.ledger import Payer
 from serve_app.billing.pricing import Cost, PricedLine
-from serve_app.billing.service import Billing, Hold
+from serve_app.billing.service import Billing
 from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError
 from serve_app.jobs import downloads
@@ -46,8 +46,7 @@ from serve_app.jobs.wake import run_rounds
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
-from serve_app.pipeline.context import RequestContext
-from serve_app.pipeline.settlement import Charge
+from serve_app.pipeline.bill import Bill
 
 logger = logging.getLogger("serve_app.jobs")
 
@@ -163,14 +162,14 @@ class JobRunner:
             if model is not None:
                 logger.warning("settling job %s, completed without its settlement",
                                job.queue_id)
-                await self._charge(job).settle(job_cost(model, job))
+                await self._settle(job, job_cost(model, job))
         await self.expire()
 
     async def _fail_unowned(self, job: JobView, condition: Any, message: str) -> None:
         if await self.queue.fail_if(job.queue_id, condition, 500, "INFERENCE_FAILED",
                                     message):
             logger.warning("job %s failed: %s", job.queue_id, message)
-            await self._charge(job).release()
+            await self._settle(job, None)
             await self._delete_files(job)
 
     async def expire(self) -> None:
@@ -203,14 +202,15 @@ class JobRunner:
         for stored in job.inputs.values():
             await self.results.delete(stored)
 
-    def _charge(self, job: JobView) -> Charge:
-        """The job's charge: the hold taken when it was queued (keyed by its request id),
-        settled or released as a request's is (pipeline/settlement.py), exactly once."""
-        age_s = (utcnow() - job.created_at).total_seconds()
-        hold = Hold(self.billing, job.request_id,
-                    Payer(job.account_id, job.api_key_id, wallet_address=job.wallet_address),
-                    Balances(0, 0), job.created_at, started=time.monotonic() - age_s)
-        return Charge(RequestContext(job.request_id), hold)
+    async def _settle(self, job: JobView, cost: Cost | None) -> None:
+        """Charge the job `cost` (None: release it), on the bill its intake passed on (the
+        hold taken when it was queued, keyed by its request id), as a request's is settled
+        (pipeline/bill.py), exactly once."""
+        bill = Bill.resume(self.billing, job.request_id,
+                           Payer(job.account_id, job.api_key_id,
+                                 wallet_address=job.wallet_address), job.created_at)
+        bill.deliver(cost)
+        await bill.close()
 
     async def _renew_lease(self, job: JobView, work: asyncio.Task) -> None:
         while not work.done():
@@ -261,12 +261,12 @@ class JobRunner:
         # keyed by the job's request id (once, however often).
         model = self.catalog.by_id.get(job.model_id)
         if charged and model is not None:
-            await self._charge(job).settle(job_cost(model, job))
+            await self._settle(job, job_cost(model, job))
             if await self.queue.fail(job.queue_id, self.owner, status, code, message):
                 await self._delete_files(job)
             return
         if await self.queue.fail(job.queue_id, self.owner, status, code, message):
-            await self._charge(job).release()
+            await self._settle(job, None)
             await self._delete_files(job)
 
     async def _make(self, job: JobView) -> None:
@@ -302,7 +302,7 @@ class JobRunner:
                            job.queue_id)
             await self._drop_if_failed(job)
             return
-        await self._charge(job).settle(job_cost(model, job))
+        await self._settle(job, job_cost(model, job))
         # Made: the inputs have served (the media stays until it is deleted or expires).
         await self._delete_inputs(job)
         await self.queue.set_stored_bytes(job.queue_id, len(out.media))

@@ -5,8 +5,7 @@ its media). The runner (runner.py) does the work between.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from fastapi import Request, Response
@@ -15,7 +14,6 @@ from sqlalchemy.engine import Engine
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.accounts.provisioning import DOWNLOAD_SECRET, ensure_secret
-from serve_app.billing.pricing import Cost
 from serve_app.db.engine import run_in_session
 from serve_app.db.tables import JobStatus, utcnow
 from serve_app.errors import ApiError, invalid_request
@@ -23,7 +21,7 @@ from serve_app.http import render
 from serve_app.jobs import downloads
 from serve_app.jobs.caps import FetchSlots, JobCaps, PendingIntakes
 from serve_app.jobs.idempotency import QueueKeys, request_digest
-from serve_app.jobs.intake import JobIntake, least_hold
+from serve_app.jobs.intake import JobIntake
 from serve_app.jobs.job_queue import OPEN_STATUSES, JobQueue, JobView, result_key
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
@@ -94,28 +92,6 @@ class JobService:
                          results=self.results, runner=self.job_runner, caps=self.caps,
                          pending=self.pending, ctx=ctx, key=key, routed=routed, kind=kind,
                          callback_url=callback_url)
-
-    async def queue_job(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-                        kind: str, quote: Callable[[], Cost], params: Callable[[], dict],
-                        callback_url: str | None = None) -> JobView:
-        """A job whose price is known and that has no input files (queued audio): `quote`
-        checks the request and gives the price; `params`, the job's, once it is admitted."""
-        async with self.intake(ctx, key, routed, kind, callback_url) as intake:
-            cost = await intake.admit(quote)
-            return await intake.queue(cost, params())
-
-    @contextlib.asynccontextmanager
-    async def fetching(self, ctx: RequestContext, key: KeyRecord, routed: RoutedModel,
-                       floor: Callable[[], Cost]) -> AsyncIterator[None]:
-        """Reading media for a request that queues nothing (a quote), through the request
-        runner: the caller is counted, the request checked (`floor` gives the least the job
-        can cost), and must be able to pay that (held, given back after: a quote charges
-        nothing), then takes one of its account's fetch slots (429 when they are taken). The
-        model need not be running: a quote calls none."""
-        async with (self.request_runner.run(ctx, key, routed, lambda: least_hold(floor()),
-                                            calls_model=False, model_headers=False),
-                    self.fetch_slots.slot(key.account_id)):
-            yield
 
     async def download_secret(self) -> str:
         return await run_in_session(self.database, lambda s: ensure_secret(s, DOWNLOAD_SECRET))

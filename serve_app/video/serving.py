@@ -16,11 +16,10 @@ from typing import Any
 from fastapi import Request
 
 from serve_app.accounts.key_store import KeyRecord
-from serve_app.billing.pricing import Cost
 from serve_app.billing.pricing.video import SourceVideo, VideoAsk, floor_plan, plan_video
 from serve_app.errors import ApiError, invalid_request
 from serve_app.images.inputs import ImageInspector, ImageSourceReader
-from serve_app.jobs.intake import JobIntake
+from serve_app.jobs.intake import JobIntake, least_hold
 from serve_app.jobs.service import JobService, delivery_url
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
@@ -87,9 +86,13 @@ class VideoService:
         model = routed.model
         source = None
         if body.video_url is not None and model.operation in SOURCE_PRICED:
-            async with self.job_service.fetching(
-                    ctx, key, routed, lambda: floor_plan(model, _ask(body)).cost):
-                _, source = await self._video(body.video_url, "video_url")
+            # counted, then able to pay the least the job can cost (held, given back after:
+            # a price charges nothing), then one of the account's fetch slots (429)
+            async with self.job_service.request_runner.admit(
+                    ctx, key, routed, calls_model=False, model_headers=False) as bill:
+                await bill.hold(least_hold(floor_plan(model, _ask(body)).cost))
+                async with self.job_service.fetch_slots.slot(key.account_id):
+                    _, source = await self._video(body.video_url, "video_url")
         return {"quote": plan_video(model, _ask(body), source).quote_usd}
 
     async def _inputs(self, body: QueueVideoRequest, intake: JobIntake, account_id: str,
@@ -140,7 +143,7 @@ class VideoService:
 
     async def queue(self, request: Request, ctx: RequestContext, key: KeyRecord,
                     body: QueueVideoRequest) -> dict[str, str]:
-        """Admitted (jobs/intake.py, pipeline/runner.py: 429, then the checks that need no
+        """Admitted (jobs/intake.py, pipeline/bill.py: 429, then the checks that need no
         input, 400 and 422, then the hold, then 503) before any input is read: held is the
         job's price when it does not depend on the inputs, else its floor (the least it can
         cost with the clips it names, pricing/video.py), replaced by the price once the inputs
@@ -154,17 +157,14 @@ class VideoService:
             policy, body.consents) else None
         ask = _ask(body)
 
-        def quote() -> Cost:  # the request's checks (400, 422), then its price or floor
-            _check_prompt(model, body)
-            _check_media_fields(model, body)
-            if not _priced_by_inputs(model):
-                return plan_video(model, ask, None).cost
-            return floor_plan(model, ask, len(body.reference_video_urls or [])
-                              * REFERENCE_CLIP_SECONDS[0]).cost
-
         async with self.job_service.intake(ctx, key, routed, "video",
                                            body.callback_url) as intake:
-            await intake.admit(quote)
+            _check_prompt(model, body)  # 400, 422
+            _check_media_fields(model, body)
+            await intake.admit(plan_video(model, ask, None).cost
+                               if not _priced_by_inputs(model) else
+                               floor_plan(model, ask, len(body.reference_video_urls or [])
+                                          * REFERENCE_CLIP_SECONDS[0]).cost)
             source = None
             if any(getattr(body, f) for f in MEDIA_FIELDS[model.operation]):
                 async with self.job_service.fetch_slots.slot(key.account_id):

@@ -95,7 +95,7 @@ def test_media_put_after_the_job_failed_is_deleted(account, database_url, tmp_pa
             await runner.sweep()
         else:  # its client left before hearing of it: what intake.py then does
             assert await queue.withdraw(job.queue_id, "The client left")
-            await runner._charge(job).release()
+            await runner._settle(job, None)
             await store.delete(job.inputs["image"])
             await queue.mark_deleted(job.queue_id)
         assert (await queue.get(job.queue_id)).status == "FAILED"
