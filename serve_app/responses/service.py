@@ -53,8 +53,7 @@ logger = logging.getLogger("serve_app.responses")
 # own replica wakes its readers at once).
 POLL_S = 0.25
 SWEEP_INTERVAL_S = 10.0
-INTERRUPTED = ("The generation was interrupted (the Gateway replica that ran it stopped); "
-               "nothing was charged")
+INTERRUPTED = "The generation was interrupted: the Gateway replica that ran it stopped"
 STOPPED = "The generation was stopped (the Gateway replica that ran it shut down)"
 
 

@@ -16,8 +16,10 @@ from typing import Any
 import openai
 import pytest
 from openai import OpenAI
+from sqlmodel import Session
 
-from serve_app.db.tables import utcnow
+from serve_app.db.engine import make_engine
+from serve_app.db.tables import StoredResponse, utcnow
 from tests.fakes import FakeTextDeployment
 from tests.unit.conftest import account_key
 
@@ -213,6 +215,34 @@ def test_the_account_bound_refuses_new_background_work_and_holds_nothing(
     sdk.responses.delete(kept.id)  # room again
     assert sdk.responses.create(model="chat-primary", input="Count",
                                 background=True).status == "queued"
+
+
+def test_a_response_whose_replica_died_is_failed_by_the_sweep(fake_gateway, sdk, text):
+    gate = Gate(text, after=3)
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    assert gate.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+    responses = fake_gateway.services.responses
+    drive = responses._drives.pop(created.id)  # its replica is gone: its lease runs out
+    with Session(make_engine(fake_gateway.settings.resolved_database_url)) as session:
+        row = session.get(StoredResponse, created.id)
+        row.lease_owner, row.lease_expires_at = "gone", utcnow() - timedelta(seconds=1)
+        session.add(row)
+        session.commit()
+
+    fake_gateway.client.portal.call(responses.sweep)
+
+    failed = sdk.responses.retrieve(created.id)
+    assert failed.status == "failed" and failed.error.code == "INFERENCE_FAILED"
+    events = list(sdk.responses.retrieve(created.id, stream=True))
+    assert events[-1].type == "response.failed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    fake_gateway.client.portal.call(_stop, drive.task)  # what the dead replica left running
+
+
+async def _stop(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.wait([task])
 
 
 def test_background_with_store_false_is_refused(sdk):
