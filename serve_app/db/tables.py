@@ -483,9 +483,9 @@ class StoredResponse(SQLModel, table=True):
 
     __tablename__ = "stored_responses"
 
-    id: str = Field(primary_key=True, max_length=80)  # resp_<request id>
+    id: str = Field(primary_key=True, max_length=40)  # resp_<32 hex digits>
     account_id: str = Field(max_length=36, index=True)
-    request_id: str = Field(max_length=64)
+    request_id: str = Field(max_length=128)  # the hold's (a client's X-Request-ID, maybe)
     status: str = Field(max_length=16)  # queued | in_progress | completed | failed | ...
     response: str = Field(sa_column=Column(Text, nullable=False))  # the object, JSON
     # Bytes it keeps (its object and its events): an account's sum is bounded.
@@ -503,6 +503,6 @@ class ResponseEvent(SQLModel, table=True):
 
     __tablename__ = "response_events"
 
-    response_id: str = Field(primary_key=True, max_length=80)
+    response_id: str = Field(primary_key=True, max_length=40)
     sequence_number: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
     data: str = Field(sa_column=Column(Text, nullable=False))

@@ -152,7 +152,8 @@ class BackgroundResponses:
         self._refuse_if_full(*await self.store.usage(key.account_id))
         source = await background_stream(ctx, key, req, self.chat)
         ctx.first_token_ms = None  # the model starts after the answer
-        response_id = f"resp_{ctx.request_id}"
+        # Its own id: a request id may be the client's (X-Request-ID), reused at will.
+        response_id = f"resp_{uuid.uuid4().hex}"
         model_id = self.chat.router.resolve(req.model, "text").model.id
         queued = {"id": response_id, "object": "response", "created_at": int(time.time()),
                   "model": model_id, "status": "queued", "background": True, "output": [],
@@ -185,8 +186,10 @@ class BackgroundResponses:
             signal.set()
 
     async def _record(self, response_id: str, event: str, progress: _Progress) -> None:
-        data = event.split("data: ", 1)[1].rstrip("\n")
-        payload = json.loads(data)
+        payload = json.loads(event.split("data: ", 1)[1])
+        if "response" in payload:  # the object the events carry has the stored one's id
+            payload["response"]["id"] = response_id
+        data = _compact(payload)
         await self.events.append(response_id, int(payload["sequence_number"]), data)
         progress.saw(payload, len(data))
         if payload["type"] == "response.created":

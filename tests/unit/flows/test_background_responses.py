@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -76,17 +77,20 @@ def _settled(sdk: OpenAI, response_id: str) -> Any:
     return sdk.responses.retrieve(response_id)
 
 
-def _request_id(response_id: str) -> str:
-    return response_id.removeprefix("resp_")
+def _create(sdk: OpenAI) -> tuple[Any, str]:
+    """A background response, and the request id its hold is kept under (the client's)."""
+    request_id = f"bg-{uuid.uuid4().hex}"
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True,
+                                   extra_headers={"X-Request-ID": request_id})
+    return created, request_id
 
 
 def test_a_background_response_completes_with_no_client_and_is_fetched_later(
         fake_gateway, sdk, text, books):
-    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    created, request_id = _create(sdk)
     assert created.status == "queued" and created.background is True
 
     # nobody reads it: the generation settles by itself
-    request_id = _request_id(created.id)
     charge = _wait_for(lambda: books.charges(request_id))[0]
     done = _wait_for(lambda: (r := sdk.responses.retrieve(created.id)).status == "completed"
                      and r)
@@ -140,7 +144,7 @@ def test_a_stream_resumes_after_the_last_event_id_it_received(fake_gateway, sdk,
 def test_a_cancel_stops_the_engine_and_charges_what_it_made(fake_gateway, sdk, text, books):
     gate = Gate(text, after=3)  # three pieces, each a word
     before = books.balance_nanos()
-    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    created, request_id = _create(sdk)
     assert gate.reached.wait(WAIT_S)
     _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
 
@@ -149,7 +153,6 @@ def test_a_cancel_stops_the_engine_and_charges_what_it_made(fake_gateway, sdk, t
     assert cancelled.status == "cancelled"
     assert gate.closed.is_set() and gate.sent_after_gate == 0  # the engine was stopped
     assert cancelled.output[0].content[0].text == "one two three "
-    request_id = _request_id(created.id)
     charge = books.only_charge(request_id)
     assert charge.lines["output"][0] == 3
     assert books.held(request_id) is None  # the rest of the hold released
