@@ -5,7 +5,7 @@ A queue request does its work in the order that keeps abuse cheap:
 
 1. the caller is known (the route's dependencies authenticate before the body is read);
 2. the model is a voice changer (400);
-3. admitted (jobs/intake.py, pipeline/runner.py): the account's limits (429), the fields fit
+3. admitted (jobs/intake.py, pipeline/bill.py): the account's limits (429), the fields fit
    the model (one source exactly, a voice it has, only the options it supports: 400s), a
    hold of the first minute's price, the least a change costs (402 for an account that
    cannot pay that), the model online (503);

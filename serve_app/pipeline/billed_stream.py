@@ -1,9 +1,9 @@
 """Where a streamed answer settles: its source yields `SETTLE` once, before its last events
 (chat's `[DONE]`), and the response that sends it (serve_app/http/billed_stream.py) closes
-the billed call (pipeline/runner.py) there, or wherever else the stream ends (an error, a
+the request's bill (pipeline/bill.py) there, or wherever else the stream ends (an error, a
 client that left, a body never sent): one settlement per stream, from one place.
 
-    return BilledStream(BilledEvents(billed, events), headers={...})
+    return BilledStream(bill.stream(events), headers={...})
 """
 
 from __future__ import annotations

@@ -461,7 +461,7 @@ def test_audio_queue_refusals_charge_nothing(account):
         ({"model": "piper-narrator", "prompt": "hi", "loop": True}, 400, "loop"),
         ({"model": "piper-narrator", "prompt": "hi", "speed": 9}, 400, "speed"),
         ({"model": "voice-changer", "prompt": "hi"}, 400, "voice-changer"),
-        # The request's own checks come before the offline check (serve_app/pipeline/runner.py):
+        # The request's own checks come before the offline check (serve_app/pipeline/bill.py):
         # a model without voices is refused for that before its being offline is looked at.
         ({"model": "jingle-test", "prompt": "hi"}, 400, "offers no voices"),
     ]
