@@ -8,7 +8,13 @@ SERVE_CONFIG so).
 The start is staged: the chat engines load first, alone, and the other model deployments
 (embeddings, images, audio, video) follow once chat answers. On two cores every replica that
 loads at the same time slows the others; the chat engine is the slowest to load, and the one
-a user tries first.
+a user tries first. A deployment the config scales to zero (`min_replicas: 0`: the media ones
+of configs/local.yaml) is not waited for: its first request starts its replica.
+
+When a chat engine started eager on a cold compile cache and its background compile finishes
+(deployments/engines/vllm_compile_fill.py), its deployment is deployed again with replicas that
+start compiled; a compiled replica starts beside the eager one, which answers until the new one
+is ready and then stops (Serve's rolling replacement with `max_surge_percent`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -41,6 +48,22 @@ READY_TIMEOUT_S = 600.0
 SERVE_PROXY_PORT = 8001  # http_options.port of configs/local.yaml
 CONFIG = PROJECT_ROOT / "configs" / "local.yaml"  # the default Serve config
 FIRST_MODEL_TYPES = {"text"}  # the deployments of these models load in the first stage
+# Set on a chat deployment's replicas, to the compile's key, to replace them by compiled ones:
+# Serve restarts the replicas of a deployment whose actor options change.
+COMPILED_ENV = "ENGINE_COMPILE_FILLED"
+# What Ray's and Serve's processes do when nobody calls (docs/getting-started.md, "Idle"); an
+# operator's own value wins. Serve's controller runs its control loop ten times a second by
+# default, and every replica and handle exports its metrics as often: once a second still
+# starts a replica for the first request to a deployment at zero within a second (its start
+# takes seconds), and Prometheus reads the metrics every few seconds at most.
+IDLE_SETTINGS = {
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1.0",
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+}
+# The model replicas at the lowest CPU priority (deployments/priority.py): Ray starts its
+# workers at nice 15, so the Gateway, Serve's proxy and controller get the CPU before an engine
+# when both want it. An operator's own ENGINE_NICENESS wins (0: the engines as the Gateway).
+ENGINE_NICENESS = "19"
 
 
 def first_stage(config: dict, deferred: set[str]) -> dict:
@@ -65,9 +88,48 @@ def deferred_deployments(config: dict, catalog: Catalog) -> set[str]:
             if name not in first}
 
 
+def always_running(config: dict, names: Collection[str]) -> set[str]:
+    """Those of `names` that `config` keeps at least one replica of (the others scale to zero
+    and start on their first request)."""
+    return {deployment["name"] for app in config["applications"]
+            for deployment in app.get("deployments", []) if deployment["name"] in names
+            and (deployment.get("autoscaling_config") or {}).get(
+                "min_replicas", deployment.get("num_replicas", 1)) != 0}
+
+
+def compiled_deployments(config: dict, catalog: Catalog, data_dir: Path, model: str) -> set[str]:
+    """The deployments of `config` serving the chat model whose weights folder is named
+    `model` (a compile fill's record names its model so)."""
+    names = {deployment["name"] for app in config["applications"]
+             for deployment in app.get("deployments", [])}
+    return {m.deployment for m in catalog.models if m.type in FIRST_MODEL_TYPES
+            and m.deployment in names
+            and Path(m.weights_spec(data_dir) or "").name == model}
+
+
+def compiled_config(config: dict, deployments: Collection[str], key: str) -> dict:
+    """`config` with the replicas of `deployments` replaced by ones that start compiled (their
+    cache, `key`, now filled): new actor options make Serve replace them, and a surge of one
+    replica each lets the old one answer until its replacement is ready."""
+    rolled = copy.deepcopy(config)
+    for app in rolled["applications"]:
+        for deployment in app.get("deployments", []):
+            if deployment["name"] in deployments:
+                if "ray_actor_options" not in deployment:  # the code's own, else replaced
+                    from deployments.registry import deployment_options
+
+                    deployment["ray_actor_options"] = copy.deepcopy(
+                        deployment_options(deployment["name"]).get("ray_actor_options", {}))
+                runtime_env = deployment["ray_actor_options"].setdefault("runtime_env", {})
+                runtime_env.setdefault("env_vars", {})[COMPILED_ENV] = key
+                deployment["max_surge_percent"] = 100
+    return rolled
+
+
 def ray_environment(settings: Settings) -> dict[str, str]:
     """Environment of every Ray process of the local instance."""
     env = dict(os.environ)
+    env.update({name: env.get(name, value) for name, value in IDLE_SETTINGS.items()})
     env.update({
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(settings.port),
@@ -91,6 +153,7 @@ def ray_environment(settings: Settings) -> dict[str, str]:
         # once for about 20 us in process.
         "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": env.get(
             "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1"),
+        "ENGINE_NICENESS": env.get("ENGINE_NICENESS", ENGINE_NICENESS),
         "DATA_DIR": str(settings.data_dir),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
                                                     env.get("PYTHONPATH")])),
@@ -170,52 +233,86 @@ def _load_in_stages(ray_port: int, serve_proc: subprocess.Popen, config: dict,
             _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
         # The application still reads RUNNING for a moment after the new config lands: the
         # deferred deployments' own replicas say when the second stage is done.
-        _wait_running(serve_proc, "the models", deferred)
+        _wait_running(serve_proc, "the models", always_running(config, deferred))
     finally:
         ray.shutdown()  # disconnects this driver; the cluster keeps running
 
 
-def _follow_compile_fills(env: dict[str, str], since: float) -> None:
+def _follow_compile_fills(env: dict[str, str], since: float) -> queue.Queue[dict]:
     """Print, from a daemon thread, each background compile a chat replica starts on a cold
-    compile cache (deployments/engines/vllm_compile_fill.py), and when it ends."""
+    compile cache (deployments/engines/vllm_compile_fill.py), and when it ends; the records
+    of those that finished are put in the queue returned."""
     from deployments.engines.vllm_compile import cache_root
     from deployments.engines.vllm_compile_fill import records
 
+    finished: queue.Queue[dict] = queue.Queue()
     root = cache_root(env)
     if root is None:
-        return
+        return finished
 
     def follow() -> None:
         told: dict[str, str] = {}
         while True:
-            for line in fill_news(records(root), told, since):
+            for record, line in fill_news(records(root), told, since):
                 print(line, flush=True)
+                if record.get("state") == "done":
+                    finished.put(record)
             time.sleep(1)
 
     threading.Thread(target=follow, name="compile-fills", daemon=True).start()
+    return finished
 
 
-def fill_news(records: list[dict], told: dict[str, str], since: float) -> list[str]:
-    """A line for each fill started since `since` whose state is new (`told`: each fill's
-    state already told, updated)."""
-    lines = []
+def roll_onto_compiled(ray_port: int, config: dict, deployments: set[str], record: dict
+                        ) -> dict:
+    """Deploy `config` with `deployments` replaced by compiled replicas, and wait until they
+    answer (serve_app/compiled_probe.py); returns the config now deployed."""
+    import ray
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    model, started = record.get("model", "?"), time.monotonic()
+    rolled = compiled_config(config, deployments, record["key"])
+    address = f"127.0.0.1:{ray_port}"
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        _get_global_client().deploy_apps(ServeDeploySchema.model_validate(rolled))
+    finally:
+        ray.shutdown()
+    print(f"\n  {model}: a compiled replica is starting beside the eager one, which answers "
+          "meanwhile...", flush=True)
+    (app,) = {app["name"] for app in rolled["applications"]
+              for deployment in app.get("deployments", []) if deployment["name"] in deployments}
+    subprocess.run([sys.executable, "-m", "serve_app.compiled_probe", address, app,
+                    str(READY_TIMEOUT_S), *sorted(deployments)], check=True, cwd=PROJECT_ROOT)
+    print(f"\n  {model} now runs compiled, without a restart (the compiled replica took over "
+          f"after {time.monotonic() - started:.0f}s; the eager one stops once its requests "
+          "are answered)", flush=True)
+    return rolled
+
+
+def fill_news(records: list[dict], told: dict[str, str], since: float
+              ) -> list[tuple[dict, str]]:
+    """Each fill started since `since` whose state is new, with a line that tells it
+    (`told`: each fill's state already told, updated)."""
+    news = []
     for record in records:
         key, state = record.get("key", ""), record.get("state", "")
         if record.get("started", 0) >= since and told.get(key) != state:
             told[key] = state
-            lines.append(_fill_line(record))
-    return lines
+            news.append((record, _fill_line(record)))
+    return news
 
 
 def _fill_line(record: dict) -> str:
     model, state = record.get("model", "?"), record.get("state")
     if state == "compiling":
-        return (f"\n  {model}: compile cache cold, so chat runs uncompiled (eager) this time; "
-                "compiling it in the background at idle priority for the next start "
-                f"({record.get('log')})")
+        return (f"\n  {model}: compile cache cold, so chat runs uncompiled (eager) for now; "
+                "compiling it in the background at idle priority, then chat moves onto it "
+                f"without a restart ({record.get('log')})")
     if state == "done":
         return (f"\n  {model} compiled in the background in {record.get('seconds', 0):.0f}s: "
-                "the next start runs it compiled")
+                "moving chat onto it (and the next start runs it compiled)")
     return (f"\n  {model}'s background compile failed ({record.get('error')}); the next start "
             f"tries again ({record.get('log')})")
 
@@ -315,17 +412,31 @@ def main(argv: list[str] | None = None) -> int:
             [_bin("serve"), "run", "--address", f"127.0.0.1:{ray_port}", str(first_config)],
             env=env, cwd=PROJECT_ROOT, start_new_session=True,
         )
-        _follow_compile_fills(env, time.time())
+        compiled = _follow_compile_fills(env, time.time())
         base_url = f"http://{settings.host}:{settings.port}/api/v1"
         _wait_ready(f"{base_url}/models", serve_proc)
         print(f"\n  API answering after {time.monotonic() - started:.1f}s; loading models...",
               flush=True)
         _load_in_stages(ray_port, serve_proc, config, deferred, started)
+        on_first_use = sorted(deferred - always_running(config, deferred))
         print(f"\n  Platform ready in {time.monotonic() - started:.1f}s\n"
               f"  Base URL: {base_url}\n  Docs:     {base_url}/docs\n"
               f"  Metrics:  http://127.0.0.1:{metrics_port}/metrics (Prometheus)\n"
-              "  Ctrl-C stops everything.\n", flush=True)
-        serve_proc.wait()
+              + (f"  Started on first use (idle ones stop again): {', '.join(on_first_use)};\n"
+                 "  a first request to one waits while its replica starts, seconds.\n"
+                 if on_first_use else "")
+              + "  Ctrl-C stops everything.\n", flush=True)
+        while serve_proc.poll() is None:
+            with contextlib.suppress(queue.Empty):
+                record = compiled.get(timeout=1)
+                names = compiled_deployments(config, catalog, settings.data_dir,
+                                             record.get("model", ""))
+                if names:
+                    try:
+                        config = roll_onto_compiled(ray_port, config, names, record)
+                    except Exception as exc:  # the eager replica keeps answering
+                        print(f"\n  {record.get('model')}: the move onto the compiled engine "
+                              f"failed ({exc}); the next start runs it compiled", flush=True)
         return serve_proc.returncode or 0
     except KeyboardInterrupt:
         print("\nStopping...", flush=True)

@@ -181,6 +181,7 @@ class VLLMEngine:
         # Eager instead while the compile cache is cold, compiled behind (vllm_compile_fill.py).
         choice = choose(args, options)
         self.compile_key = choice.key
+        self.compiled = not choice.args.enforce_eager  # told by stats(): the launcher waits on it
         # vLLM's own measurements into Ray's metrics (vllm_stats.py), labelled by the model's
         # folder until the deployment names the model (`name_metrics`).
         self.metric_tags = {"model": Path(model_path).name}
@@ -308,7 +309,7 @@ class VLLMEngine:
 
     def stats(self) -> dict[str, Any]:
         return {"unfinished": int(self.engine.get_num_unfinished_requests()),
-                "cancelled_tokens": list(self.cancelled)}
+                "cancelled_tokens": list(self.cancelled), "compiled": self.compiled}
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -1,7 +1,8 @@
 """`make run` (configs/local.yaml) serves every modality the catalog lists: each catalog model
 whose deployment has an engine class is served there, image edits and generation included,
-their weights built by the launcher before Serve starts, and their replica loaded before
-"Platform ready" (a deferred deployment the second stage waits for)."""
+their weights built by the launcher before Serve starts; the media deployments run no replica
+until their first request starts one (scaled to zero), the others' replicas are loaded before
+"Platform ready" (deferred deployments the second stage waits for)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from deployments.engines.diffusion import DiffusersEditEngine, DiffusersText2Img
 from deployments.registry import MODEL_DEPLOYMENTS
 from deployments.weights.registry import weights_to_build
 from serve_app.app import AppArgs
-from serve_app.launch import deferred_deployments
+from serve_app.launch import always_running, deferred_deployments
 from serve_app.models.catalog import Catalog, load_catalog
 from serve_app.settings import PROJECT_ROOT
 
@@ -73,11 +74,15 @@ def test_edit_and_generation_share_one_replica(local, catalog):
     assert len(deployments) == 1 and deployments <= _served(local)
 
 
-def test_image_weights_are_built_before_serve_and_loaded_before_ready(local, catalog, tmp_path):
+def test_image_weights_are_built_before_serve_and_the_replica_starts_on_first_use(
+        local, catalog, tmp_path):
     image_models = [m for m in catalog.models if m.deployment == "image-diffusion"]
     # the launcher builds these (with progress) on a fresh DATA_DIR, not a replica
     assert {m.id for m in image_models} <= set(weights_to_build(catalog.models, tmp_path))
     for model in image_models:
         assert str(model.weights_spec(tmp_path)).startswith(str(tmp_path / "models"))
-    # the second stage waits for the deferred deployments' replicas before "Platform ready"
-    assert "image-diffusion" in deferred_deployments(local, catalog)
+    # deferred to the second stage, which does not wait for it: no replica until a request
+    deferred = deferred_deployments(local, catalog)
+    assert "image-diffusion" in deferred
+    assert "image-diffusion" not in always_running(local, deferred)
+    assert "embedding" in always_running(local, deferred)

@@ -181,10 +181,13 @@ def test_make_run_tells_when_a_fill_starts_and_ends():
                  "log": "/data/cache/vllm/fill/k1.log"}
     earlier = {"key": "k0", "state": "compiling", "model": "old", "started": 1.0}
 
-    (started,) = fill_news([compiling, earlier], told, since=5.0)
+    ((_, started),) = fill_news([compiling, earlier], told, since=5.0)
     again = fill_news([compiling], told, since=5.0)
-    (done,) = fill_news([{**compiling, "state": "done", "seconds": 95.2}], told, since=5.0)
+    ((record, done),) = fill_news([{**compiling, "state": "done", "seconds": 95.2}], told,
+                                  since=5.0)
 
     assert "smollm2" in started and "eager" in started and compiling["log"] in started
     assert again == []  # each state once; a fill from an earlier start is not told
-    assert "compiled in the background in 95s" in done
+    assert "compiled in the background in 95s" in done and "without a restart" not in done
+    assert "moving chat onto it" in done
+    assert record["state"] == "done" and record["key"] == "k1"  # what the launcher rolls on
