@@ -15,9 +15,9 @@ from serve_app.api.deps import Context, InferenceCaller, JsonBody, Services
 from serve_app.api.guarded_route import guarded_router
 from serve_app.chat.response_objects import respond as respond_with
 from serve_app.chat.response_objects import stream_response, to_chat_request
-from serve_app.errors import ApiError
 from serve_app.http import render
 from serve_app.http.billed_stream import BilledStream
+from serve_app.responses.service import last_event_id
 from serve_app.schemas.responses import ResponsesRequest
 
 router = guarded_router(tags=["Chat"])
@@ -47,11 +47,12 @@ async def retrieve_response(
         response_id: str, ctx: Context, key: InferenceCaller, services: Services,
         stream: bool = False,
         starting_after: Annotated[int | None, Query(ge=-1)] = None,
-        last_event_id: Annotated[str | None, Header(max_length=20)] = None) -> Response:
+        last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID",
+                                                           max_length=20)] = None) -> Response:
     view = await services.responses.own(key, response_id)
     if not stream:
         return render.json_response(ctx, _published(view.response))
-    after = starting_after if starting_after is not None else _event_id(last_event_id)
+    after = starting_after if starting_after is not None else last_event_id(last_event_id_header)
     return StreamingResponse(services.responses.follow(view.id, after),
                              media_type="text/event-stream", headers=STREAM_HEADERS)
 
@@ -69,21 +70,6 @@ async def delete_response(response_id: str, ctx: Context, key: InferenceCaller,
     await services.responses.delete(key, response_id)
     return render.json_response(ctx, {"id": response_id, "object": "response",
                                       "deleted": True})
-
-
-def _event_id(header: str | None) -> int:
-    """SSE's `Last-Event-ID`: the number of the last event the client received (-1: none)."""
-    if header is None or not header.strip():
-        return -1
-    try:
-        seq = int(header)
-    except ValueError:
-        raise ApiError(400, "Last-Event-ID must be the sequence_number of an event",
-                       code="INVALID_REQUEST") from None
-    if seq < -1:
-        raise ApiError(400, "Last-Event-ID must be the sequence_number of an event",
-                       code="INVALID_REQUEST")
-    return seq
 
 
 def _published(response: dict) -> dict:

@@ -483,7 +483,7 @@ class StoredResponse(SQLModel, table=True):
 
     __tablename__ = "stored_responses"
 
-    id: str = Field(primary_key=True, max_length=40)  # resp_<32 hex digits>
+    id: str = Field(primary_key=True, max_length=48)  # resp_ (chatcmpl-) and 32 hex digits
     account_id: str = Field(max_length=36, index=True)
     request_id: str = Field(max_length=128)  # the hold's (a client's X-Request-ID, maybe)
     status: str = Field(max_length=16)  # queued | in_progress | completed | failed | ...
@@ -503,6 +503,6 @@ class ResponseEvent(SQLModel, table=True):
 
     __tablename__ = "response_events"
 
-    response_id: str = Field(primary_key=True, max_length=40)
+    response_id: str = Field(primary_key=True, max_length=48)
     sequence_number: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
     data: str = Field(sa_column=Column(Text, nullable=False))

@@ -27,10 +27,10 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
@@ -48,12 +48,14 @@ from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.settings import Settings
 
 logger = logging.getLogger("serve_app.responses")
+T = TypeVar("T")
 
 # How often a reader on another replica than the worker's looks for new events (the worker's
 # own replica wakes its readers at once).
 POLL_S = 0.25
 SWEEP_INTERVAL_S = 10.0
 INTERRUPTED = "The generation was interrupted: the Gateway replica that ran it stopped"
+CHAT_STREAM = "chat.completion.stream"  # the kept object of a resumable chat stream
 STOPPED = "The generation was stopped (the Gateway replica that ran it shut down)"
 
 
@@ -62,10 +64,31 @@ def not_found(response_id: str) -> ApiError:
                     code="MEDIA_NOT_FOUND")
 
 
-def sse(data: str) -> str:
-    """An event of the log as the stream sends it, its number as the SSE id."""
-    payload = json.loads(data)
-    return f"id: {payload['sequence_number']}\nevent: {payload['type']}\ndata: {data}\n\n"
+def sse(seq: int, data: str, *, chat: bool) -> str:
+    """An event of the log as the stream sends it, its number as the SSE id (a response's
+    events are named by their type too, as the Responses API streams them)."""
+    if chat:
+        return f"id: {seq}\ndata: {data}\n\n"
+    return f"id: {seq}\nevent: {json.loads(data)['type']}\ndata: {data}\n\n"
+
+
+def last_event_id(header: str | None) -> int:
+    """SSE's `Last-Event-ID`: the number of the last event the client received (-1: none)."""
+    if header is None or not header.strip():
+        return -1
+    try:
+        seq = int(header)
+    except ValueError:
+        seq = -2
+    if seq < -1:
+        raise ApiError(400, "Last-Event-ID must be the number (the SSE id) of an event",
+                       code="INVALID_REQUEST")
+    return seq
+
+
+async def _as_is(work: Awaitable[T]) -> T:
+    """A kept stream's first token is awaited whether its client stays or not."""
+    return await work
 
 
 @dataclass(eq=False)
@@ -81,6 +104,12 @@ class _Progress:
     text: str = ""
     item: dict[str, Any] | None = None
     last_kind: str | None = None
+    failed: bool = False  # a chat stream sent an error event
+
+    @property
+    def chat(self) -> bool:
+        """A chat completion stream (its events numbered here), not a response."""
+        return self.response.get("object") == CHAT_STREAM
 
     def saw(self, payload: dict[str, Any], size: int) -> None:
         self.seq = int(payload["sequence_number"])
@@ -98,6 +127,8 @@ class _Progress:
 
     def cut_short(self, status: str) -> dict[str, Any]:
         """The object of a response stopped before its end: what it had made."""
+        if self.chat:
+            return {**self.response, "status": status}
         output = list(self.done_items)
         if self.item is not None and self.item.get("type") == "message":
             output.append({**self.item, "status": "incomplete", "content": [
@@ -158,10 +189,32 @@ class BackgroundResponses:
         queued = {"id": response_id, "object": "response", "created_at": int(time.time()),
                   "model": model_id, "status": "queued", "background": True, "output": [],
                   "error": None, "usage": None}
-        encoded = json.dumps(queued, separators=(",", ":"))
+        await self._keep(ctx, key, queued, source)
+        return queued
+
+    async def create_chat(self, ctx: RequestContext, key: KeyRecord,
+                          req: ChatCompletionRequest) -> str:
+        """A resumable chat completion stream (`stream_options.resumable`): admitted and
+        started as any stream (an error before its first chunk is this request's answer),
+        then kept and driven like a background response; its id (the chunks' `id`)."""
+        self._refuse_if_full(*await self.store.usage(key.account_id))
+        source = await self.chat.completion_stream(ctx, key, req, _as_is)
+        stream_id = f"chatcmpl-{uuid.uuid4().hex}"
+        kept = {"id": stream_id, "object": CHAT_STREAM, "created": int(time.time()),
+                "model": req.model, "status": "in_progress"}
+        await self._keep(ctx, key, kept, source)
+        return stream_id
+
+    async def _keep(self, ctx: RequestContext, key: KeyRecord, kept: dict[str, Any],
+                    source: BilledEvents) -> None:
+        """Write the row of `kept` (refused past the account's bound: the hold released)
+        and start driving `source` on a task of this replica."""
+        response_id = kept["id"]
+        encoded = json.dumps(kept, separators=(",", ":"))
         now = utcnow()
         row = StoredResponse(id=response_id, account_id=key.account_id,
-                             request_id=ctx.request_id, status="queued", response=encoded,
+                             request_id=ctx.request_id, status=kept["status"],
+                             response=encoded,
                              stored_bytes=len(encoded), lease_owner=self.owner,
                              lease_expires_at=now + self.store.lease,
                              expires_at=now + self.kept)
@@ -173,10 +226,9 @@ class BackgroundResponses:
         except BaseException as failure:
             await _abandon(source, failure)
             raise
-        task = asyncio.create_task(self._drive(response_id, source, _Progress(queued)),
+        task = asyncio.create_task(self._drive(response_id, source, _Progress(kept)),
                                    name=f"response-{response_id}")
         self._drives[response_id] = _Drive(task)
-        return queued
 
     # -- driving
 
@@ -186,6 +238,9 @@ class BackgroundResponses:
             signal.set()
 
     async def _record(self, response_id: str, event: str, progress: _Progress) -> None:
+        if progress.chat:
+            await self._record_chunk(response_id, event, progress)
+            return
         payload = json.loads(event.split("data: ", 1)[1])
         if "response" in payload:  # the object the events carry has the stored one's id
             payload["response"]["id"] = response_id
@@ -195,6 +250,20 @@ class BackgroundResponses:
         if payload["type"] == "response.created":
             await self.store.write(response_id, self.owner, status="in_progress",
                                    response=progress.response)
+        self._notify(response_id)
+
+    async def _record_chunk(self, response_id: str, event: str, progress: _Progress) -> None:
+        """A chat stream's event (a chunk, an error, `[DONE]`), numbered here."""
+        data = event.split("data: ", 1)[1].rstrip("\n")
+        if data != "[DONE]":
+            payload = json.loads(data)
+            if "id" in payload:  # the chunks carry the stream's id
+                payload["id"] = response_id
+            progress.failed = progress.failed or "error" in payload
+            data = _compact(payload)
+        seq = progress.seq + 1
+        await self.events.append(response_id, seq, data)
+        progress.seq, progress.stored_bytes = seq, progress.stored_bytes + len(data)
         self._notify(response_id)
 
     async def _drive(self, response_id: str, source: BilledEvents, progress: _Progress) -> None:
@@ -222,15 +291,19 @@ class BackgroundResponses:
         """Settle once (the model stopped first when cut short), keep the last events, and
         write the response's end."""
         try:
-            if failure is not None:
-                await _aclose(source.events)
+            if failure is not None:  # a source with a stop of its own is stopped by it
+                await (source.stop() if source.stop is not None else _aclose(source.events))
         finally:
             await source.billed.close(failure)
         if failure is None:
             async for event in source.events:  # the last ones: response.completed (failed)
                 assert isinstance(event, str)
                 await self._record(response_id, event, progress)
-            status = "completed" if progress.last_kind == "response.completed" else "failed"
+            if progress.chat:
+                status = "failed" if progress.failed else "completed"
+            else:
+                status = "completed" if progress.last_kind == "response.completed" \
+                    else "failed"
             final = {**progress.response, "status": status}
         else:
             drive = self._drives.get(response_id)
@@ -245,9 +318,15 @@ class BackgroundResponses:
                                  exc_info=failure)
                 final = {**progress.cut_short("failed"),
                          "error": stream_error_body(error, "responses")}
-                failed = {"type": "response.failed", "sequence_number": progress.seq + 1,
-                          "response": final}
-                await self._record(response_id, f"data: {_compact(failed)}\n\n", progress)
+                if progress.chat:  # the chat stream's error event, then its end
+                    await self._record(response_id, "data: " + _compact(
+                        stream_error_body(error, "chat")), progress)
+                    await self._record(response_id, "data: [DONE]", progress)
+                else:
+                    failed = {"type": "response.failed", "sequence_number": progress.seq + 1,
+                              "response": final}
+                    await self._record(response_id, f"data: {_compact(failed)}\n\n",
+                                       progress)
         size = progress.stored_bytes + len(_compact(final))
         await self.store.write(response_id, self.owner, status=final["status"],
                                response=final, stored_bytes=size, ended=True,
@@ -277,10 +356,13 @@ class BackgroundResponses:
 
     # -- reading and acting on one
 
-    async def own(self, key: KeyRecord, response_id: str) -> ResponseView:
-        """The caller's response; any other is unknown to them (404)."""
+    async def own(self, key: KeyRecord, response_id: str, *,
+                  chat: bool = False) -> ResponseView:
+        """The caller's response (`chat`: resumable chat stream); any other is unknown to
+        them (404)."""
         view = await self.store.get(response_id)
-        if view is None or view.account_id != key.account_id:
+        if view is None or view.account_id != key.account_id \
+                or (view.response.get("object") == CHAT_STREAM) != chat:
             raise not_found(response_id)
         return view
 
@@ -295,7 +377,7 @@ class BackgroundResponses:
             for seq, data in await self.events.read(response_id, after):
                 if seq != after + 1:  # never skip one: the rest is read again
                     break
-                yield sse(data)
+                yield sse(seq, data, chat=view.response.get("object") == CHAT_STREAM)
                 after = seq
             if view.ended:
                 return

@@ -155,6 +155,9 @@ class ResponseFormat(_Open):
 
 class StreamOptions(_Open):
     include_usage: bool = False
+    # The stream runs to its end whoever reads it, and is kept to be resumed after any event
+    # (GET /chat/completions/{id}?stream=true with Last-Event-ID): serve_app/responses/.
+    resumable: bool = False
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]

@@ -1,7 +1,8 @@
 """Background responses as the `openai` SDK uses them: `background: true` answers at once and
 the generation runs on without any client; its numbered events are kept, so a stream cut after
 event k resumes after k (`starting_after`, or SSE's `Last-Event-ID`) with every later event
-once; a cancel stops the engine and charges what it made; only the owning account sees it; a
+once, through any Gateway replica; a resumable chat stream likewise; a cancel stops the engine
+and charges what it made; only the owning account sees it; a
 finished response and its events expire, and an account keeps a bounded number."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sqlmodel import Session
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
 from tests.fakes import FakeTextDeployment
-from tests.unit.conftest import account_key
+from tests.unit.conftest import account_key, make_gateway
 
 REPLY = "one two three four five six seven eight"
 WAIT_S = 60  # a bound for a broken build only: the tests wait on states and events
@@ -50,8 +51,10 @@ class Gate:
     """The engine stops after `after` pieces until the generation is cancelled; `reached`
     tells the test it is there, `closed` that the engine's generator was stopped."""
 
-    def __init__(self, fake: FakeTextDeployment, after: int) -> None:
+    def __init__(self, fake: FakeTextDeployment, after: int,
+                 until: threading.Event | None = None) -> None:
         self.reached, self.closed, self.after = threading.Event(), threading.Event(), after
+        self.until = until  # set: the engine goes on (None: only a cancel ends the wait)
         self.sent_after_gate = 0
         for engine in fake.engines.values():
             engine.generate = self._generate(engine)  # type: ignore[method-assign]
@@ -62,8 +65,11 @@ class Gate:
                 for index, event in enumerate(engine.chunks(request)):
                     if index == self.after:
                         self.reached.set()
-                        await asyncio.Event().wait()  # until cancelled
-                        self.sent_after_gate += 1
+                        if self.until is None:
+                            await asyncio.Event().wait()  # until cancelled
+                        else:
+                            await asyncio.to_thread(self.until.wait, WAIT_S)
+                        self.sent_after_gate += self.until is None
                     yield event
             finally:
                 self.closed.set()
@@ -248,6 +254,36 @@ async def _stop(task: asyncio.Task) -> None:
     await asyncio.wait([task])
 
 
+def test_a_stream_started_through_one_replica_resumes_live_through_another(
+        fake_gateway, sdk, key, text):
+    gate = Gate(text, after=3, until=threading.Event())
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    assert gate.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+    k = max(seq for seq, _ in fake_gateway.client.portal.call(
+        fake_gateway.services.responses.events.read, created.id, -1))
+    # a second Gateway replica: its own services and event loop, the same database
+    replica = make_gateway(fake_gateway.settings)
+    other = next(replica)
+    resumed: list[Any] = []
+    reader = threading.Thread(target=lambda: resumed.extend(_sdk(other, key).responses.retrieve(
+        created.id, stream=True, starting_after=k)))
+    try:
+        reader.start()
+        gate.until.set()  # the generation goes on while the other replica's client waits
+        reader.join(WAIT_S)
+    finally:
+        gate.until.set()
+        replica.close()
+
+    assert not reader.is_alive()
+    assert [e.sequence_number for e in resumed] == list(range(k + 1, k + 1 + len(resumed)))
+    assert resumed[-1].type == "response.completed"
+    assert "one two three " + "".join(
+        e.delta for e in resumed if e.type == "response.output_text.delta") == REPLY
+    assert other.services.responses._drives == {}  # it only read
+
+
 def test_background_with_store_false_is_refused(sdk):
     with pytest.raises(openai.BadRequestError):
         sdk.responses.create(model="chat-primary", input="Count", background=True,
@@ -275,3 +311,57 @@ def _beats() -> Iterator[None]:
     for _ in range(WAIT_S * 100):
         yield
         stop.wait(0.01)
+
+
+def _sse(body: str) -> list[tuple[int, str]]:
+    """A stream's events: (SSE id, data)."""
+    events, seq = [], None
+    for line in body.splitlines():
+        if line.startswith("id: "):
+            seq = int(line[4:])
+        elif line.startswith("data: "):
+            assert seq is not None, "every kept event is numbered"
+            events.append((seq, line[6:]))
+    return events
+
+
+def _content(events: list[tuple[int, str]]) -> str:
+    chunks = [json.loads(data) for _, data in events if data != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c.get("choices"))
+
+
+def test_a_resumable_chat_stream_resumes_after_its_last_event_id(fake_gateway, key, text,
+                                                                 books):
+    chat = {"model": "chat-primary", "messages": [{"role": "user", "content": "Count"}],
+            "stream": True}
+    uncut = fake_gateway.client.post("/api/v1/chat/completions", json=chat,
+                                     headers=fake_gateway.auth(key))
+    request_id = f"chat-{uuid.uuid4().hex}"
+    first = fake_gateway.client.post(
+        "/api/v1/chat/completions", json={**chat, "stream_options": {"resumable": True}},
+        headers={**fake_gateway.auth(key), "X-Request-ID": request_id})
+    assert first.status_code == 200, first.text
+    events = _sse(first.text)
+    stream_id = json.loads(events[0][1])["id"]
+    assert stream_id.startswith("chatcmpl-")
+    assert [seq for seq, _ in events] == list(range(len(events)))
+    assert events[-1][1] == "[DONE]"
+    k = 1  # the client kept events 0 and 1, then its connection dropped
+
+    resumed = fake_gateway.client.get(
+        f"/api/v1/chat/completions/{stream_id}?stream=true",
+        headers={**fake_gateway.auth(key), "Last-Event-ID": str(k)})
+
+    assert resumed.status_code == 200, resumed.text
+    later = _sse(resumed.text)
+    assert later == events[k + 1:]  # each later event once, the same as first sent
+    assert _content(events[:k + 1] + later) == _content(
+        [(0, line[6:]) for line in uncut.text.splitlines() if line.startswith("data: ")])
+    assert _content(events) == REPLY
+    assert books.only_charge(request_id).lines["output"][0] == len(REPLY.split())
+    stranger = account_key(fake_gateway, "5")[0]
+    assert fake_gateway.client.get(f"/api/v1/chat/completions/{stream_id}?stream=true",
+                                   headers=fake_gateway.auth(stranger)).status_code == 404
+    assert fake_gateway.client.get(f"/api/v1/responses/{stream_id}",
+                                   headers=fake_gateway.auth(key)).status_code == 404

@@ -17,7 +17,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_table('stored_responses',
-    sa.Column('id', sqlmodel.sql.sqltypes.AutoString(length=40), nullable=False),
+    sa.Column('id', sqlmodel.sql.sqltypes.AutoString(length=48), nullable=False),
     sa.Column('account_id', sqlmodel.sql.sqltypes.AutoString(length=36), nullable=False),
     sa.Column('request_id', sqlmodel.sql.sqltypes.AutoString(length=128), nullable=False),
     sa.Column('status', sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
@@ -36,7 +36,7 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_stored_responses_expires_at'), ['expires_at'],
                               unique=False)
     op.create_table('response_events',
-    sa.Column('response_id', sqlmodel.sql.sqltypes.AutoString(length=40), nullable=False),
+    sa.Column('response_id', sqlmodel.sql.sqltypes.AutoString(length=48), nullable=False),
     sa.Column('sequence_number', sa.Integer(), autoincrement=False, nullable=False),
     sa.Column('data', sa.Text(), nullable=False),
     sa.PrimaryKeyConstraint('response_id', 'sequence_number')
