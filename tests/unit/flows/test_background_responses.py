@@ -284,6 +284,24 @@ def test_a_stream_started_through_one_replica_resumes_live_through_another(
     assert other.services.responses._drives == {}  # it only read
 
 
+def test_a_replica_shutting_down_fails_its_responses_and_charges_what_they_made(
+        fake_gateway, sdk, text, books):
+    gate = Gate(text, after=3)
+    created, request_id = _create(sdk)
+    assert gate.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+
+    fake_gateway.client.portal.call(fake_gateway.services.responses.stop)
+
+    stopped = sdk.responses.retrieve(created.id)
+    assert stopped.status == "failed" and "shut down" in stopped.error.message
+    assert gate.closed.is_set()
+    assert books.only_charge(request_id).lines["output"][0] == 3
+    assert books.held(request_id) is None
+    events = list(sdk.responses.retrieve(created.id, stream=True))
+    assert events[-1].type == "response.failed"
+
+
 def test_background_with_store_false_is_refused(sdk):
     with pytest.raises(openai.BadRequestError):
         sdk.responses.create(model="chat-primary", input="Count", background=True,
