@@ -22,6 +22,8 @@ from sqlmodel import Session
 
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
+from serve_app.responses.events import RedisEventLog
+from serve_app.settings import Settings
 from tests.fakes import FakeTextDeployment
 from tests.unit.conftest import account_key, make_gateway
 
@@ -383,3 +385,35 @@ def test_a_resumable_chat_stream_resumes_after_its_last_event_id(fake_gateway, k
                                    headers=fake_gateway.auth(stranger)).status_code == 404
     assert fake_gateway.client.get(f"/api/v1/responses/{stream_id}",
                                    headers=fake_gateway.auth(key)).status_code == 404
+
+
+@pytest.fixture
+def redis_gateway(tmp_path, gateway_catalog, fakes):
+    """The gateway with Redis configured: the events are kept there."""
+    from tests.unit.responses.test_event_logs import REDIS_URL, _redis_unavailable
+
+    reason = _redis_unavailable()
+    if reason:
+        pytest.skip(reason)
+    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
+                                     model_catalog=gateway_catalog, redis_url=REDIS_URL,
+                                     redis_prefix=f"test-{uuid.uuid4().hex[:8]}"),
+                            handles=fakes)
+
+
+def test_with_redis_the_events_are_kept_there_and_resumed(redis_gateway, text):
+    sdk = _sdk(redis_gateway, redis_gateway.create_key()["apiKey"])
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    everything = list(sdk.responses.retrieve(created.id, stream=True))
+    responses = redis_gateway.services.responses
+    assert isinstance(responses.events, RedisEventLog)
+    k = 2
+
+    resumed = list(sdk.responses.retrieve(created.id, stream=True, starting_after=k))
+
+    assert [e.sequence_number for e in resumed] == [e.sequence_number
+                                                    for e in everything][k + 1:]
+    assert "".join(e.delta for e in everything
+                   if e.type == "response.output_text.delta") == REPLY
+    sdk.responses.delete(created.id)
+    assert redis_gateway.client.portal.call(responses.events.read, created.id, -1) == []
