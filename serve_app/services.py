@@ -37,10 +37,10 @@ from serve_app.images.serving import ImageService
 from serve_app.jobs.caps import FetchSlots, JobCaps
 from serve_app.jobs.idempotency import QueueKeys
 from serve_app.jobs.job_queue import JobQueue
-from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.service import JobService
 from serve_app.jobs.store import ResultStore, open_result_store
 from serve_app.jobs.webhooks import WebhookDeliveries, WebhookSecrets, callback_fetcher
+from serve_app.jobs.worker import JobWorker
 from serve_app.limits.backends import LimiterBackend, LocalLimiter, RayLimiter
 from serve_app.limits.policy import load_tiers
 from serve_app.limits.rate_limits import RateLimits
@@ -109,7 +109,7 @@ class GatewayServices:
     top_ups: TopUps
     jobs: JobQueue
     results: ResultStore
-    job_runner: JobRunner
+    job_worker: JobWorker
     chat: ChatService
     images: ImageService
     audio: AudioService
@@ -149,13 +149,13 @@ class GatewayServices:
                        extractor=extractor)
         image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
         image_inspector = ImageInspector(limits, timeout_s=settings.image_inspect_timeout_s)
-        job_runner = JobRunner(jobs, results, billing, catalog, router,
+        job_worker = JobWorker(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment,
                                makers={VOICE_CHANGE: VoicePipeline(catalog, router).make})
         fetch_slots = FetchSlots(settings.media_fetches_per_account)  # chat's media too
         callbacks = callback_fetcher(settings.allowed_webhook_hosts)  # never the fetch list
         queue_keys = QueueKeys(engine)
-        job_service = JobService(router, catalog, runner, jobs, results, job_runner, engine,
+        job_service = JobService(router, catalog, runner, jobs, results, job_worker, engine,
                                  fetch_slots,
                                  JobCaps(settings.job_open_per_account,
                                          settings.job_stored_mb_per_account * 1024 * 1024),
@@ -195,7 +195,7 @@ class GatewayServices:
                            global_per_minute=settings.x402_top_ups_per_minute),
             jobs=jobs,
             results=results,
-            job_runner=job_runner,
+            job_worker=job_worker,
             chat=ChatService(router, catalog, web, engine, runner, FileReader(extractor),
                              AudioReader(router),
                              MediaReader(image_sources, probe_video, fetch_slots,
@@ -224,7 +224,7 @@ class GatewayServices:
             asyncio.create_task(self.billing.run_sweeper()),
             asyncio.create_task(self.wallets.run_nonce_sweeper()),
             asyncio.create_task(self.crypto_rpc.run_sweeper()),
-            asyncio.create_task(self.job_runner.run()),
+            asyncio.create_task(self.job_worker.run()),
             asyncio.create_task(self.webhooks.run()),
             asyncio.create_task(self.responses.run()),
         ]

@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     public_api_url: str | None = None
     # Jobs each Gateway replica has its runner send to one video or audio deployment at once.
     job_slots_per_deployment: int = Field(default=2, ge=1, le=64)
-    # How long a job runner's claim on a job lasts unless renewed (it renews every third of
+    # How long a job worker's claim on a job lasts unless renewed (it renews every third of
     # it): a runner that died gives its jobs up after this long.
     job_lease_s: float = Field(default=30.0, gt=0)
     # Requests of one account that may read media inputs (fetch, decode, probe) at once on

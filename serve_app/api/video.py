@@ -1,7 +1,7 @@
 """The video endpoints: the spec's quote and queue, and the published retrieve and complete.
 
 A job is queued at once (its quoted price held) and made by the video deployments through the
-job runner; clients poll `/video/retrieve` until it answers with the MP4, then call
+job worker; clients poll `/video/retrieve` until it answers with the MP4, then call
 `/video/complete` (or retrieve with `delete_media_on_completion`) to delete it.
 
 As the reference delivers: a model that streams its video sends no `download_url` at queue

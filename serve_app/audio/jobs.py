@@ -10,8 +10,8 @@ from serve_app.audio.serving import pick_voice
 from serve_app.audio.voice_change import check_not_voice_changer
 from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd
 from serve_app.errors import invalid_request
-from serve_app.jobs.runner import TENANT_PARAM, tenant_param
 from serve_app.jobs.service import JobService
+from serve_app.jobs.worker import TENANT_PARAM, tenant_param
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext

@@ -37,8 +37,8 @@ from serve_app.billing.pricing.audio import (
 )
 from serve_app.errors import invalid_request
 from serve_app.images.inputs import ImageSourceReader
-from serve_app.jobs.runner import TENANT_PARAM, tenant_param
 from serve_app.jobs.service import JobService
+from serve_app.jobs.worker import TENANT_PARAM, tenant_param
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.chains import VoiceChangerSpec
 from serve_app.models.router import ModelRouter, RoutedModel

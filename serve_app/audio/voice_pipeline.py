@@ -1,4 +1,4 @@
-"""The making of a voice change, as the job runner calls it (jobs/runner.py `JobMaker`): the
+"""The making of a voice change, as the job worker calls it (jobs/worker.py `JobMaker`): the
 source is heard by the voice changer's transcription model, and what was heard is read aloud
 by its speech model in the job's voice, each through one call to that model's deployment.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from deployments.protocol import MediaJob, MediaResult, Transcription, TranscriptionRequest
 from serve_app.errors import ApiError
-from serve_app.jobs.runner import ChargedFailure
+from serve_app.jobs.worker import ChargedFailure
 from serve_app.models.calls import call_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter

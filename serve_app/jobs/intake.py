@@ -11,7 +11,7 @@
    account's stored-bytes cap;
 3. `hold`: the job's real price, once the inputs told it (an upscale's length), replaces the
    first hold (`Bill.rehold`, as a chat's files do);
-4. `queue`: the row is written and the bill passed on; the job runner takes the job and its
+4. `queue`: the row is written and the bill passed on; the job worker takes the job and its
    hold from there (`Bill.resume`).
 
 Used as `async with`: whatever fails on the way releases the hold and deletes what was kept,
@@ -31,8 +31,8 @@ from serve_app.billing.pricing import Cost, PricedLine
 from serve_app.db.tables import JobRow
 from serve_app.jobs.caps import JobCaps, PendingIntakes, over_cap
 from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
-from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
+from serve_app.jobs.worker import JobWorker
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.bill import Bill
 from serve_app.pipeline.context import RequestContext
@@ -57,11 +57,11 @@ class JobIntake:
     """A job's intake (the module's docstring); `async with` it."""
 
     def __init__(self, *, request_runner: RequestRunner, jobs: JobQueue,
-                 results: ResultStore, runner: JobRunner, caps: JobCaps,
+                 results: ResultStore, worker: JobWorker, caps: JobCaps,
                  pending: PendingIntakes, ctx: RequestContext, key: KeyRecord,
                  routed: RoutedModel, kind: str, callback_url: str | None = None) -> None:
         self.jobs = jobs
-        self.results, self.runner, self.caps = results, runner, caps
+        self.results, self.worker, self.caps = results, worker, caps
         self.pending = pending
         self.ctx, self.key, self.routed = ctx, key, routed
         model = routed.model
@@ -135,8 +135,8 @@ class JobIntake:
             view = await self._write(job)
             self._unreserve()  # its row counts now
         self._queued = True
-        self.bill.pass_on()  # the job keeps its hold: the job runner settles it
-        self.runner.wake()
+        self.bill.pass_on()  # the job keeps its hold: the job worker settles it
+        self.worker.wake()
         return view
 
     async def _write(self, job: JobRow) -> JobView:

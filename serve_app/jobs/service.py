@@ -1,6 +1,6 @@
 """Queued media jobs as the routes see them: queue one (hold its quoted price, keep its input
 files, write its row), answer a poll (status and timing, then the media), complete one (delete
-its media). The runner (runner.py) does the work between.
+its media). The worker (worker.py) does the work between.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from serve_app.jobs.caps import FetchSlots, JobCaps, PendingIntakes
 from serve_app.jobs.idempotency import QueueKeys, request_digest
 from serve_app.jobs.intake import JobIntake
 from serve_app.jobs.job_queue import OPEN_STATUSES, JobQueue, JobView, result_key
-from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import ResultStore
 from serve_app.jobs.webhooks import check_callback_url
+from serve_app.jobs.worker import JobWorker
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.net_guard import GuardedFetcher
@@ -49,7 +49,7 @@ class JobService:
     retrieve, download by signed link, complete."""
 
     def __init__(self, router: ModelRouter, catalog: Catalog, request_runner: RequestRunner,
-                 jobs: JobQueue, results: ResultStore, job_runner: JobRunner,
+                 jobs: JobQueue, results: ResultStore, job_worker: JobWorker,
                  database: Engine, fetch_slots: FetchSlots | None = None,
                  caps: JobCaps | None = None, keys: QueueKeys | None = None,
                  callback_guard: GuardedFetcher | None = None) -> None:
@@ -58,7 +58,7 @@ class JobService:
         self.request_runner = request_runner
         self.jobs = jobs
         self.results = results
-        self.job_runner = job_runner
+        self.job_worker = job_worker
         self.database = database
         self.fetch_slots = fetch_slots or FetchSlots()
         self.caps = caps or JobCaps()
@@ -89,7 +89,7 @@ class JobService:
         """A job on its way into the queue (intake.py): admit, keep its inputs, hold its
         price, queue it; `async with` it so that a failure leaves nothing held or kept."""
         return JobIntake(request_runner=self.request_runner, jobs=self.jobs,
-                         results=self.results, runner=self.job_runner, caps=self.caps,
+                         results=self.results, worker=self.job_worker, caps=self.caps,
                          pending=self.pending, ctx=ctx, key=key, routed=routed, kind=kind,
                          callback_url=callback_url)
 

@@ -1,4 +1,4 @@
-"""The rounds of a background loop (the job runner, webhook deliveries) and the pause between
+"""The rounds of a background loop (the job worker, webhook deliveries) and the pause between
 them."""
 
 from __future__ import annotations

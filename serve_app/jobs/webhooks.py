@@ -10,7 +10,7 @@ what the `standardwebhooks` package and OpenAI's webhooks verify):
 After a rotation the previous secret signs too, for `ROTATION_GRACE`: the header then holds
 two signatures, space-separated, and a receiver holding either secret verifies the event.
 
-The job runner is never involved: each replica's delivery loop (`WebhookDeliveries.run`)
+The job worker is never involved: each replica's delivery loop (`WebhookDeliveries.run`)
 turns ended jobs that name a callback into `webhook_deliveries` rows (the row written and the
 job's `callback_url` cleared in one transaction: one event per job, a restart loses none),
 then sends the rows that are due, each claimed first so that two replicas never send the same

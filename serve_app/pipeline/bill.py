@@ -20,7 +20,7 @@ that a flood of refused requests writes nothing to the ledger.
 
 A stream outlives the handler: `bill.stream(events)` hands the bill to the response that sends
 them (http/billed_stream.py), which settles it where the stream ends. A queued job keeps its
-hold: `bill.pass_on()` at intake, and the job runner settles it with `Bill.resume(...)`.
+hold: `bill.pass_on()` at intake, and the job worker settles it with `Bill.resume(...)`.
 A request whose price is known only once its inputs are read holds a floor, then `rehold`s.
 """
 
@@ -85,7 +85,7 @@ class Bill:
     def resume(cls, billing: Billing, request_id: str, payer: Payer,
                created_at: datetime) -> Bill:
         """The bill of a queued job, whose hold was taken when the job was queued (keyed by
-        its request id) and passed on: the job runner settles or releases it as a
+        its request id) and passed on: the job worker settles or releases it as a
         request's."""
         return cls(RequestContext(request_id),
                    hold=billing.held_since(request_id, payer, created_at))
@@ -198,7 +198,7 @@ class Bill:
         return BilledEvents(self, events, stop)
 
     def pass_on(self) -> None:
-        """The hold outlives the request: a queued job keeps it, and the job runner settles
+        """The hold outlives the request: a queued job keeps it, and the job worker settles
         it once the job is made, or releases it (`Bill.resume`)."""
         self._closed = True
 

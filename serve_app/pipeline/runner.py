@@ -36,7 +36,7 @@ class RequestRunner:
                     model_headers: bool = True) -> AsyncIterator[Bill]:
         """The request's bill, the limiter's decision started; the body checks the request,
         `hold`s, works and `deliver`s; the exit settles or releases, however the body ends (a
-        stream's bill: where its stream ends; a queued job's: in the job runner).
+        stream's bill: where its stream ends; a queued job's: in the job worker).
         `tokens`: the most the request may use (its rate-limit count until corrected);
         `limit`: a check in place of the model's own limits (the crypto proxy's caps);
         `calls_model`: False when the work calls no deployment (the crypto proxy's nodes,

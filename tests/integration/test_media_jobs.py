@@ -366,7 +366,7 @@ def test_jobs_belong_to_their_account(account, platform, tmp_path):
 def test_concurrent_jobs_are_each_charged_once(account, platform):
     body = {"model": "wan-text-to-video-test", "prompt": "waves", "duration": "1s",
             "resolution": "256p", "aspect_ratio": "1:1"}
-    # Alternate the Gateway replicas: each runs a job runner over the same job table.
+    # Alternate the Gateway replicas: each runs a job worker over the same job table.
     ids = []
     for i in range(4):
         url = platform.replica_urls[i % len(platform.replica_urls)]

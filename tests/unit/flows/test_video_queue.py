@@ -1,4 +1,4 @@
-"""A queued video job: `/video/queue` holds the quoted price, the job runner (running in the
+"""A queued video job: `/video/queue` holds the quoted price, the job worker (running in the
 gateway's lifespan) has the video deployment make it and settles the quote, `/video/retrieve`
 answers the MP4."""
 

@@ -20,8 +20,8 @@ from serve_app.billing.service import Billing
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, JobRow, LedgerEntry, Reservation
 from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
-from serve_app.jobs.runner import RESULT_LIFETIME_S, JobRunner
 from serve_app.jobs.store import DirectoryStore
+from serve_app.jobs.worker import RESULT_LIFETIME_S, JobWorker
 from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.settings import Settings
@@ -82,7 +82,7 @@ def test_a_made_job_keeps_its_media_until_its_link_expires_and_a_failed_one_noth
     async def main() -> None:
         billing = Billing(database_url)
         queue = JobQueue(engine, clock=clock)
-        runner = JobRunner(queue, store, billing, CATALOG,
+        runner = JobWorker(queue, store, billing, CATALOG,
                            ModelRouter(CATALOG, {"video-generation": video}))
         made = await _queued_with_input(queue, store, billing, account_id)
         await runner.fill()
@@ -140,7 +140,7 @@ def test_the_sweep_deletes_what_a_runner_that_died_left_of_a_failed_job(accounts
             session.add(row)
             session.commit()
         assert await queue.account_usage(account_id) == (0, 1000)
-        await JobRunner(queue, store, billing, CATALOG, ModelRouter(CATALOG, {})).sweep()
+        await JobWorker(queue, store, billing, CATALOG, ModelRouter(CATALOG, {})).sweep()
         assert await store.get(job.inputs["image"]) is None
         assert await queue.account_usage(account_id) == (0, 0)
         billing.close()

@@ -19,8 +19,8 @@ from serve_app.billing.service import Billing
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, JobRow, LedgerEntry, Reservation
 from serve_app.jobs.job_queue import JobQueue, result_key
-from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import DirectoryStore, open_result_store
+from serve_app.jobs.worker import JobWorker
 from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.settings import PROJECT_ROOT, Settings
@@ -162,7 +162,7 @@ def test_a_runner_that_dies_mid_job_leaves_it_to_the_next_which_charges_once(
         # when the clock is moved past it.
         queue = JobQueue(engine, clock=clock, lease=timedelta(minutes=10), max_attempts=2)
         stuck = _InProcess(speech, "synthesize", gate=asyncio.Event())  # never finishes
-        dying = JobRunner(queue, store, billing, CATALOG,
+        dying = JobWorker(queue, store, billing, CATALOG,
                           ModelRouter(CATALOG, {"speech": _Handle(stuck)}))
         hold = await billing.hold(f"req-{uuid.uuid4().hex}", Payer(account_id), 180_000)
         job = await queue.add(_job(account_id, request_id=hold.request_id))
@@ -174,7 +174,7 @@ def test_a_runner_that_dies_mid_job_leaves_it_to_the_next_which_charges_once(
             task.cancel()
         await asyncio.gather(*dead, return_exceptions=True)
         working = _InProcess(speech, "synthesize")
-        next_runner = JobRunner(queue, store, billing, CATALOG,
+        next_runner = JobWorker(queue, store, billing, CATALOG,
                                 ModelRouter(CATALOG, {"speech": _Handle(working)}))
         await next_runner.fill()
         assert not next_runner._running["speech"], "taken while its lease still ran"
@@ -205,7 +205,7 @@ def test_a_job_whose_engine_refuses_it_fails_and_is_released(books, database_url
     async def main() -> None:
         billing = Billing(database_url)
         queue = JobQueue(engine)
-        runner = JobRunner(queue, DirectoryStore(tmp_path), billing, CATALOG,
+        runner = JobWorker(queue, DirectoryStore(tmp_path), billing, CATALOG,
                            ModelRouter(CATALOG, {"speech": _Handle(
                                _InProcess(speech, "synthesize"))}))
         hold = await billing.hold(f"req-{uuid.uuid4().hex}", Payer(account_id), 180_000)
@@ -318,7 +318,7 @@ def test_the_sweep_settles_completed_jobs_and_releases_stranded_ones(books, data
     async def main() -> tuple[str, str, str]:
         billing = Billing(database_url)
         queue = JobQueue(engine)
-        runner = JobRunner(queue, DirectoryStore(tmp_path), billing, CATALOG,
+        runner = JobWorker(queue, DirectoryStore(tmp_path), billing, CATALOG,
                            ModelRouter(CATALOG, {}))
         views = []
         for model_id, status, age in (("piper-narrator", "COMPLETED", 0),

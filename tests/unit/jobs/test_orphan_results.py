@@ -20,8 +20,8 @@ from serve_app.billing.service import Billing
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import Account, JobRow, LedgerEntry, Reservation
 from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
-from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store import DirectoryStore
+from serve_app.jobs.worker import JobWorker
 from serve_app.models.catalog import load_catalog
 from serve_app.models.router import ModelRouter
 from serve_app.settings import Settings
@@ -84,7 +84,7 @@ def test_media_put_after_the_job_failed_is_deleted(account, database_url, tmp_pa
     async def main() -> JobView:
         billing = Billing(database_url)
         queue = JobQueue(engine, clock=clock, max_attempts=1)
-        runner = JobRunner(queue, store, billing, CATALOG,
+        runner = JobWorker(queue, store, billing, CATALOG,
                            ModelRouter(CATALOG, {"video-generation": video}))
         job = await _queued(queue, store, billing, account_id)
         video.pause()
@@ -126,8 +126,8 @@ def test_a_runner_that_lost_its_lease_leaves_the_new_runners_media(account, data
         billing = Billing(database_url)
         queue = JobQueue(engine, clock=clock, max_attempts=2)
         router = ModelRouter(CATALOG, {"video-generation": video})
-        first = JobRunner(queue, store, billing, CATALOG, router)
-        second = JobRunner(queue, store, billing, CATALOG, router)
+        first = JobWorker(queue, store, billing, CATALOG, router)
+        second = JobWorker(queue, store, billing, CATALOG, router)
         job = await _queued(queue, store, billing, account_id)
         video.pause()
         await first.fill()

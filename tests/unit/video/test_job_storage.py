@@ -15,7 +15,7 @@ from sqlmodel import Session
 
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import JobRow, utcnow
-from serve_app.jobs.runner import RESULT_LIFETIME_S
+from serve_app.jobs.worker import RESULT_LIFETIME_S
 from tests.fakes import crashed
 from tests.unit.flows.books import nanos
 from tests.unit.video.api import post, stored, stored_when, wait
@@ -52,7 +52,7 @@ def test_inputs_go_when_a_job_is_made_or_fails_and_media_when_its_link_expires(
         session.add(job)
         session.commit()
     engine.dispose()
-    gateway.client.portal.call(gateway.services.job_runner.sweep)
+    gateway.client.portal.call(gateway.services.job_worker.sweep)
 
     gone = post(gateway, key, "retrieve", {"model": body["model"], "queue_id": queue_id})
     assert gone.status_code == 404 and gone.json()["code"] == "MEDIA_NOT_FOUND"

@@ -26,8 +26,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import JobRow, WebhookDelivery, utcnow
-from serve_app.jobs.runner import FAILED_MESSAGE
 from serve_app.jobs.webhooks import ROTATION_GRACE, TRY_DEADLINE_S, TRY_TIMEOUT_S
+from serve_app.jobs.worker import FAILED_MESSAGE
 from tests.unit.conftest import account_key
 from tests.unit.video.conftest import CATALOG
 from tests.unit.video.media_server import MediaServer

@@ -1,4 +1,4 @@
-"""The job runner: takes queued media jobs from the job table and has their deployments make
+"""The job worker: takes queued media jobs from the job table and has their deployments make
 them. Every Gateway replica runs one; they share the table, never a job (leases).
 
 One job: claim it (a lease, renewed while it runs), read its inputs from the result store,
@@ -96,7 +96,7 @@ def job_cost(model: CatalogModel, job: JobView) -> Cost:
                              for t, u, n, p in job.cost_lines))
 
 
-class JobRunner:
+class JobWorker:
     def __init__(self, queue: JobQueue, results: ResultStore, billing: Billing,
                  catalog: Catalog, router: ModelRouter, *, slots_per_deployment: int = 2,
                  poll_interval_s: float = POLL_INTERVAL_S,
@@ -127,7 +127,7 @@ class JobRunner:
     async def run(self) -> None:
         await run_rounds(self.fill, self.sweep, wake=self._wake,
                          poll_interval_s=self.poll_interval_s,
-                         sweep_interval_s=SWEEP_INTERVAL_S, name="job runner")
+                         sweep_interval_s=SWEEP_INTERVAL_S, name="job worker")
 
     async def fill(self) -> None:
         """Claim jobs until every served deployment has its slots busy or nothing waits."""
