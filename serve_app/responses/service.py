@@ -105,6 +105,7 @@ class _Progress:
     item: dict[str, Any] | None = None
     last_kind: str | None = None
     failed: bool = False  # a chat stream sent an error event
+    ending: bool = False  # its end has begun (once)
 
     @property
     def chat(self) -> bool:
@@ -151,6 +152,7 @@ class BackgroundResponses:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._drives: dict[str, _Drive] = {}
         self._signals: dict[str, asyncio.Event] = {}
+        self._endings: set[asyncio.Task] = set()
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine,
@@ -226,9 +228,21 @@ class BackgroundResponses:
         except BaseException as failure:
             await _abandon(source, failure)
             raise
-        task = asyncio.create_task(self._drive(response_id, source, _Progress(kept)),
+        progress = _Progress(kept)
+        task = asyncio.create_task(self._drive(response_id, source, progress),
                                    name=f"response-{response_id}")
         self._drives[response_id] = _Drive(task)
+        task.add_done_callback(lambda done: self._unstarted(done, response_id, source, progress))
+
+    def _unstarted(self, task: asyncio.Task, response_id: str, source: BilledEvents,
+                   progress: _Progress) -> None:
+        """A drive cancelled before its first step runs none of its code: it still ends
+        (its hold released, its row written), on a task of its own."""
+        if task.cancelled() and not progress.ending:
+            ending = asyncio.create_task(self._finish(response_id, source, progress,
+                                                      asyncio.CancelledError()))
+            self._endings.add(ending)
+            ending.add_done_callback(self._endings.discard)
 
     # -- driving
 
@@ -278,11 +292,18 @@ class BackgroundResponses:
         except BaseException as exc:  # a cancel, a shutdown, a failure of the model's
             failure = exc
         try:
-            await asyncio.shield(self._end(response_id, source, progress, failure))
+            await asyncio.shield(self._finish(response_id, source, progress, failure))
+        finally:
+            renewing.cancel()
+
+    async def _finish(self, response_id: str, source: BilledEvents, progress: _Progress,
+                      failure: BaseException | None) -> None:
+        progress.ending = True
+        try:
+            await self._end(response_id, source, progress, failure)
         except Exception:
             logger.exception("background response %s did not end cleanly", response_id)
         finally:
-            renewing.cancel()
             self._drives.pop(response_id, None)
             self._notify(response_id)
 
@@ -396,6 +417,8 @@ class BackgroundResponses:
             drive.cancelled = True
             drive.task.cancel()
             await asyncio.wait([drive.task])
+            if self._endings:  # it was cancelled before its first step: it ends aside
+                await asyncio.wait(list(self._endings))
         else:  # driven by another replica, which reads the request as it renews its lease
             await self._ended(response_id)
         return await self.own(key, response_id)
@@ -458,6 +481,8 @@ class BackgroundResponses:
             drive.task.cancel()
         if drives:
             await asyncio.wait([drive.task for drive in drives])
+        if self._endings:
+            await asyncio.wait(list(self._endings))
         await self.events.close()
 
 
