@@ -151,8 +151,7 @@ class Readiness:
         return OK
 
     async def _models(self) -> dict[str, str]:
-        counts, upstreams = await asyncio.gather(self.replica_counts(),
-                                                 self.router.upstreams.current())
+        counts, upstreams = await asyncio.gather(self.replica_counts(), self._upstreams())
         states: dict[str, str] = {}
         defaults = set()
         for model_type in sorted({m.type for m in self.catalog.models}):
@@ -172,6 +171,15 @@ class Readiness:
                 offline = upstream_offline(state)
                 states[part] = offline if model.id in defaults else DEGRADED + offline
         return states
+
+    async def _upstreams(self) -> dict[str, dict[str, Any]]:
+        """The servers' states (serve_app/models/upstream_states.py), asked now; what was
+        last heard when the asking takes too long (a busy replica must not make the whole
+        models check time out)."""
+        try:
+            return await asyncio.wait_for(self.router.upstreams.current(), CHECK_TIMEOUT_S / 2)
+        except TimeoutError:
+            return self.router.upstreams.held()
 
     def _model_state(self, deployments: list[str],
                      counts: dict[tuple[str, str], Replicas] | None) -> str:

@@ -25,9 +25,10 @@ from serve_app.models.upstream import UPSTREAM_ENGINE
 
 logger = logging.getLogger("serve_app.models.upstream_states")
 
-# How old a state may be before a reader has it asked again, and how long one asking waits.
+# How old a state may be before a reader has it asked again, and how long one asking waits
+# for a deployment (asked together; one that does not answer in time keeps its last state).
 MAX_AGE_S = 5.0
-ASK_TIMEOUT_S = 2.0
+ASK_TIMEOUT_S = 1.0
 
 # A deployment by name -> its handle, or None where this application does not run it.
 Handles = Callable[[str], Any | None]
@@ -58,6 +59,10 @@ class UpstreamStates:
             self._ask_in_background()
         return self._states.get(model.id, {}).get("online") is False
 
+    def held(self) -> dict[str, dict[str, Any]]:
+        """What was last heard, without asking."""
+        return dict(self._states)
+
     async def current(self) -> dict[str, dict[str, Any]]:
         """Each such model's state (`{"online": bool, "failures_in_a_row": int}`), asked now
         unless what is held is recent; a model whose deployment did not answer is left out."""
@@ -80,21 +85,28 @@ class UpstreamStates:
         by_deployment: dict[str, list[CatalogModel]] = {}
         for model in self._models:
             by_deployment.setdefault(model.deployment, []).append(model)
-        heard: dict[str, dict[str, Any]] = {}
-        for deployment, models in by_deployment.items():
-            handle = self._handles(deployment)
-            if handle is None:
-                continue
-            try:
-                stats = await asyncio.wait_for(handle.stats.remote(), self._timeout_s)
-            except Exception as exc:  # a deployment that does not answer: its state unknown
-                logger.warning("deployment %s did not report its models' servers (%s)",
-                               deployment, type(exc).__name__)
+        heard = dict(self._states)  # a deployment that does not answer keeps its last state
+        answers = await asyncio.gather(*(self._stats(d) for d in by_deployment))
+        for models, stats in zip(by_deployment.values(), answers, strict=True):
+            if stats is None:
                 continue
             for model in models:
-                state = (stats or {}).get(model.id, {}).get("upstream")
+                state = stats.get(model.id, {}).get("upstream")
                 if isinstance(state, dict):
                     heard[model.id] = state
+                else:
+                    heard.pop(model.id, None)
         self._states = heard
         self._asked_at = time.monotonic()
         return heard
+
+    async def _stats(self, deployment: str) -> dict[str, Any] | None:
+        handle = self._handles(deployment)
+        if handle is None:
+            return None
+        try:
+            return dict(await asyncio.wait_for(handle.stats.remote(), self._timeout_s) or {})
+        except Exception as exc:  # a deployment that does not answer: its state unknown
+            logger.warning("deployment %s did not report its models' servers (%s)",
+                           deployment, type(exc).__name__)
+            return None
