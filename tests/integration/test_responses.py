@@ -59,3 +59,27 @@ def test_message_items_and_json_schema_format(client):
                 "content": [{"type": "input_text", "text": "Reply as JSON."}]}],
         text={"format": {"type": "json_schema", "name": "flag", "schema": schema}})
     assert isinstance(json.loads(response.output_text)["ok"], bool)
+
+
+def test_background_response_retrieved_and_its_stream_resumed(client):
+    """A background response on the real engine: answered at once, run with no client
+    reading, fetched once done; its stream read again from the start and after event k gives
+    the same events from k on, each once, and the same text as the whole."""
+    created = client.responses.create(model=SMOL, input="Name three colours.", temperature=0,
+                                      max_output_tokens=24, background=True)
+    assert created.status in ("queued", "in_progress") and created.background
+
+    everything = list(client.responses.retrieve(created.id, stream=True))
+    done = client.responses.retrieve(created.id)
+
+    assert done.status == "completed"
+    assert [e.sequence_number for e in everything] == list(range(len(everything)))
+    assert everything[-1].type == "response.completed"
+    text = "".join(e.delta for e in everything if e.type == "response.output_text.delta")
+    assert text == done.output_text and text
+    k = 3
+    resumed = list(client.responses.retrieve(created.id, stream=True, starting_after=k))
+    assert [e.sequence_number for e in resumed] == list(range(k + 1, len(everything)))
+    assert "".join(e.delta for e in everything[:k + 1] + resumed
+                   if e.type == "response.output_text.delta") == text
+    client.responses.delete(created.id)
