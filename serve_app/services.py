@@ -32,7 +32,7 @@ from serve_app.crypto.networks import load_nodes
 from serve_app.crypto.serving import CryptoRpc
 from serve_app.db.engine import make_engine
 from serve_app.embeddings.serving import Embedder
-from serve_app.images.inputs import ImageInspector, ImageSourceReader, image_fetcher
+from serve_app.images.inputs import ImageInspector, MediaSourceReader, image_fetcher
 from serve_app.images.serving import ImageService
 from serve_app.jobs.caps import FetchSlots, JobCaps
 from serve_app.jobs.idempotency import QueueKeys
@@ -102,7 +102,7 @@ class GatewayServices:
     admission: Admission
     runner: RequestRunner
     embedder: Embedder
-    image_sources: ImageSourceReader
+    media_sources: MediaSourceReader
     crypto_rpc: CryptoRpc
     wallets: WalletAuth
     payments: PaymentConfig
@@ -147,7 +147,7 @@ class GatewayServices:
         web = WebTools(GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts),
                        settings.web_search_url, settings.web_search_api_key,
                        extractor=extractor)
-        image_sources = ImageSourceReader(image_fetcher(settings.allowed_fetch_hosts))
+        media_sources = MediaSourceReader(image_fetcher(settings.allowed_fetch_hosts))
         image_inspector = ImageInspector(limits, timeout_s=settings.image_inspect_timeout_s)
         job_worker = JobWorker(jobs, results, billing, catalog, router,
                                slots_per_deployment=settings.job_slots_per_deployment,
@@ -180,7 +180,7 @@ class GatewayServices:
             runner=runner,
             embedder=Embedder(router, settings.embedding_calls_in_flight,
                               settings.embedding_min_texts_beside),
-            image_sources=image_sources,
+            media_sources=media_sources,
             crypto_rpc=CryptoRpc(load_nodes(settings.crypto_rpc_nodes), runner=runner,
                                  limits=limits, database=engine,
                                  clock=billing.clock),
@@ -198,18 +198,18 @@ class GatewayServices:
             job_worker=job_worker,
             chat=ChatService(router, catalog, web, engine, runner, FileReader(extractor),
                              AudioReader(router),
-                             MediaReader(image_sources, probe_video, fetch_slots,
+                             MediaReader(media_sources, probe_video, fetch_slots,
                                          image_inspector)),
             images=ImageService(catalog, router, runner, image_inspector),
             audio=AudioService(router, catalog, runner),
             job_service=job_service,
             queued_audio=QueuedAudio(router, job_service),
-            voice_changer=VoiceChanger(router, job_service, ImageSourceReader(
+            voice_changer=VoiceChanger(router, job_service, MediaSourceReader(
                 GuardedFetcher(allowed_hosts=settings.allowed_fetch_hosts,
                                timeout_s=FETCH_TIMEOUT_S, deadline_s=FETCH_TIMEOUT_S,
                                max_bytes=MAX_AUDIO_BYTES - 1),
                 total_timeout_s=FETCH_TIMEOUT_S)),
-            video=VideoService(router, image_sources, job_service, settings.public_api_url,
+            video=VideoService(router, media_sources, job_service, settings.public_api_url,
                                inspector=image_inspector),
             webhooks=webhooks,
         )

@@ -60,7 +60,7 @@ def _uploaded(data: bytes) -> Source:
 
 def _sent(services: GatewayServices, value: str, field: str, *, allow_urls: bool) -> Source:
     async def read() -> bytes:
-        return await services.image_sources.read(value, field, allow_urls=allow_urls)
+        return await services.media_sources.read(value, field, allow_urls=allow_urls)
 
     return read
 

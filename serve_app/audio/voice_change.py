@@ -36,7 +36,7 @@ from serve_app.billing.pricing.audio import (
     voice_change_floor,
 )
 from serve_app.errors import invalid_request
-from serve_app.images.inputs import ImageSourceReader
+from serve_app.images.inputs import MediaSourceReader
 from serve_app.jobs.service import JobService
 from serve_app.jobs.worker import TENANT_PARAM, tenant_param
 from serve_app.models.catalog import CatalogModel
@@ -61,7 +61,7 @@ class VoiceChanger:
     """Voice-change quotes and jobs."""
 
     def __init__(self, router: ModelRouter, job_service: JobService,
-                 sources: ImageSourceReader) -> None:
+                 sources: MediaSourceReader) -> None:
         self.router = router
         self.job_service = job_service
         self.sources = sources  # fetches `audio_url` (30 s, under 25 MB, public hosts)

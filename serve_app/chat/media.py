@@ -24,7 +24,7 @@ from deployments.protocol import ChatImage, ChatVideo
 from serve_app.billing.pricing.video import SourceVideo
 from serve_app.chat.vision import VisionSpec
 from serve_app.errors import ApiError, invalid_request
-from serve_app.images.inputs import ImageInspector, ImageSourceReader
+from serve_app.images.inputs import ImageInspector, MediaSourceReader
 from serve_app.jobs.caps import FetchSlots
 from serve_app.models.catalog import CatalogModel
 from serve_app.schemas.chat import ChatCompletionRequest, ImagePart, VideoPart
@@ -150,7 +150,7 @@ def _named(err: ApiError, item: MediaItem) -> ApiError:
 class MediaReader:
     """Reads and checks the image and video parts of chat requests."""
 
-    def __init__(self, sources: ImageSourceReader, probe: VideoProbe, slots: FetchSlots,
+    def __init__(self, sources: MediaSourceReader, probe: VideoProbe, slots: FetchSlots,
                  inspector: ImageInspector | None = None) -> None:
         self.sources = sources
         self.probe = probe

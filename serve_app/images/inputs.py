@@ -1,7 +1,8 @@
 """Image inputs shared by every image endpoint: getting the bytes, and checking the image.
 
-Two stages. At the gateway, `ImageSourceReader` and `read_image_body` get the bytes (raw
-base64, a data URL, an http(s) URL or a multipart upload) and refuse anything of 25 MB or more
+Two stages. At the gateway, `MediaSourceReader` (which also reads the videos and audio of other
+services) and `read_image_body` get the bytes (raw base64, a data URL, an http(s) URL or a
+multipart upload) and refuse anything of 25 MB or more
 before it is read whole or decoded; `inspect_image` then checks the image from its header
 alone (format, size, frames, mode) without decoding a pixel, in a worker thread with a deadline
 (`ImageInspector`, which counts the images it refuses toward the account's budget). In the
@@ -197,7 +198,7 @@ def _data_url_payload(value: str, field: str, media: str = "image") -> str:
     return payload
 
 
-class ImageSourceReader:
+class MediaSourceReader:
     """Turns a JSON string (raw base64, a data URL, or an http(s) URL) into the bytes of an
     image (or, with `media`, of a video or an audio file)."""
 

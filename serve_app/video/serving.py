@@ -18,7 +18,7 @@ from fastapi import Request
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.pricing.video import SourceVideo, VideoAsk, floor_plan, plan_video
 from serve_app.errors import ApiError, invalid_request
-from serve_app.images.inputs import ImageInspector, ImageSourceReader
+from serve_app.images.inputs import ImageInspector, MediaSourceReader
 from serve_app.jobs.intake import JobIntake, least_hold
 from serve_app.jobs.service import JobService, delivery_url
 from serve_app.models.catalog import CatalogModel
@@ -53,12 +53,12 @@ class VideoService:
     """Video quotes and queued video jobs: the model, the checks, the inputs fetched and
     probed, then the job queued at its quoted price."""
 
-    def __init__(self, router: ModelRouter, image_sources: ImageSourceReader,
+    def __init__(self, router: ModelRouter, media_sources: MediaSourceReader,
                  job_service: JobService, public_api_url: str | None,
                  faces: FaceDetector | None = None,
                  inspector: ImageInspector | None = None) -> None:
         self.router = router
-        self.image_sources = image_sources
+        self.media_sources = media_sources
         # Image headers read in its workers within a deadline; refusals spend the account's
         # budget of refused images.
         self.inspector = inspector or ImageInspector(job_service.request_runner.admission.limits)
@@ -74,7 +74,7 @@ class VideoService:
         return routed
 
     async def _video(self, value: str, field: str) -> tuple[bytes, SourceVideo]:
-        data = await self.image_sources.read(value, field, allow_urls=True, media="video")
+        data = await self.media_sources.read(value, field, allow_urls=True, media="video")
         return data, await probe(data, field)
 
     async def quote(self, ctx: RequestContext, key: KeyRecord,
@@ -110,7 +110,7 @@ class VideoService:
 
         source = None
         if body.image_url:
-            data = await self.image_sources.read(body.image_url, "image_url", allow_urls=True)
+            data = await self.media_sources.read(body.image_url, "image_url", allow_urls=True)
             image = await self.inspector.inspect(data, "image_url", account_id=account_id,
                                                  min_pixels=MIN_IMAGE_PIXELS)
             await look(data, "image_url", "image")

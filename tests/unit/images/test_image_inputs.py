@@ -21,7 +21,7 @@ from serve_app.error_handlers import install_error_handlers
 from serve_app.errors import ApiError
 from serve_app.images import inputs, rules
 from serve_app.images.inputs import (
-    ImageSourceReader,
+    MediaSourceReader,
     check_anon_user_id,
     image_fetcher,
     inspect_image,
@@ -285,12 +285,12 @@ def test_25_mb_exactly_is_refused_and_just_under_is_accepted() -> None:
 
 
 @pytest.fixture
-def reader() -> ImageSourceReader:
-    return ImageSourceReader(image_fetcher())
+def reader() -> MediaSourceReader:
+    return MediaSourceReader(image_fetcher())
 
 
 async def test_base64_size_is_checked_from_its_length_before_decoding(
-        reader: ImageSourceReader, monkeypatch: pytest.MonkeyPatch) -> None:
+        reader: MediaSourceReader, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_decoding(*args: Any, **kwargs: Any) -> bytes:
         raise AssertionError("decoded")
 
@@ -309,7 +309,7 @@ async def test_base64_size_is_checked_from_its_length_before_decoding(
 # Reading JSON strings: base64, data URLs, URLs
 
 
-async def test_raw_base64_and_data_urls_are_read(reader: ImageSourceReader) -> None:
+async def test_raw_base64_and_data_urls_are_read(reader: MediaSourceReader) -> None:
     encoded = base64.b64encode(PNG).decode()
     assert await reader.read(encoded, "image", allow_urls=False) == PNG
     assert await reader.read(f"data:image/png;base64,{encoded}", "image",
@@ -338,7 +338,7 @@ async def test_raw_base64_and_data_urls_are_read(reader: ImageSourceReader) -> N
     ("http://example.com:99999/cat.png", True, "is not a valid URL"),
 ])
 async def test_bad_strings_are_400_naming_the_field(
-        reader: ImageSourceReader, value: str, allow_urls: bool, message: str) -> None:
+        reader: MediaSourceReader, value: str, allow_urls: bool, message: str) -> None:
     with pytest.raises(ApiError) as excinfo:
         await reader.read(value, "images", allow_urls=allow_urls)
     status, body = api_error(excinfo)
@@ -400,11 +400,11 @@ def image_server() -> Iterator[str]:
 
 
 @pytest.fixture
-def url_reader(image_server: str) -> ImageSourceReader:
-    return ImageSourceReader(image_fetcher(allowed_hosts=frozenset({image_server})))
+def url_reader(image_server: str) -> MediaSourceReader:
+    return MediaSourceReader(image_fetcher(allowed_hosts=frozenset({image_server})))
 
 
-async def test_url_is_fetched_and_redirects_followed(url_reader: ImageSourceReader,
+async def test_url_is_fetched_and_redirects_followed(url_reader: MediaSourceReader,
                                                      image_server: str) -> None:
     assert await url_reader.read(f"http://{image_server}/cat.png", "image",
                                  allow_urls=True) == PNG
@@ -413,7 +413,7 @@ async def test_url_is_fetched_and_redirects_followed(url_reader: ImageSourceRead
 
 
 async def test_private_address_is_refused_without_leaking_why(image_server: str) -> None:
-    reader = ImageSourceReader(image_fetcher())
+    reader = MediaSourceReader(image_fetcher())
     with pytest.raises(ApiError) as excinfo:
         await reader.read(f"http://{image_server}/cat.png", "image", allow_urls=True)
     status, body = api_error(excinfo)
@@ -422,7 +422,7 @@ async def test_private_address_is_refused_without_leaking_why(image_server: str)
     assert field_errors(body, "image") == [body["error"]]
 
 
-async def test_missing_image_url_names_the_status(url_reader: ImageSourceReader,
+async def test_missing_image_url_names_the_status(url_reader: MediaSourceReader,
                                                   image_server: str) -> None:
     with pytest.raises(ApiError) as excinfo:
         await url_reader.read(f"http://{image_server}/nothing", "image", allow_urls=True)
@@ -433,7 +433,7 @@ async def test_missing_image_url_names_the_status(url_reader: ImageSourceReader,
             "_errors": ["could not fetch image URL: the server answered HTTP 404"]}}})
 
 
-async def test_image_url_of_25_mb_is_413(url_reader: ImageSourceReader,
+async def test_image_url_of_25_mb_is_413(url_reader: MediaSourceReader,
                                          image_server: str) -> None:
     with pytest.raises(ApiError) as excinfo:
         await url_reader.read(f"http://{image_server}/big", "image", allow_urls=True)
@@ -441,11 +441,11 @@ async def test_image_url_of_25_mb_is_413(url_reader: ImageSourceReader,
 
 
 async def test_unreachable_and_slow_urls_are_400(image_server: str) -> None:
-    closed = ImageSourceReader(image_fetcher(allowed_hosts=frozenset({"127.0.0.1:9"})))
+    closed = MediaSourceReader(image_fetcher(allowed_hosts=frozenset({"127.0.0.1:9"})))
     with pytest.raises(ApiError) as excinfo:
         await closed.read("http://127.0.0.1:9/cat.png", "image", allow_urls=True)
     assert api_error(excinfo)[1]["error"] == "could not fetch image URL"
-    slow = ImageSourceReader(image_fetcher(allowed_hosts=frozenset({image_server}),
+    slow = MediaSourceReader(image_fetcher(allowed_hosts=frozenset({image_server}),
                                            timeout_s=0.3))
     with pytest.raises(ApiError) as excinfo:
         await slow.read(f"http://{image_server}/slow", "image", allow_urls=True)

@@ -25,7 +25,7 @@ from serve_app import net_guard
 from serve_app.chat.extraction import Extractor
 from serve_app.chat.web import WebTools, WebUnavailable
 from serve_app.errors import ApiError
-from serve_app.images.inputs import ImageSourceReader, image_fetcher
+from serve_app.images.inputs import MediaSourceReader, image_fetcher
 from serve_app.images.rules import MAX_IMAGE_BYTES
 from serve_app.net_guard import GuardedFetcher, is_public
 from serve_app.settings import Settings
@@ -263,7 +263,7 @@ def test_a_gzip_bomb_is_decoded_only_up_to_the_cap(gateway: Gateway, web: Web,
 async def test_other_and_stacked_encodings_are_refused(web: Web, encoding: str):
     web.routes["/cat.png"] = answer(gzip.compress(b"image"), "image/png",
                                     Content_Encoding=encoding)
-    reader = ImageSourceReader(image_fetcher(allowed_hosts=frozenset({web.host})))
+    reader = MediaSourceReader(image_fetcher(allowed_hosts=frozenset({web.host})))
     with pytest.raises(ApiError) as excinfo:
         await reader.read(web.url("/cat.png"), "image", allow_urls=True)
     assert excinfo.value.status == 400
@@ -284,7 +284,7 @@ async def test_one_layer_of_compression_within_the_cap_is_read(web: Web, encodin
     """A server that compresses although asked not to still works, when it is small."""
     image = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 64
     web.routes["/cat.png"] = answer(encode(image), "image/png", Content_Encoding=encoding)
-    reader = ImageSourceReader(image_fetcher(allowed_hosts=frozenset({web.host})))
+    reader = MediaSourceReader(image_fetcher(allowed_hosts=frozenset({web.host})))
     assert await reader.read(web.url("/cat.png"), "image", allow_urls=True) == image
 
 
@@ -364,7 +364,7 @@ async def test_one_deadline_covers_every_redirect(web: Web):
         web.routes[f"/hop{hop}"] = slow_redirect(f"/hop{hop + 1}", 0.3)
     web.routes["/hop3"] = answer(b"\x89PNG", "image/png")
     fetcher = GuardedFetcher(allowed_hosts=frozenset({web.host}), timeout_s=5, deadline_s=0.5)
-    reader = ImageSourceReader(fetcher)
+    reader = MediaSourceReader(fetcher)
     with pytest.raises(ApiError) as excinfo:
         await reader.read(web.url("/hop0"), "image", allow_urls=True)
     assert excinfo.value.status == 400
