@@ -390,20 +390,25 @@ class BackgroundResponses:
     async def follow(self, response_id: str, after: int) -> AsyncIterator[str]:
         """The events after number `after`, each once, then live ones until the response
         has ended (its end is written after its last event)."""
-        while True:
-            signal = self._signals.setdefault(response_id, asyncio.Event())
-            view = await self.store.get(response_id)
-            if view is None:  # deleted meanwhile
-                return
-            for seq, data in await self.events.read(response_id, after):
-                if seq != after + 1:  # never skip one: the rest is read again
-                    break
-                yield sse(seq, data, chat=view.response.get("object") == CHAT_STREAM)
-                after = seq
-            if view.ended:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(signal.wait(), POLL_S)
+        signal = asyncio.Event()
+        try:
+            while True:
+                signal = self._signals.setdefault(response_id, asyncio.Event())
+                view = await self.store.get(response_id)
+                if view is None:  # deleted meanwhile
+                    return
+                for seq, data in await self.events.read(response_id, after):
+                    if seq != after + 1:  # never skip one: the rest is read again
+                        break
+                    yield sse(seq, data, chat=view.response.get("object") == CHAT_STREAM)
+                    after = seq
+                if view.ended:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(signal.wait(), POLL_S)
+        finally:  # a reader's wake-up left behind would stay (no worker here to take it)
+            if self._signals.get(response_id) is signal:
+                del self._signals[response_id]
 
     async def cancel(self, key: KeyRecord, response_id: str) -> ResponseView:
         """Stop the generation (the model first), charge what it made and release the rest
