@@ -304,6 +304,30 @@ def test_a_replica_shutting_down_fails_its_responses_and_charges_what_they_made(
     assert events[-1].type == "response.failed"
 
 
+def test_the_sdk_stream_helper_resumes_a_response(sdk, text):
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    _settled(sdk, created.id)
+
+    with sdk.responses.stream(response_id=created.id, starting_after=2) as stream:
+        resumed = list(stream)
+        final = stream.get_final_response()
+
+    assert resumed[0].sequence_number == 3 and resumed[-1].type == "response.completed"
+    assert final.output_text == REPLY
+
+
+def test_a_resume_from_a_number_that_is_no_event_is_refused(fake_gateway, sdk, key, text):
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    url = f"/api/v1/responses/{created.id}?stream=true"
+
+    for query, headers in (("&starting_after=-2", {}), ("", {"Last-Event-ID": "seven"}),
+                           ("", {"Last-Event-ID": "-3"})):
+        resp = fake_gateway.client.get(url + query,
+                                       headers={**fake_gateway.auth(key), **headers})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["code"] == "INVALID_REQUEST"
+
+
 def test_background_with_store_false_is_refused(sdk):
     with pytest.raises(openai.BadRequestError):
         sdk.responses.create(model="chat-primary", input="Count", background=True,
