@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.db.engine import is_database_outage
-from serve_app.errors import ApiError, validation_error_response
+from serve_app.errors import ApiError, retry_after, validation_error_response
 from serve_app.http.render import error_response
 
 logger = logging.getLogger("serve_app.errors")
@@ -28,7 +28,7 @@ _STATUS_MESSAGES = {
 }
 
 
-DATABASE_OUTAGE_RETRY_AFTER_S = "5"
+DATABASE_OUTAGE_RETRY_AFTER_S = 5
 
 
 def log_unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> None:
@@ -55,7 +55,7 @@ def unexpected_error(exc: BaseException, scope: Mapping[str, Any]) -> ApiError:
                        type(exc.__cause__ or exc).__name__)
     return ApiError(503, "The service's database is unreachable; try again shortly",
                     code="SERVICE_UNAVAILABLE",
-                    headers={"Retry-After": DATABASE_OUTAGE_RETRY_AFTER_S})
+                    headers=retry_after(DATABASE_OUTAGE_RETRY_AFTER_S))
 
 
 def install_error_handlers(app: FastAPI) -> None:

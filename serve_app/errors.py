@@ -11,11 +11,25 @@ the reference shows one).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 # The in-stream error of each stream: chat.completion.chunk events, /responses' response.*.
 StreamDialect = Literal["chat", "responses"]
+
+
+def retry_after_s(seconds: float) -> int:
+    """The one rule of `Retry-After` (every answer that tells a client when to come back: a
+    rate limit's reset, a model at capacity, a busy file reader, an unreachable database):
+    whole seconds, rounded up, at least 1 (0 would send a client straight back into the same
+    refusal)."""
+    return max(1, math.ceil(seconds))
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The `Retry-After` header of an answer whose client may retry in `seconds`."""
+    return {"Retry-After": str(retry_after_s(seconds))}
 
 
 class ApiError(Exception):

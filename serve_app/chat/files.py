@@ -18,11 +18,12 @@ import contextlib
 
 from serve_app.chat.extraction import AccountSlots, ExtractionFailed, Extractor
 from serve_app.chat.parts import decode_payload, replace_parts
-from serve_app.errors import ApiError, invalid_request, payload_too_large
+from serve_app.errors import ApiError, invalid_request, payload_too_large, retry_after
 from serve_app.schemas.chat import ChatCompletionRequest, FilePart, TextPart
 
 MAX_FILE_BYTES = 10 * 1024 * 1024
 MAX_FILES = 20  # file parts in one request
+READERS_BUSY_RETRY_S = 2  # Retry-After while every file reader of the server is busy
 _TEXT_SUFFIXES = (".txt", ".md", ".csv", ".json", ".xml", ".html", ".htm", ".py", ".yaml",
                   ".yml", ".log", ".tsv")
 _OOXML_TYPES = {
@@ -62,7 +63,7 @@ def _refusal(failed: ExtractionFailed, filename: str) -> ApiError:
         return ApiError(503, message, code="SERVICE_UNAVAILABLE")
     if failed.reason == "busy":  # the spec's 503: at capacity, try again later
         return ApiError(503, "Every file reader of this server is busy; retry shortly",
-                        code="MODEL_AT_CAPACITY", headers={"Retry-After": "2"})
+                        code="MODEL_AT_CAPACITY", headers=retry_after(READERS_BUSY_RETRY_S))
     return invalid_request(message, _FIELD)
 
 

@@ -54,9 +54,9 @@ from serve_app.crypto.calls import (
 from serve_app.crypto.credits import LINE_TYPE, CreditWindow
 from serve_app.crypto.networks import Network, NodeConfig
 from serve_app.db.engine import run_in_session
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, retry_after_s
 from serve_app.limits.core import OK
-from serve_app.limits.limit_headers import CapCount, limit_headers, retry_after_s
+from serve_app.limits.limit_headers import CapCount, limit_headers
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import RoutedModel

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from serve_app.errors import retry_after
+
 # A header of each dialect: an answer carrying one tells its limits already.
 DIALECT_MARKERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining", "x-ratelimit-limit")
 
@@ -30,12 +32,6 @@ class CapCount(NamedTuple):
     limit: int
     remaining: int
     reset_at_s: int
-
-
-def retry_after_s(seconds: float) -> int:
-    """`Retry-After` for a wait of `seconds`: whole seconds, rounded up, at least 1 (0 would
-    send a client straight back into the same refusal)."""
-    return max(1, math.ceil(seconds))
 
 
 def limit_headers(*, window: LimitState | None = None, budget_resets_s: int | None = None,
@@ -70,5 +66,5 @@ def limit_headers(*, window: LimitState | None = None, budget_resets_s: int | No
         headers["X-RateLimit-Remaining"] = str(cap.remaining)
         headers["X-RateLimit-Reset"] = str(cap.reset_at_s)
     if retry_after_s is not None:
-        headers["Retry-After"] = str(retry_after_s)
+        headers.update(retry_after(retry_after_s))
     return headers

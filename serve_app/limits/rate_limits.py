@@ -24,10 +24,10 @@ from sqlmodel import Session
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.client_gone import CLIENT_CLOSED_REQUEST
 from serve_app.db.tables import RateLimitEvent
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, retry_after, retry_after_s
 from serve_app.limits.backends import LimiterBackend
 from serve_app.limits.core import OK, OVER_REQUESTS, Outcome
-from serve_app.limits.limit_headers import LimitState, limit_headers, retry_after_s
+from serve_app.limits.limit_headers import LimitState, limit_headers
 from serve_app.limits.policy import (
     API_KEY_CREATIONS_PER_MINUTE,
     BUDGET_WINDOW_MS,
@@ -60,8 +60,7 @@ class RateLimited(ApiError):
     which the SDKs wait for before they retry."""
 
     def __init__(self, message: str, state: LimitState | None) -> None:
-        wait = {} if state is None else {"Retry-After": str(
-            retry_after_s((state.reset_at_ms - state.now_ms) / 1000))}
+        wait = {} if state is None else retry_after((state.reset_at_ms - state.now_ms) / 1000)
         super().__init__(429, message, code="RATE_LIMIT_EXCEEDED", headers=wait)
         self.state = state
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,7 +26,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from deployments.protocol import EngineError, TextEvent
-from serve_app.errors import ApiError, nest_errors
+from serve_app.errors import ApiError, nest_errors, retry_after
 from serve_app.metrics import metrics
 
 logger = logging.getLogger("serve_app.models.calls")
@@ -40,8 +39,7 @@ class ModelFailed(ApiError):
 def engine_error_to_api(error: EngineError) -> ApiError:
     status, message, field = error.status, error.message, error.field
     details = nest_errors([((field,) if field else (), message)]) if status == 400 else None
-    headers = ({"Retry-After": str(max(1, math.ceil(error.retry_after)))}
-               if error.retry_after is not None else None)
+    headers = retry_after(error.retry_after) if error.retry_after is not None else None
     cls = ModelFailed if status >= 500 else ApiError
     return cls(status, message, code=error.code or (
         "INVALID_REQUEST" if status == 400 else "INFERENCE_FAILED"), details=details,
@@ -114,7 +112,7 @@ async def wait_for_a_replica(response: Any, method: Any, model_id: str) -> None:
                 raise ModelFailed(
                     503, f"Model {model_id} is starting; try again in "
                          f"{COLD_START_RETRY_AFTER_S} seconds", code="MODEL_AT_CAPACITY",
-                    headers={"Retry-After": str(COLD_START_RETRY_AFTER_S)})
+                    headers=retry_after(COLD_START_RETRY_AFTER_S))
         await taken
     finally:
         if not taken.done():  # this request was cancelled (its client left)

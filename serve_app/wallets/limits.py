@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from cachetools import TTLCache
 
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, retry_after_s
 from serve_app.limits.core import OK
-from serve_app.limits.limit_headers import limit_headers, retry_after_s
+from serve_app.limits.limit_headers import limit_headers
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.limits.rate_limits import RateLimits
 

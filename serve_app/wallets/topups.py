@@ -40,9 +40,9 @@ from serve_app.billing.service import Billing
 from serve_app.billing.wallet_accounts import find_or_create_wallet_account
 from serve_app.db.engine import dialect_insert, run_in_session
 from serve_app.db.tables import EntryKind, PaymentStatus, X402Payment, utcnow
-from serve_app.errors import ApiError, invalid_request
+from serve_app.errors import ApiError, invalid_request, retry_after_s
 from serve_app.limits.core import OK
-from serve_app.limits.limit_headers import limit_headers, retry_after_s
+from serve_app.limits.limit_headers import limit_headers
 from serve_app.limits.policy import WINDOW_MS
 from serve_app.limits.rate_limits import RateLimits
 from serve_app.money import NANOS_PER_UNIT, from_nanos
