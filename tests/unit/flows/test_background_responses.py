@@ -328,6 +328,34 @@ def test_a_resume_from_a_number_that_is_no_event_is_refused(fake_gateway, sdk, k
         assert resp.json()["code"] == "INVALID_REQUEST"
 
 
+def test_many_responses_cut_resumed_cancelled_or_left_are_each_charged_once(
+        fake_gateway, sdk, text, books):
+    before = books.balance_nanos()
+    started = [_create(sdk) for _ in range(12)]
+    for index, (created, _) in enumerate(started):
+        if index % 3 == 0:
+            sdk.responses.cancel(created.id)  # mid-way, or once it ended (then nothing)
+        elif index % 3 == 1:
+            kept = list(sdk.responses.retrieve(created.id, stream=True))
+            k = index % len(kept)
+            again = list(sdk.responses.retrieve(created.id, stream=True, starting_after=k))
+            assert [e.sequence_number for e in again] == [e.sequence_number
+                                                          for e in kept][k + 1:]
+        # the others are never read
+    ended = [_settled(sdk, created.id) for created, _ in started]
+
+    assert all(r.status in ("completed", "cancelled") for r in ended)
+    charged = 0
+    for (_, request_id), response in zip(started, ended, strict=True):
+        charges = books.charges(request_id)
+        assert len(charges) <= 1 and books.held(request_id) is None
+        if response.status == "completed":
+            assert charges[0].lines["output"][0] == len(REPLY.split())
+        charged += sum(c.total_nanos for c in charges)
+    assert books.open_holds() == 0
+    assert books.balance_nanos() == before - charged
+
+
 def test_background_with_store_false_is_refused(sdk):
     with pytest.raises(openai.BadRequestError):
         sdk.responses.create(model="chat-primary", input="Count", background=True,
