@@ -20,7 +20,7 @@ from serve_app.errors import ApiError, invalid_request
 from serve_app.models.calls import call_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter
-from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
+from serve_app.pipeline.bill import SETTLE, BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.runner import RequestRunner
 from serve_app.schemas.audio import SpeechRequest, TranscriptionRequest

@@ -19,7 +19,7 @@ from serve_app.chat.serving import (
     chunks_with_first,
 )
 from serve_app.errors import ApiError, stream_error_body
-from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
+from serve_app.pipeline.bill import SETTLE, BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.schemas.responses import (

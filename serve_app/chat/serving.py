@@ -51,8 +51,7 @@ from serve_app.models.calls import ModelFailed, complete_model, stream_model
 from serve_app.models.catalog import Catalog, CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
-from serve_app.pipeline.bill import Bill
-from serve_app.pipeline.billed_stream import BilledEvents, Mark
+from serve_app.pipeline.bill import Bill, BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
 from serve_app.pipeline.runner import RequestRunner
 from serve_app.schemas.chat import ChatCompletionRequest, ServiceParameters
@@ -146,7 +145,7 @@ class ChatService:
         transcriber = self.audio.transcriber() if audio_parts(req) else None
         # What the engine would refuse of the sampling, the audio parts' formats and sizes,
         # a missing character, a web search the server lacks (models offline: once the hold
-        # is taken, by the request runner).
+        # is taken, by the bill).
         refusal = greedy_refusal(req, primary)
         if refusal is not None:
             raise refusal
@@ -184,7 +183,7 @@ class ChatService:
         """A streamed answer on its bill: admitted, checked, held and prepared, then
         `start(plan)` starts the model (fallbacks included) before the response does, so
         that a failure to start is still an ordinary error answer, and gives its events;
-        from then on, the bill is the stream's, which settles it (pipeline/billed_stream.py)."""
+        from then on, the bill is the stream's, which settles it (pipeline/bill.py)."""
         primary = self.router.resolve(req.model, "text")
         async with self._admit(ctx, key, req, primary) as bill:
             plan = await self._planned(ctx, key, req, primary, bill)

@@ -1,6 +1,6 @@
 """A planned chat's answer as a stream of chat.completion.chunk server-sent events: search
 results first when asked, text as it comes (held back while it may be a tool call), tool calls,
-usage, and the mark of the settlement (pipeline/billed_stream.py) before `[DONE]`: what was
+usage, and the mark of the settlement (pipeline/bill.py) before `[DONE]`: what was
 delivered is durable before the stream says it is done."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from serve_app.chat.filters import TextFilter
 from serve_app.chat.plan import ChatPlan
 from serve_app.errors import ApiError, stream_error_body
 from serve_app.models.router import RoutedModel
-from serve_app.pipeline.billed_stream import SETTLE, Mark
+from serve_app.pipeline.bill import SETTLE, Mark
 
 
 def chunks_with_first(first: TextEvent, rest: AsyncIterator[TextEvent]

@@ -1,9 +1,9 @@
-"""A streamed answer that owns its billed call: the events of `BilledEvents` go out until
-their source yields `SETTLE` (or ends), and the call is closed there, so what the stream
-delivered is durable before the stream says it is done; whatever ends the stream before
+"""A streamed answer that owns its bill (pipeline/bill.py): the events of `BilledEvents` go
+out until their source yields `SETTLE` (or ends), and the bill is closed there, so what the
+stream delivered is durable before the stream says it is done; whatever ends the stream before
 (an error, a client that left, a body never sent) stops the source (speech: the synthesis
-stops) and then closes the call, at the same place (pipeline/billed_stream.py). Chat and
-`/responses` stream server-sent events; speech streams audio bytes."""
+stops) and then closes the bill, at the same place. Chat and `/responses` stream server-sent
+events; speech streams audio bytes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from serve_app.pipeline.billed_stream import SETTLE, BilledEvents, Mark
+from serve_app.pipeline.bill import SETTLE, BilledEvents, Mark
 
 
 class BilledStream(StreamingResponse):

@@ -19,7 +19,10 @@ by the limiter then gives the hold back); near its limits they run one after the
 that a flood of refused requests writes nothing to the ledger.
 
 A stream outlives the handler: `bill.stream(events)` hands the bill to the response that sends
-them (http/billed_stream.py), which settles it where the stream ends. A queued job keeps its
+them (http/billed_stream.py), which settles it where the stream ends: at the `SETTLE` its
+source yields once, before its last events (chat's `[DONE]`), so that what it delivered is
+durable before it says it is done, or wherever else it ends (an error, a client that left, a
+body never sent). A queued job keeps its
 hold: `bill.pass_on()` at intake, and the job worker settles it with `Bill.resume(...)`.
 A request whose price is known only once its inputs are read holds a floor, then `rehold`s.
 """
@@ -30,6 +33,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 
 from serve_app.accounts.key_store import KeyRecord
 from serve_app.billing.ledger import Payer
@@ -41,11 +45,17 @@ from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter, RoutedModel
 from serve_app.pipeline import respond
 from serve_app.pipeline.admission import Admission, MaxUnits
-from serve_app.pipeline.billed_stream import BilledEvents, Mark
 from serve_app.pipeline.context import RequestContext
 
 # What a request delivered so far, and its measured tokens (None: the count stays as admitted).
 Measure = Callable[[], tuple[Cost | None, int | None]]
+
+
+class Mark(Enum):
+    SETTLE = "settle"
+
+
+SETTLE = Mark.SETTLE  # yielded once by a stream's source: settle here, before its last events
 
 
 @dataclass(eq=False)
@@ -257,3 +267,14 @@ class Bill:
             ticket.correct(tokens)
 
 
+@dataclass(eq=False)
+class BilledEvents:
+    """A stream's pieces (server-sent events, or audio bytes) and the bill they deliver; the
+    HTTP response (serve_app/http/billed_stream.py) sends them and closes the bill."""
+
+    billed: Bill
+    events: AsyncIterator[str | Mark] | AsyncIterator[bytes | Mark]
+    # Stops the model's work when the stream is cut short (None: the events are closed;
+    # a generator closed before its first step runs none of its code, so a source that
+    # holds a call open before then gives its own).
+    stop: Callable[[], Awaitable[None]] | None = None

@@ -40,7 +40,7 @@ from serve_app.chat.serving import ChatService
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.errors import ApiError, stream_error_body
 from serve_app.limits.limit_headers import limit_headers
-from serve_app.pipeline.billed_stream import SETTLE, BilledEvents
+from serve_app.pipeline.bill import SETTLE, BilledEvents
 from serve_app.pipeline.context import RequestContext
 from serve_app.responses.events import EventLog, RedisEventLog, TableEventLog
 from serve_app.responses.store import ResponseStore, ResponseView
