@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serve_app.errors import ApiError
-from serve_app.images.inputs import ImageSourceReader, image_fetcher, inspect_image
+from serve_app.images.inputs import MediaSourceReader, image_fetcher, inspect_image
 from serve_app.net_guard import FetchTimedOut, GuardedFetcher
 from tests.unit.images.test_image_inputs import png_declaring
 from tests.unit.support.test_net_guard import BOMB, STACKED_BOMB, Web, answer, trickle
@@ -61,7 +61,7 @@ def main() -> None:
         web.routes["/stacked"] = answer(STACKED_BOMB, "image/png", Content_Encoding="gzip, gzip")
         web.routes["/bomb"] = answer(BOMB, "image/png", Content_Encoding="gzip")
         web.routes["/slow"] = trickle
-        reader = ImageSourceReader(image_fetcher(allowed_hosts=frozenset({web.host})))
+        reader = MediaSourceReader(image_fetcher(allowed_hosts=frozenset({web.host})))
         for name, path in (("stacked gzip bomb refused from its headers", "/stacked"),
                            ("gzip bomb (1 GiB) decoded up to the 25 MB cap", "/bomb")):
             figures[name] = _median_ms(_refused(

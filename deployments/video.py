@@ -1,7 +1,7 @@
 """The video deployments: one per engine family, `video-generation` (Wan: text, image and
 reference to video) and `video-enhance` (upscaling and frame interpolation of a source clip),
 each with its own autoscaling bounds and a bounded queue (configs/deployments.yaml). Their work
-comes from the job runner (serve_app/jobs/runner.py), never straight from a client: a job waits
+comes from the job worker (serve_app/jobs/worker.py), never straight from a client: a job waits
 in the job table, not in a replica's queue.
 
 The engine and the MP4 encoding run in a worker thread, so the replica keeps answering its
