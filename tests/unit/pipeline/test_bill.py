@@ -14,7 +14,7 @@ import pytest
 
 from serve_app.billing.ledger import Balances
 from serve_app.billing.pricing import Cost, PricedLine
-from serve_app.errors import ApiError
+from serve_app.errors import ApiError, UnsupportedFeature
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.bill import Bill
 from serve_app.pipeline.context import RequestContext
@@ -296,3 +296,15 @@ def test_model_headers_wait_for_the_model_that_answers_when_asked():
 
     assert asyncio.run(request(True))["x-service-model-id"] == "m"
     assert "x-service-model-id" not in asyncio.run(request(False))
+
+
+def test_a_feature_the_model_lacks_counts_toward_its_own_budget_before_any_hold():
+    def lacks() -> None:
+        raise UnsupportedFeature("no web search here", "service_parameters")
+
+    order: list[str] = []
+    ledger = Ledger()
+    with pytest.raises(UnsupportedFeature):
+        _run(_runner(order, ledger), _answered, lacks)
+    assert order == ["limits", "unsupported"]
+    assert ledger.holds == [] and ledger.done == []
