@@ -52,7 +52,10 @@ class EmbeddingDeployment(ModelDeployment):
     def __init__(self, models: list[ModelSpec]) -> None:
         super().__init__(models)
         for model_id, engine in self.engines.items():
-            logger.info("embedding model %s: %d dimensions", model_id, engine.dimensions)
+            if isinstance(engine, OpenAIUpstreamEmbedder):  # known from its first answer
+                logger.info("embedding model %s: on a server the operator runs", model_id)
+            else:
+                logger.info("embedding model %s: %d dimensions", model_id, engine.dimensions)
         self.passes = _ModelPasses(models)
 
     async def embed(self, model_id: str, texts: list[str],
