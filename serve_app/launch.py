@@ -274,11 +274,14 @@ def roll_onto_compiled(ray_port: int, config: dict, deployments: set[str], recor
     model, started = record.get("model", "?"), time.monotonic()
     rolled = compiled_config(config, deployments, record["key"])
     address = f"127.0.0.1:{ray_port}"
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    joined = not ray.is_initialized()  # a driver already connected (a test) stays so
+    if joined:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
         _get_global_client().deploy_apps(ServeDeploySchema.model_validate(rolled))
     finally:
-        ray.shutdown()
+        if joined:
+            ray.shutdown()
     print(f"\n  {model}: a compiled replica is starting beside the eager one, which answers "
           "meanwhile...", flush=True)
     (app,) = {app["name"] for app in rolled["applications"]
