@@ -28,8 +28,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
         return render.json_response(ctx, await services.chat.completion(ctx, key, body))
     if body.stream_options is not None and body.stream_options.resumable:
         stream_id = await services.responses.create_chat(ctx, key, body)
-        return StreamingResponse(services.responses.follow(stream_id, -1), headers=SSE_HEADERS,
-                                 media_type="text/event-stream")
+        following = services.responses.follow(key.account_id, stream_id, -1, resumed=False)
+        return StreamingResponse(following, headers=SSE_HEADERS, media_type="text/event-stream")
     try:
         stream = await services.chat.completion_stream(ctx, key, body,
                                                        partial(unless_client_leaves, request))
@@ -50,6 +50,6 @@ async def resume_chat_stream(
     view = await services.responses.own(key, completion_id, chat=True)
     if not stream:
         return render.json_response(ctx, view.response)
-    return StreamingResponse(services.responses.follow(view.id,
-                                                       last_event_id(last_event_id_header)),
+    return StreamingResponse(services.responses.follow(
+        key.account_id, view.id, last_event_id(last_event_id_header)),
                              headers=SSE_HEADERS, media_type="text/event-stream")

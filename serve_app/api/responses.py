@@ -32,7 +32,9 @@ async def create_response(body: ResponsesRequest, ctx: Context, key: InferenceCa
     if body.background:
         created = await services.responses.create(ctx, key, req)
         if body.stream:
-            return StreamingResponse(services.responses.follow(created["id"], -1),
+            following = services.responses.follow(key.account_id, created["id"], -1,
+                                                  resumed=False)
+            return StreamingResponse(following,
                                      media_type="text/event-stream", headers=STREAM_HEADERS)
         return render.json_response(ctx, _published(created))
     if body.stream:
@@ -53,7 +55,7 @@ async def retrieve_response(
     if not stream:
         return render.json_response(ctx, _published(view.response))
     after = starting_after if starting_after is not None else last_event_id(last_event_id_header)
-    return StreamingResponse(services.responses.follow(view.id, after),
+    return StreamingResponse(services.responses.follow(key.account_id, view.id, after),
                              media_type="text/event-stream", headers=STREAM_HEADERS)
 
 

@@ -27,6 +27,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -145,10 +146,13 @@ class _Drive:
 
 class BackgroundResponses:
     def __init__(self, store: ResponseStore, events: EventLog, chat: ChatService, *,
-                 kept_s: float, per_account: int, stored_bytes_per_account: int) -> None:
+                 kept_s: float, per_account: int, stored_bytes_per_account: int,
+                 followers_per_account: int = 16) -> None:
         self.store, self.events, self.chat = store, events, chat
         self.kept = timedelta(seconds=kept_s)
         self.per_account, self.stored_bytes_per_account = per_account, stored_bytes_per_account
+        self.followers_per_account = followers_per_account
+        self._followers: Counter[str] = Counter()  # streams followed per account, here
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._drives: dict[str, _Drive] = {}
         self._signals: dict[str, asyncio.Event] = {}
@@ -165,7 +169,8 @@ class BackgroundResponses:
                    events, chat, kept_s=settings.responses_kept_s,
                    per_account=settings.responses_per_account,
                    stored_bytes_per_account=settings.responses_stored_mb_per_account
-                   * 1024 * 1024)
+                   * 1024 * 1024,
+                   followers_per_account=settings.responses_followers_per_account)
 
     # -- creating
 
@@ -387,7 +392,32 @@ class BackgroundResponses:
             raise not_found(response_id)
         return view
 
-    async def follow(self, response_id: str, after: int) -> AsyncIterator[str]:
+    def follow(self, account_id: str, response_id: str, after: int, *,
+               resumed: bool = True) -> AsyncIterator[str]:
+        """The events after number `after` (`_follow`), counted among the streams the account
+        follows on this replica; a resumed one past `followers_per_account` is refused (429).
+        The stream of the request that started the response is counted, never refused."""
+        if resumed and self._followers[account_id] >= self.followers_per_account:
+            raise ApiError(
+                429, f"This account already follows {self.followers_per_account} streams of "
+                     "background responses at once: close one, or poll "
+                     "GET /responses/{id} without stream", code="RATE_LIMIT_EXCEEDED",
+                headers=limit_headers(retry_after_s=1))
+        return self._counted(account_id, self._follow(response_id, after))
+
+    async def _counted(self, account_id: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+        """Counted from its first step (a stream the server never starts is never counted;
+        requests racing for the last place may pass it by one each)."""
+        self._followers[account_id] += 1
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self._followers[account_id] -= 1
+            if self._followers[account_id] <= 0:
+                del self._followers[account_id]
+
+    async def _follow(self, response_id: str, after: int) -> AsyncIterator[str]:
         """The events after number `after`, each once, then live ones until the response
         has ended (its end is written after its last event)."""
         signal = asyncio.Event()

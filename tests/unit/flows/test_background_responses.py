@@ -228,6 +228,35 @@ def test_the_account_bound_refuses_new_background_work_and_holds_nothing(
                                 background=True).status == "queued"
 
 
+def test_an_account_follows_a_bounded_number_of_streams_at_once(fake_gateway, sdk, key, text):
+    responses = fake_gateway.services.responses
+    responses.followers_per_account = 1
+    gate = Gate(text, after=3, until=threading.Event())
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    assert gate.reached.wait(WAIT_S)
+    followed: list[Any] = []
+    follower = threading.Thread(target=lambda: followed.extend(
+        sdk.responses.retrieve(created.id, stream=True)))
+    try:
+        follower.start()
+        _wait_for(lambda: sum(responses._followers.values()) == 1)  # it follows, live
+
+        refused = fake_gateway.client.get(f"/api/v1/responses/{created.id}?stream=true",
+                                          headers=fake_gateway.auth(key))
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["code"] == "RATE_LIMIT_EXCEEDED"
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert sdk.responses.retrieve(created.id).status == "in_progress"  # polling still works
+    finally:
+        gate.until.set()
+        follower.join(WAIT_S)
+
+    assert followed[-1].type == "response.completed"
+    assert responses._followers == {}  # the stream ended: its place is free again
+    again = list(sdk.responses.retrieve(created.id, stream=True, starting_after=0))
+    assert again[-1].type == "response.completed"
+
+
 def test_a_response_whose_replica_died_is_failed_by_the_sweep(fake_gateway, sdk, text):
     gate = Gate(text, after=3)
     created = sdk.responses.create(model="chat-primary", input="Count", background=True)
