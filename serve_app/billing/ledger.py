@@ -310,6 +310,7 @@ class Settled:
     diem_nanos: int
     repeated: bool = False
     balance: Balances | None = None  # the account's balance after it
+    released: bool = False  # nothing charged: the hold was released before (`late`)
 
 
 def _late_hold(session: Session, request_id: str, payer: Payer, cost_nanos: int,
@@ -354,9 +355,10 @@ _UPSERT_ROLLUP = (
 
 
 def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, started_at: datetime,
-           now: datetime, execution_ms: int | None = None) -> Settled:
+           now: datetime, execution_ms: int | None = None, late: bool = True) -> Settled:
     """Charge the measured cost (at most what was held), DIEM first, and write the ledger entry
-    with its lines and daily rollups. A second settlement of the same request changes nothing."""
+    with its lines and daily rollups. A second settlement of the same request changes nothing.
+    `late` False: a hold the sweeper released stays released (nothing charged)."""
     db = _Statements(session)
     res = _locked_hold(db, request_id)
     if res is None:  # settled before (the hold is gone), or the sweeper released it
@@ -364,6 +366,8 @@ def settle(session: Session, request_id: str, payer: Payer, cost: Cost, *, start
                             "WHERE request_id = ?", (request_id,))
         if existing is not None:
             return Settled(existing[0], existing[1], repeated=True)
+        if not late:
+            return Settled(0, 0, released=True)
         _late_hold(session, request_id, payer, cost.nanos, now)
         res = _locked_hold(db, request_id)
         assert res is not None, "the late hold was just written"

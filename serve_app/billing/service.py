@@ -66,6 +66,8 @@ class Hold:
     started: float = field(default_factory=time.monotonic)
     done: bool = False
     nanos: int = 0  # the amount held
+    # False: a settlement finding the hold released (by the sweep) charges nothing (ledger)
+    charge_late: bool = True
 
     async def settle(self, cost: Cost) -> None:
         if self.done:
@@ -169,11 +171,12 @@ class Billing:
         try:
             settled = await self.writer.run(lambda s: ledger.settle(
                 s, hold.request_id, hold.payer, cost, started_at=hold.started_at, now=now,
-                execution_ms=elapsed_ms), quiet=self._quiet)
+                execution_ms=elapsed_ms, late=hold.charge_late), quiet=self._quiet)
         finally:
             self._open_holds.discard(hold.request_id)
         _observe("settle", started)
-        _count_charge(cost)
+        if not settled.released:
+            _count_charge(cost)
         self._remember(hold.payer.account_id, settled.balance)
         return settled
 

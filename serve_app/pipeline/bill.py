@@ -187,6 +187,12 @@ class Bill:
             self._hold = await hold.billing.hold(hold.request_id, hold.payer, cost.nanos)
         respond.balance_headers(self.ctx, self._hold.before)
 
+    def charge_only_if_held(self) -> None:
+        """At the settlement, charge only while the hold is still there: one the sweep
+        released meanwhile (its request was given up as failed) stays released."""
+        if self._hold is not None:
+            self._hold.charge_late = False
+
     @property
     def held_nanos(self) -> int:
         assert self._hold is not None, "nothing is held"

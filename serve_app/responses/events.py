@@ -4,23 +4,33 @@ in Redis where `REDIS_URL` is set (one list per response, expiring), else in the
 what any other appended.
 
 An event is appended once: an append whose number is already kept is ignored, so a writer
-that repeats itself (a retry) cannot number two events alike."""
+that repeats itself (a retry) cannot number two events alike. A log ended by another than its
+writer (`end`: the sweep failed the response of a worker taken for dead) takes no more of the
+writer's appends: its terminal event stays the last."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from sqlalchemy import Engine, delete
+from sqlalchemy import Engine, delete, exists, insert, literal
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from serve_app.db.tables import ResponseEvent
 
+# The table's mark of an ended log: a row numbered before the first event (never read).
+ENDED_MARK = -1
+
 
 class EventLog(Protocol):
-    async def append(self, response_id: str, sequence_number: int, data: str) -> None: ...
+    async def append(self, response_id: str, sequence_number: int, data: str) -> bool:
+        """Keep the event (once); False: the log was ended, nothing is kept."""
+    async def end(self, response_id: str, last: Callable[[int], str]) -> int:
+        """End the log with the event `last(number)` after the last kept one (its number
+        returned): no append is taken after it."""
     async def read(self, response_id: str, after: int) -> list[tuple[int, str]]: ...
     async def delete(self, response_id: str) -> None: ...
     async def close(self) -> None: ...
@@ -32,16 +42,53 @@ class TableEventLog:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def append(self, response_id: str, sequence_number: int, data: str) -> None:
-        def write() -> None:
+    async def append(self, response_id: str, sequence_number: int, data: str) -> bool:
+        table = ResponseEvent.__table__  # type: ignore[attr-defined]
+        ended = exists().where(table.c.response_id == response_id,
+                               table.c.sequence_number == ENDED_MARK)
+        values = select(literal(response_id), literal(sequence_number),
+                        literal(data)).where(~ended)
+
+        def write() -> bool:
             with Session(self.engine) as session:
-                session.add(ResponseEvent(response_id=response_id,
-                                          sequence_number=sequence_number, data=data))
                 try:
+                    done = session.execute(insert(table).from_select(
+                        ["response_id", "sequence_number", "data"], values))
                     session.commit()
                 except IntegrityError:  # already kept
                     session.rollback()
-        await asyncio.to_thread(write)
+                    return True
+                return done.rowcount == 1  # type: ignore[attr-defined]
+        return await asyncio.to_thread(write)
+
+    async def end(self, response_id: str, last: Callable[[int], str]) -> int:
+        def write() -> int:
+            with Session(self.engine) as session:
+                session.add(ResponseEvent(response_id=response_id,
+                                          sequence_number=ENDED_MARK, data=""))
+                try:
+                    session.commit()
+                except IntegrityError:  # ended before: the mark stays
+                    session.rollback()
+            while True:  # after the writer's append under way, if one commits meanwhile
+                kept = self._last(response_id)
+                with Session(self.engine) as session:
+                    session.add(ResponseEvent(response_id=response_id,
+                                              sequence_number=kept + 1, data=last(kept + 1)))
+                    try:
+                        session.commit()
+                        return kept + 1
+                    except IntegrityError:
+                        session.rollback()
+        return await asyncio.to_thread(write)
+
+    def _last(self, response_id: str) -> int:
+        with Session(self.engine) as session:
+            found = session.exec(select(ResponseEvent.sequence_number)
+                                 .where(col(ResponseEvent.response_id) == response_id)
+                                 .order_by(col(ResponseEvent.sequence_number).desc())
+                                 .limit(1)).first()
+            return int(found) if found is not None else ENDED_MARK
 
     async def read(self, response_id: str, after: int) -> list[tuple[int, str]]:
         def fetch() -> list[tuple[int, str]]:
@@ -65,9 +112,13 @@ class TableEventLog:
         """Nothing to close: the engine is the services'."""
 
 
-# KEYS[1] the response's list; ARGV: sequence number, event, time to live (ms). The list's
-# index is the sequence number: an event is added only in its place.
+# KEYS[1] the response's list, KEYS[2] its mark of an end; ARGV: sequence number, event, time
+# to live (ms). The list's index is the sequence number: an event is added only in its place,
+# and none once the log was ended.
 APPEND = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 0
+end
 if redis.call('LLEN', KEYS[1]) == tonumber(ARGV[1]) then
   redis.call('RPUSH', KEYS[1], ARGV[2])
 end
@@ -89,9 +140,22 @@ class RedisEventLog:
     def _key(self, response_id: str) -> str:
         return f"{self.prefix}:responses:{{{response_id}}}:events"
 
-    async def append(self, response_id: str, sequence_number: int, data: str) -> None:
-        await self._append(keys=[self._key(response_id)],
-                           args=[sequence_number, data, self.kept_ms])
+    def _ended_key(self, response_id: str) -> str:
+        return f"{self.prefix}:responses:{{{response_id}}}:ended"
+
+    async def append(self, response_id: str, sequence_number: int, data: str) -> bool:
+        return bool(await self._append(
+            keys=[self._key(response_id), self._ended_key(response_id)],
+            args=[sequence_number, data, self.kept_ms]))
+
+    async def end(self, response_id: str, last: Callable[[int], str]) -> int:
+        """The mark first: the list then grows no more but by this event."""
+        key = self._key(response_id)
+        await self.redis.set(self._ended_key(response_id), 1, px=self.kept_ms)
+        seq = int(await self.redis.llen(key))
+        await self.redis.rpush(key, last(seq))
+        await self.redis.pexpire(key, self.kept_ms)
+        return seq
 
     async def read(self, response_id: str, after: int) -> list[tuple[int, str]]:
         first = max(after + 1, 0)
@@ -99,7 +163,7 @@ class RedisEventLog:
         return [(first + i, str(data)) for i, data in enumerate(kept)]
 
     async def delete(self, response_id: str) -> None:
-        await self.redis.delete(self._key(response_id))
+        await self.redis.delete(self._key(response_id), self._ended_key(response_id))
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -14,7 +14,9 @@ Readers on any replica follow the log (`follow`): the events after the one they 
 live ones until the response has ended. A replica that dies leaves a lease that runs out: the
 sweep of any other fails the response (its hold, taken by the dead replica's billing service,
 is released by the billing sweep: nothing is charged), and deletes ended responses past their
-keeping time with their events.
+keeping time with their events. A worker that lost its lease while alive finds its next append
+refused (the sweep ended the log) or its renewal failing: it stops the engine and writes
+nothing more; what the model made is charged only if its hold is still there.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -138,10 +141,15 @@ class _Progress:
         return {**self.response, "status": status, "output": output, "usage": None}
 
 
+class LeaseLost(Exception):
+    """The response is no longer this worker's: the sweep of another replica failed it."""
+
+
 @dataclass(eq=False)
 class _Drive:
     task: asyncio.Task
     cancelled: bool = False  # by a cancel (not by a shutdown)
+    lost: bool = False  # its lease (the sweep ended the response)
 
 
 class BackgroundResponses:
@@ -264,11 +272,12 @@ class BackgroundResponses:
         if "response" in payload:  # the object the events carry has the stored one's id
             payload["response"]["id"] = response_id
         data = _compact(payload)
-        await self.events.append(response_id, int(payload["sequence_number"]), data)
+        if not await self.events.append(response_id, int(payload["sequence_number"]), data):
+            raise LeaseLost(response_id)
         progress.saw(payload, len(data))
-        if payload["type"] == "response.created":
-            await self.store.write(response_id, self.owner, status="in_progress",
-                                   response=progress.response)
+        if payload["type"] == "response.created" and not await self.store.write(
+                response_id, self.owner, status="in_progress", response=progress.response):
+            raise LeaseLost(response_id)
         self._notify(response_id)
 
     async def _record_chunk(self, response_id: str, event: str, progress: _Progress) -> None:
@@ -281,7 +290,8 @@ class BackgroundResponses:
             progress.failed = progress.failed or "error" in payload
             data = _compact(payload)
         seq = progress.seq + 1
-        await self.events.append(response_id, seq, data)
+        if not await self.events.append(response_id, seq, data):
+            raise LeaseLost(response_id)
         progress.seq, progress.stored_bytes = seq, progress.stored_bytes + len(data)
         self._notify(response_id)
 
@@ -316,11 +326,19 @@ class BackgroundResponses:
                    failure: BaseException | None) -> None:
         """Settle once (the model stopped first when cut short), keep the last events, and
         write the response's end."""
+        drive = self._drives.get(response_id)
+        lost = isinstance(failure, LeaseLost) or (drive is not None and drive.lost)
+        if lost:  # the sweep's verdict stands: what the model made is charged if still held
+            source.billed.charge_only_if_held()
         try:
             if failure is not None:  # a source with a stop of its own is stopped by it
                 await (source.stop() if source.stop is not None else _aclose(source.events))
         finally:
             await source.billed.close(failure)
+        if lost:
+            logger.warning("background response %s was ended by the sweep: its worker "
+                           "stopped", response_id)
+            return
         if failure is None:
             async for event in source.events:  # the last ones: response.completed (failed)
                 assert isinstance(event, str)
@@ -332,7 +350,6 @@ class BackgroundResponses:
                     else "failed"
             final = {**progress.response, "status": status}
         else:
-            drive = self._drives.get(response_id)
             if drive is not None and drive.cancelled:
                 final = progress.cut_short("cancelled")
             else:
@@ -377,6 +394,7 @@ class BackgroundResponses:
                 if not ours:
                     logger.warning("response %s is no longer ours: stopping it", response_id)
                 drive.cancelled = view is not None and view.cancel_requested
+                drive.lost = not ours
                 drive.task.cancel()
                 return
 
@@ -493,10 +511,7 @@ class BackgroundResponses:
                 "code": "INFERENCE_FAILED", "message": INTERRUPTED}}
             if await self.store.fail_orphan(view, failed, self.kept):
                 logger.warning("background response %s failed: its worker is gone", view.id)
-                kept = await self.events.read(view.id, -1)
-                seq = kept[-1][0] + 1 if kept else 0
-                await self.events.append(view.id, seq, _compact(
-                    {"type": "response.failed", "sequence_number": seq, "response": failed}))
+                await self.events.end(view.id, partial(_failed_event, failed))
                 self._notify(view.id)
         for response_id in await self.store.expired():
             await self._forget(response_id)
@@ -523,6 +538,10 @@ class BackgroundResponses:
 
 def _compact(value: dict[str, Any]) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def _failed_event(failed: dict[str, Any], seq: int) -> str:
+    return _compact({"type": "response.failed", "sequence_number": seq, "response": failed})
 
 
 async def _aclose(events: AsyncIterator[object]) -> None:

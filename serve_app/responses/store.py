@@ -108,8 +108,8 @@ class ResponseStore:
     async def write(self, response_id: str, owner: str, *, status: str | None = None,
                     response: dict[str, Any] | None = None, stored_bytes: int | None = None,
                     ended: bool = False, kept_for: timedelta | None = None) -> bool:
-        """Update the response `owner` drives (False: it no longer does). `ended`: the lease
-        is given up, and the response is kept `kept_for` from now."""
+        """Update the response `owner` drives (False: it no longer does, or it has ended).
+        `ended`: the lease is given up, and the response is kept `kept_for` from now."""
         values: dict[str, Any] = {}
         if status is not None:
             values["status"] = status
@@ -127,7 +127,8 @@ class ResponseStore:
         def write(session: Session) -> bool:
             done = session.execute(update(StoredResponse).where(
                 col(StoredResponse.id) == response_id,
-                col(StoredResponse.lease_owner) == owner).values(**values))
+                col(StoredResponse.lease_owner) == owner,
+                col(StoredResponse.status).in_(OPEN)).values(**values))
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
 

@@ -297,6 +297,30 @@ def test_stale_holds_are_released_and_a_late_settlement_still_charges(database_u
     assert books.holds() == 0 and books.ledger_nanos() == (to_nanos("0.1"), 0)
 
 
+def test_a_settlement_that_only_charges_a_hold_still_there_leaves_a_swept_one_released(
+        database_url):
+    """A background response failed by another replica's sweep: its hold, released by the
+    billing sweep, is not charged by its worker's late settlement."""
+    clock = Clock(datetime(2026, 11, 22, 8, 0, tzinfo=UTC))
+    books = _books(database_url, usd="1")
+
+    async def main():
+        billing = Billing(database_url, clock=clock)
+        try:
+            given_up = await billing.hold("given-up", Payer(books.account_id), to_nanos("0.2"))
+            given_up.charge_late = False
+            clock.now += timedelta(hours=2)
+            assert await billing.sweep() == 1
+            settled = await billing.settle(given_up, price(MODEL, {"output": 1_000_000}))
+            assert settled.released and settled.usd_nanos == 0
+        finally:
+            billing.close()
+
+    asyncio.run(main())
+    assert books.account().usd_balance_nanos == to_nanos("1")
+    assert books.holds() == 0 and books.ledger_nanos() == (0, 0)
+
+
 def test_holds_of_a_replica_that_stopped_beating_are_released_within_seconds(database_url):
     """Two Gateway replicas' billing services on one database: when one dies mid-request, the
     other releases its holds once it has been silent for HOLDER_TIMEOUT, not after an hour;

@@ -20,6 +20,7 @@ import pytest
 from openai import OpenAI
 from sqlmodel import Session
 
+from serve_app.billing import ledger
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.responses.events import RedisEventLog
@@ -278,6 +279,55 @@ def test_a_response_whose_replica_died_is_failed_by_the_sweep(fake_gateway, sdk,
     assert events[-1].type == "response.failed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     fake_gateway.client.portal.call(_stop, drive.task)  # what the dead replica left running
+
+
+@pytest.mark.parametrize("hold_released", [False, True], ids=["held", "hold-released"])
+def test_a_live_worker_that_lost_its_lease_appends_nothing_after_the_sweeps_end(
+        fake_gateway, sdk, text, books, hold_released):
+    gate = Gate(text, after=3, until=threading.Event())
+    before = books.balance_nanos()
+    created, request_id = _create(sdk)
+    assert gate.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+    responses = fake_gateway.services.responses
+    drive = responses._drives[created.id]
+    with Session(make_engine(fake_gateway.settings.resolved_database_url)) as session:
+        row = session.get(StoredResponse, created.id)  # its renewal is late: the lease ran out
+        row.lease_expires_at = utcnow() - timedelta(seconds=1)
+        session.add(row)
+        session.commit()
+    replica = make_gateway(fake_gateway.settings)  # another replica's sweep fails it
+    try:
+        other = next(replica)
+        other.client.portal.call(other.services.responses.sweep)
+    finally:
+        replica.close()
+    if hold_released:  # and the billing sweep gave its hold back (ledger.release, as it does)
+        billing = fake_gateway.services.billing
+        assert fake_gateway.client.portal.call(
+            billing.writer.run, lambda s: ledger.release(s, request_id)) is not None
+
+    gate.until.set()  # the worker goes on, unaware until its next append
+    fake_gateway.client.portal.call(_wait_task, drive.task)
+
+    events = list(sdk.responses.retrieve(created.id, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events].count("response.failed") == 1
+    assert events[-1].type == "response.failed"  # the sweep's end stays the last event
+    failed = sdk.responses.retrieve(created.id)
+    assert failed.status == "failed" and failed.error.code == "INFERENCE_FAILED"
+    assert gate.closed.is_set()  # the engine was stopped
+    assert books.held(request_id) is None
+    charges = books.charges(request_id)
+    if hold_released:  # never charged after the release
+        assert charges == [] and books.balance_nanos() == before
+    else:  # what the engine made, charged once
+        assert len(charges) == 1 and charges[0].lines["output"][0] >= 3
+        assert books.balance_nanos() == before - charges[0].total_nanos
+
+
+async def _wait_task(task: asyncio.Task) -> None:
+    await asyncio.wait([task])
 
 
 async def _stop(task: asyncio.Task) -> None:

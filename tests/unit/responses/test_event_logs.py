@@ -90,6 +90,22 @@ async def _events_are_deleted_with_their_response(log: EventLog) -> None:
     assert await log.read("resp_a", -1) == []
 
 
+def test_an_ended_log_takes_no_more_appends(open_log):
+    _run(open_log, _an_ended_log_takes_no_more_appends)
+
+
+async def _an_ended_log_takes_no_more_appends(log: EventLog) -> None:
+    assert await log.append("resp_a", 0, "first")
+    assert await log.append("resp_a", 0, "again")  # kept before: not a refusal
+
+    assert await log.end("resp_a", lambda seq: f"end {seq}") == 1
+    assert not await log.append("resp_a", 2, "late")  # its writer, after the end
+    assert not await log.append("resp_a", 1, "late")
+
+    assert await log.read("resp_a", -1) == [(0, "first"), (1, "end 1")]
+    assert await log.append("resp_b", 0, "another's")  # other logs go on
+
+
 def test_redis_keeps_events_for_a_bounded_time():
     reason = _redis_unavailable()
     if reason:
