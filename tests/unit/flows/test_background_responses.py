@@ -326,6 +326,38 @@ def test_a_live_worker_that_lost_its_lease_appends_nothing_after_the_sweeps_end(
         assert books.balance_nanos() == before - charges[0].total_nanos
 
 
+def test_a_worker_whose_engine_is_silent_finds_its_lost_lease_at_its_renewal(
+        fake_gateway, sdk, text, books):
+    responses = fake_gateway.services.responses
+    responses.store.lease = timedelta(seconds=0.3)  # renewed every 0.1 s
+    gate = Gate(text, after=3)  # the engine then sends nothing until it is stopped
+    created, request_id = _create(sdk)
+    assert gate.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+    drive = responses._drives[created.id]
+    with Session(make_engine(fake_gateway.settings.resolved_database_url)) as session:
+        row = session.get(StoredResponse, created.id)  # taken for dead: no longer its own
+        row.lease_owner, row.lease_expires_at = "gone", utcnow() - timedelta(seconds=1)
+        session.add(row)
+        session.commit()
+    replica = make_gateway(fake_gateway.settings)
+    try:
+        other = next(replica)
+        other.client.portal.call(other.services.responses.sweep)
+    finally:
+        replica.close()
+
+    fake_gateway.client.portal.call(_wait_task, drive.task)  # its renewal stopped it
+
+    assert gate.closed.is_set() and gate.sent_after_gate == 0
+    events = list(sdk.responses.retrieve(created.id, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events].count("response.failed") == 1
+    assert events[-1].type == "response.failed"
+    assert books.only_charge(request_id).lines["output"][0] == 3  # what it made, once
+    assert books.held(request_id) is None
+
+
 async def _wait_task(task: asyncio.Task) -> None:
     await asyncio.wait([task])
 
