@@ -316,6 +316,8 @@ class BackgroundResponses:
         progress.ending = True
         try:
             await self._end(response_id, source, progress, failure)
+        except LeaseLost:  # ended by the sweep while this end was written: its end stands
+            logger.warning("background response %s was ended by the sweep", response_id)
         except Exception:
             logger.exception("background response %s did not end cleanly", response_id)
         finally:
