@@ -21,14 +21,19 @@ from deployments.priority import lower_cpu_priority
 os.nice(int(sys.argv[2]))  # the niceness the process starts with (Ray's workers: 15)
 started_before = threading.Event()
 stop = threading.Event()
-before = threading.Thread(target=lambda: (started_before.set(), stop.wait()))
+before = threading.Thread(target=lambda: (started_before.set(), stop.wait()), daemon=True)
 before.start()
 started_before.wait()
 lower_cpu_priority({"ENGINE_NICENESS": sys.argv[1]})
 seen = {}
 after = threading.Thread(target=lambda: seen.update(after=os.getpriority(os.PRIO_PROCESS, 0)))
 after.start(); after.join()
-threads = {int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}
+threads = {}
+for task in os.listdir("/proc/self/task"):
+    try:
+        threads[int(task)] = os.getpriority(os.PRIO_PROCESS, int(task))
+    except ProcessLookupError:  # a joined thread still listed until the kernel reaps it
+        pass
 child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"],
                        capture_output=True, text=True).stdout.strip()
 stop.set(); before.join()
