@@ -12,7 +12,6 @@ runner at a time, and a runner that lost its lease cannot write over the new own
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, and_, func, insert, literal, or_, text, true, update
 from sqlmodel import Session, col, select
 
+from serve_app.db.engine import run_in_session
 from serve_app.db.tables import (
     OPEN_STATUSES,
     JobRow,
@@ -88,12 +88,11 @@ class JobQueue:
         self.lease, self.max_attempts = lease, max_attempts
 
     async def _run(self, work: Callable[[Session], T]) -> T:
-        def run() -> T:
-            with Session(self.engine) as session:
-                out = work(session)
-                session.commit()
-                return out
-        return await asyncio.to_thread(run)
+        def run(session: Session) -> T:
+            out = work(session)
+            session.commit()
+            return out
+        return await run_in_session(self.engine, run)
 
     async def add(self, job: JobRow) -> JobView:
         def write(session: Session) -> JobView:

@@ -8,7 +8,6 @@ worker that lost it (its replica was taken for dead) cannot write over the sweep
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, and_, delete, func, insert, literal, text, update
 from sqlmodel import Session, col, select
 
+from serve_app.db.engine import run_in_session
 from serve_app.db.tables import StoredResponse, as_utc, utcnow
 
 T = TypeVar("T")
@@ -58,12 +58,11 @@ class ResponseStore:
         self.engine, self.lease, self.clock = engine, lease, clock
 
     async def _run(self, work: Callable[[Session], T]) -> T:
-        def run() -> T:
-            with Session(self.engine) as session:
-                out = work(session)
-                session.commit()
-                return out
-        return await asyncio.to_thread(run)
+        def run(session: Session) -> T:
+            out = work(session)
+            session.commit()
+            return out
+        return await run_in_session(self.engine, run)
 
     async def add_within(self, row: StoredResponse, most: int, most_bytes: int) -> bool:
         """Write `row` only if its account then keeps fewer than `most` responses and, with
