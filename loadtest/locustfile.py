@@ -56,13 +56,14 @@ PNG = _png()
 
 
 def record(resp: Any, route: str, usage: dict | None = None, wallet: str | None = None,
-           payer: str | None = None) -> None:
+           payer: str | None = None, **extra: Any) -> None:
     """One line per answer, for the reconciliation (`wallet`: the payer, when not a key;
-    `payer`: the label of an account other than the prepared one)."""
+    `payer`: the label of an account other than the prepared one; `extra`: what else the
+    reconciliation reads, such as a background response's id)."""
     if _record is None:
         return
     answer = {"cf_ray": resp.headers.get("CF-RAY"), "route": route,
-              "status": resp.status_code, "usage": usage or {}, "t": time.time()}
+              "status": resp.status_code, "usage": usage or {}, "t": time.time(), **extra}
     if wallet:
         answer["wallet"] = wallet
     if payer:
@@ -272,6 +273,302 @@ def _job(user: HttpUser, kind: str, model: str, body: dict) -> None:
     if polled.status_code == 200:
         _metric(f"{kind} job, queue to media (ms)", (time.perf_counter() - started) * 1000)
     user.client.post(f"/api/v1/{kind}/complete", json=done, name=f"POST /{kind}/complete")
+
+
+_resume_payers = itertools.cycle(KEYS.get("resume") or [None])
+ENDED = {"completed", "failed", "cancelled", "incomplete"}  # a response's last statuses
+RESUME_TRIES = 60  # a resume refused for following too many streams waits and tries again
+
+
+def _events(resp: Any) -> Any:
+    """The server-sent events of `resp`: (its `id:` number or None, its data)."""
+    seq = None
+    for line in resp.iter_lines():
+        if line.startswith(b"id: "):
+            seq = int(line[4:])
+        elif line.startswith(b"data: "):
+            yield seq, line[6:].decode()
+            seq = None
+
+
+def _chat_usage(usage: dict | None) -> dict:
+    """A response object's usage in a chat completion's names (what reconcile.py compares)."""
+    if not usage:
+        return {}
+    return {"prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0)}
+
+
+def _output_text(response: dict) -> str:
+    return "".join(part.get("text", "") for item in response.get("output") or []
+                   if item.get("type") == "message" for part in item.get("content") or [])
+
+
+class ResumableUser(HttpUser):
+    """Generation that outlives the connection (docs/api/background-responses.md): background
+    responses polled later, streams cut after a random number of events and resumed after it
+    (`starting_after`, `Last-Event-ID`), each resumed event checked to follow the last one
+    received, and some cancelled. The users share a few accounts of their own (a bound on
+    the responses one account keeps and the streams it follows applies per account), which
+    the reconciliation checks apart: each response charged once, nothing for the reads."""
+
+    weight = 2
+    wait_time = between(1.0, 3.0)
+
+    def on_start(self) -> None:
+        payer = next(_resume_payers)
+        self.payer = payer["label"] if payer else None
+        key = payer["key"] if payer else next(_inference)
+        self.client.headers["Authorization"] = f"Bearer {key}"
+
+    # -- what a client does
+
+    @task(2)
+    def poll(self) -> None:
+        """A background response fetched later: polled until it has ended, then deleted."""
+        created = self._create(stream=False)
+        if created is None:
+            return
+        resp, response_id = created
+        final = self._until_ended(response_id)
+        self._settled(resp, response_id, final)
+        self._delete(response_id)
+
+    @task(3)
+    def cut_and_resume(self) -> None:
+        """A background response streamed from its creation, the connection cut after event
+        k, resumed with `starting_after=k`: events k+1 to the end, each once, and their text
+        with the first part's is the response's output."""
+        cut_after = random.randint(1, 16)
+        created = self._create(stream=True, cut_after=cut_after)
+        if created is None:
+            return
+        resp, response_id, last, text = created
+        if last is not None:  # cut: the rest comes from the resume
+            resumed = self._resume(f"/api/v1/responses/{response_id}",
+                                   {"stream": "true", "starting_after": last}, {},
+                                   "GET /responses/{id} (resume)", last, chat=False)
+            if resumed is None:
+                return
+            text += resumed
+        final = self._until_ended(response_id)
+        self._settled(resp, response_id, final)
+        if final is not None and final["status"] == "completed" \
+                and text != _output_text(final):
+            _failure("GET /responses/{id} (resumed text)",
+                     "the text of the cut stream and its resume is not the response's output")
+        self._delete(response_id)
+
+    @task(3)
+    def chat_cut_and_resume(self) -> None:
+        """A resumable chat stream (`stream_options.resumable`) cut after event k and resumed
+        with `Last-Event-ID: k`: events k+1 to `[DONE]`, each once."""
+        cut_after = random.randint(1, 16)
+        body = {"model": MODELS["chat"], "stream": True, "max_tokens": 32,
+                "stream_options": {"include_usage": True, "resumable": True},
+                "messages": [{"role": "user", "content": f"Write about {_sentence(6)}."}]}
+        stream_id, usage, last = None, {}, None
+        with self.client.post("/api/v1/chat/completions", json=body, stream=True,
+                              name="POST /chat/completions (resumable)", catch_response=True,
+                              timeout=300) as resp:
+            if not self._admitted(resp, "chat"):
+                return
+            for expected, (seq, data) in enumerate(_events(resp)):
+                if seq != expected:
+                    resp.failure(f"event {seq} where {expected} was due")
+                    record(resp, "chat", payer=self.payer, response_id=stream_id,
+                           kind="chat")
+                    return
+                if data != "[DONE]":
+                    chunk = json.loads(data)
+                    usage = chunk.get("usage") or usage
+                    if stream_id is None:
+                        stream_id = chunk.get("id")
+                        record(resp, "chat", payer=self.payer, response_id=stream_id,
+                               kind="chat")
+                if seq == cut_after and data != "[DONE]":
+                    last = seq
+                    resp.close()  # the connection is cut here
+                    break
+        if stream_id is None:
+            return
+        if last is not None:
+            chunks = self._resume(f"/api/v1/chat/completions/{stream_id}", {"stream": "true"},
+                                  {"Last-Event-ID": str(last)},
+                                  "GET /chat/completions/{id} (resume)", last, chat=True)
+            if chunks is None:
+                return
+            usage = chunks or usage
+        record(resp, "chat", usage, payer=self.payer, response_id=stream_id, kind="chat")
+
+    @task(1)
+    def cancel(self) -> None:
+        """A background response cancelled a moment after its creation: the answer is the
+        cancelled object (or the ended one, had it ended), and it stays so."""
+        created = self._create(stream=False)
+        if created is None:
+            return
+        resp, response_id = created
+        time.sleep(random.uniform(0.0, 5.0))
+        with self.client.post(f"/api/v1/responses/{response_id}/cancel",
+                              name="POST /responses/{id}/cancel", catch_response=True,
+                              timeout=120) as cancelled:
+            record(cancelled, "responses/read", payer=self.payer, read=True)
+            if cancelled.status_code != 200 or cancelled.json().get("status") not in ENDED:
+                cancelled.failure(f"HTTP {cancelled.status_code}: "
+                                  f"{cancelled.text[:200]}")
+                return
+            final = cancelled.json()
+        later = self._get(response_id)
+        if later is not None and later["status"] != final["status"]:
+            _failure("POST /responses/{id}/cancel",
+                     f"cancelled as {final['status']}, later {later['status']}")
+        self._settled(resp, response_id, final, cancelled=True)
+        self._delete(response_id)
+
+    # -- its steps
+
+    def _admitted(self, resp: Any, route: str) -> bool:
+        """A creation answered 200; a refusal with `Retry-After` (the model at capacity,
+        the account's bound on kept responses) waits it, as a client that honours it."""
+        if resp.status_code == 200:
+            return True
+        record(resp, route, payer=self.payer)
+        if resp.status_code in (429, 503) and "Retry-After" in resp.headers:
+            resp.success()  # an honest answer, counted by status in the report
+            time.sleep(float(resp.headers["Retry-After"]))
+        else:
+            resp.failure(f"HTTP {resp.status_code}")
+        return False
+
+    def _create(self, *, stream: bool, cut_after: int | None = None) -> Any:
+        """`POST /responses` with `background: true`: (the answer, the id), or, streamed,
+        (the answer, the id, the event it was cut after or None, the text received)."""
+        body = {"model": MODELS["chat"], "input": f"Write about {_sentence(6)}.",
+                "background": True, "stream": stream, "max_output_tokens": 32}
+        name = "POST /responses (background, stream)" if stream \
+            else "POST /responses (background)"
+        with self.client.post("/api/v1/responses", json=body, stream=stream, name=name,
+                              catch_response=True, timeout=300) as resp:
+            if not self._admitted(resp, "responses"):
+                return None
+            if not stream:
+                response_id = resp.json()["id"]
+                record(resp, "responses", payer=self.payer, response_id=response_id,
+                       kind="response")
+                return resp, response_id
+            response_id, text = None, ""
+            for expected, (seq, data) in enumerate(_events(resp)):
+                event = json.loads(data)
+                if seq != expected or event.get("sequence_number") != expected:
+                    resp.failure(f"event {seq} where {expected} was due")
+                    return None
+                if response_id is None:
+                    response_id = event["response"]["id"]
+                    record(resp, "responses", payer=self.payer, response_id=response_id,
+                           kind="response")
+                if event["type"] == "response.output_text.delta":
+                    text += event["delta"]
+                if seq == cut_after and event["type"] not in (
+                        "response.completed", "response.failed"):
+                    resp.close()  # the connection is cut here
+                    return resp, response_id, seq, text
+            if response_id is None:
+                resp.failure("the stream ended before its first event")
+                return None
+            return resp, response_id, None, text
+
+    def _resume(self, url: str, params: dict, headers: dict, name: str, last: int, *,
+                chat: bool) -> Any:
+        """Follow a stream again after event `last`: each event must be the next one, to the
+        end. The text of a response's deltas, or a chat stream's usage ({} without one);
+        None when the resume failed (a Locust failure named `name`)."""
+        for _ in range(RESUME_TRIES):
+            with self.client.get(url, params=params, headers=headers, stream=True, name=name,
+                                 catch_response=True, timeout=300) as again:
+                record(again, "responses/read", payer=self.payer, read=True)
+                if again.status_code == 429:  # this account follows its most at once
+                    again.success()
+                    time.sleep(float(again.headers.get("Retry-After", "1")))
+                    continue
+                if again.status_code != 200:
+                    again.failure(f"HTTP {again.status_code}: {again.text[:200]}")
+                    return None
+                expected, text, usage, ended = last + 1, "", {}, False
+                for seq, data in _events(again):
+                    if seq != expected:
+                        again.failure(f"cut after event {last}, the resume sent {seq} "
+                                      f"where {expected} was due")
+                        return None
+                    expected += 1
+                    if chat:
+                        ended = data == "[DONE]"
+                        if not ended:
+                            usage = json.loads(data).get("usage") or usage
+                        continue
+                    event = json.loads(data)
+                    if event.get("sequence_number") != seq:
+                        again.failure(f"event {seq} says it is {event.get('sequence_number')}")
+                        return None
+                    if event["type"] == "response.output_text.delta":
+                        text += event["delta"]
+                    ended = event["type"] in ("response.completed", "response.failed")
+                if not ended:
+                    again.failure(f"cut after event {last}, the resume stopped at event "
+                                  f"{expected - 1} before the end")
+                    return None
+                return usage if chat else text
+        _failure(name, f"refused {RESUME_TRIES} times (429: the account follows its most)")
+        return None
+
+    def _get(self, response_id: str) -> dict | None:
+        with self.client.get(f"/api/v1/responses/{response_id}", name="GET /responses/{id}",
+                             catch_response=True, timeout=120) as got:
+            record(got, "responses/read", payer=self.payer, read=True)
+            if got.status_code != 200:
+                got.failure(f"HTTP {got.status_code}: {got.text[:200]}")
+                return None
+            return got.json()
+
+    def _until_ended(self, response_id: str) -> dict | None:
+        """Poll until the response has ended (None: it did not within 10 minutes)."""
+        started = time.perf_counter()
+        while time.perf_counter() - started < 600:
+            response = self._get(response_id)
+            if response is None or response["status"] in ENDED:
+                return response
+            time.sleep(random.uniform(1.0, 3.0))
+        _failure("GET /responses/{id}", "not ended after 600 s")
+        return None
+
+    def _settled(self, resp: Any, response_id: str, final: dict | None, *,
+                 cancelled: bool = False) -> None:
+        """Record what the client was told of the response's end: its usage when it
+        completed; one cut short (cancelled, failed) may or may not have been charged, as
+        its object does not say what the model made before it stopped."""
+        if final is None:
+            return
+        if final["status"] not in ENDED:
+            _failure("GET /responses/{id}", f"status {final['status']} after its end")
+            return
+        maybe = {} if final["status"] == "completed" else {"charge": "maybe"}
+        record(resp, "responses", _chat_usage(final.get("usage")), payer=self.payer,
+               response_id=response_id, kind="response", final=final["status"],
+               cancelled=cancelled, **maybe)
+
+    def _delete(self, response_id: str) -> None:
+        with self.client.delete(f"/api/v1/responses/{response_id}",
+                                name="DELETE /responses/{id}", catch_response=True,
+                                timeout=120) as deleted:
+            record(deleted, "responses/read", payer=self.payer, read=True)
+            if deleted.status_code != 200 or deleted.json().get("deleted") is not True:
+                deleted.failure(f"HTTP {deleted.status_code}: {deleted.text[:200]}")
+
+
+def _failure(name: str, why: str) -> None:
+    """A failure of a check of the client's own, as a Locust failure named `name`."""
+    events.request.fire(request_type="CHECK", name=name, response_time=0, response_length=0,
+                        exception=AssertionError(why), context={})
 
 
 class AccountUser(HttpUser):

@@ -8,6 +8,10 @@ with the money that moved?
   rollups add up to its entries;
 - no hold is left open (after the grace time in-flight work needs);
 - no key spent past its consumption limit;
+- a background response or resumable chat stream is charged once, under the request that
+  created it, whether its stream was read, cut and resumed, or polled; reading it (polls,
+  resumes, cancel, delete) is charged nothing. One the client cut short (cancelled, failed)
+  may have no entry: the model may have made nothing before it stopped;
 - and, over every account, `inference-admin audit`: each balance is the sum of its journal
   (credits, top-ups, charges, DIEM) less its open holds (`audit_books`).
 
@@ -37,7 +41,7 @@ from serve_app.db.tables import (
 )
 from serve_app.settings import Settings
 
-TOKEN_ROUTES = {"chat", "embeddings"}
+TOKEN_ROUTES = {"chat", "embeddings", "responses"}
 
 
 def reconcile(account_id: str, record_path: str, start_nanos: int,
@@ -50,9 +54,12 @@ def reconcile(account_id: str, record_path: str, start_nanos: int,
                 if answer.get("wallet") == wallet and answer.get("payer") == payer]
     # a stream is recorded when it starts and again, with its usage, when it ends: the last
     # line of a request is what its client saw
-    seen = list({r["cf_ray"] or f"no-id-{i}": r for i, r in enumerate(seen)}.values())
+    reads = {r["cf_ray"] for r in seen if r.get("read") and r["cf_ray"]}
+    seen = list({r["cf_ray"] or f"no-id-{i}": r for i, r in enumerate(seen)
+                 if not r.get("read")}.values())
     ok = {r["cf_ray"]: r for r in seen if r["status"] == 200 and r["cf_ray"]}
     failed = {r["cf_ray"] for r in seen if r["status"] != 200 and r["cf_ray"]}
+    maybe = {request_id for request_id, r in ok.items() if r.get("charge") == "maybe"}
     engine = make_engine(Settings().resolved_database_url)
     with Session(engine) as s:
         entries = {e.request_id: e for e in s.exec(
@@ -73,9 +80,10 @@ def reconcile(account_id: str, record_path: str, start_nanos: int,
             if key.limit_usd_nanos is not None and window.usd_nanos > key.limit_usd_nanos:
                 over_limit.append(key.id)
     engine.dispose()
-    missing = sorted(set(ok) - set(entries))
+    missing = sorted(set(ok) - set(entries) - maybe)
     unexpected = sorted(set(entries) - set(ok))
     charged_after_failure = sorted(set(entries) & failed)
+    charged_reads = sorted(set(entries) & reads)
     wrong_units = []
     for request_id, answer in ok.items():
         entry = entries.get(request_id)
@@ -96,9 +104,18 @@ def reconcile(account_id: str, record_path: str, start_nanos: int,
         "balance_matches": moved == total, "open_holds": holds,
         "keys_over_limit": len(over_limit),
     }
+    background = {request_id: r for request_id, r in ok.items() if r.get("response_id")}
+    if background or reads:
+        result["background"] = {
+            "created": len(background),
+            "ended": dict(Counter(r.get("final", "-") for r in background.values())),
+            "charged": len(set(background) & set(entries)),
+            "cut_short_uncharged": len(maybe - set(entries)),
+            "reads": len(reads), "charged_reads": len(charged_reads),
+        }
     result["reconciled"] = (not missing and not unexpected and not wrong_units
                             and lines == total and rollups == total and moved == total
-                            and holds == 0 and not over_limit)
+                            and holds == 0 and not over_limit and not charged_reads)
     return result
 
 

@@ -6,10 +6,12 @@
 
 Prepares an account on the `benchmark` rate-limit tier (so the run measures the platform, not
 the default 500 requests a minute) with ten inference keys, one of them with a small USD
-consumption limit; runs Locust headless for each step of users (CSV and HTML reports under
-`loadtest/results/<time>/`); waits for queued jobs to finish; reconciles the ledger
-(reconcile.py); prints a summary per step (throughput, p50/p95/p99 per route, errors by
-status) and writes it to `summary.json` and `summary.md` beside the reports.
+consumption limit, and a few accounts of their own for the background responses and resumed
+streams; runs Locust headless for each step of users (CSV and HTML reports under
+`loadtest/results/<time>/`); waits for background responses and queued jobs to finish;
+reconciles each account's ledger (reconcile.py); prints a summary per step (throughput,
+p50/p95/p99 per route, errors by status) and writes it to `summary.json` and `summary.md`
+beside the reports.
 
 It reads DATA_DIR / DATABASE_URL like the platform, to reach the same database.
 """
@@ -40,18 +42,48 @@ KEYS = 10
 LIMITED_KEY_USD = 0.02
 WALLETS = 4
 WALLET_USD = 5
+# Accounts of the resumable mix (locustfile.ResumableUser): the responses one account keeps
+# and the streams it follows at once are bounded per account (RESPONSES_PER_ACCOUNT,
+# RESPONSES_FOLLOWERS_PER_ACCOUNT), so its users share a few.
+RESUME_ACCOUNTS = 4
+RUNNING = {"queued", "in_progress"}
 
 
-def prepare_heavy(host: str) -> dict:
-    """The heavy tenant of the two-tenant mix: an account of its own with one key."""
+def prepare_payer(host: str, description: str) -> dict:
+    """An account of its own with one inference key (the heavy tenant of the two-tenant
+    mix, an account of the resumable mix)."""
     made = cli(["create-account", "--usd", "10000"])
     cli(["set-tier", "benchmark", "--account", made["accountId"]])
     resp = httpx.post(f"{host}/api/v1/api_keys", timeout=30,
                       headers={"Authorization": f"Bearer {made['apiKey']}"},
-                      json={"apiKeyType": "INFERENCE", "description": "heavy tenant"})
+                      json={"apiKeyType": "INFERENCE", "description": description})
     resp.raise_for_status()
     return {"account": made["accountId"], "key": resp.json()["data"]["apiKey"],
             "start_nanos": 10000 * 10**9}
+
+
+def wait_for_background(host: str, record: Path, prepared: dict, limit_s: float) -> int:
+    """Wait until every background response and resumable chat stream of the run has ended
+    (each settles when its generation ends, whether a client reads it or not); how many
+    were still running after `limit_s`."""
+    keys = {payer["label"]: payer["key"] for payer in prepared.get("resume", [])}
+    running: dict[str, tuple[str, str]] = {}
+    with open(record, encoding="utf-8") as lines:
+        for answer in map(json.loads, lines):
+            if answer.get("response_id") and answer.get("payer") in keys:
+                route = "chat/completions" if answer.get("kind") == "chat" else "responses"
+                running[answer["response_id"]] = (route, keys[answer["payer"]])
+    deadline = time.monotonic() + limit_s
+    while running and time.monotonic() < deadline:
+        for response_id, (route, key) in list(running.items()):
+            resp = httpx.get(f"{host}/api/v1/{route}/{response_id}", timeout=60,
+                             headers={"Authorization": f"Bearer {key}"})
+            if resp.status_code == 404 or (resp.status_code == 200
+                                           and resp.json()["status"] not in RUNNING):
+                del running[response_id]  # ended (or deleted by its client)
+        if running:
+            time.sleep(5)
+    return len(running)
 
 
 def prepare(host: str, out: Path, mix: str = "all") -> dict:
@@ -82,8 +114,11 @@ def prepare(host: str, out: Path, mix: str = "all") -> dict:
                 "start_nanos": start, "wallets": [w["key"] for w in wallets],
                 "wallet_accounts": wallets}
     if mix == "tenants":
-        heavy = prepare_heavy(host)
+        heavy = prepare_payer(host, "heavy tenant")
         prepared.update(heavy=heavy["key"], heavy_account=heavy)
+    else:
+        prepared["resume"] = [{**prepare_payer(host, f"resume {i}"), "label": f"resume-{i}"}
+                              for i in range(RESUME_ACCOUNTS)]
     (out / "keys.json").write_text(json.dumps(prepared))
     return prepared
 
@@ -204,6 +239,9 @@ def main() -> int:
         summary["steps"].append(step)
         print(f"[loadtest] {users} users: {step['rps']} requests/s, "
               f"{step['failures']} failures of {step['requests']}", flush=True)
+    print("[loadtest] waiting for background responses to end ...", flush=True)
+    summary["background_still_running"] = wait_for_background(args.host, record, prepared,
+                                                               limit_s=900)
     print("[loadtest] waiting 60 s for queued jobs and in-flight holds ...", flush=True)
     time.sleep(60)
     summary["reconciliation"] = reconcile(prepared["account"], str(record),
@@ -215,6 +253,9 @@ def main() -> int:
         heavy = prepared["heavy_account"]
         summary["wallet_reconciliation"]["heavy tenant"] = reconcile(
             heavy["account"], str(record), heavy["start_nanos"], payer="heavy")
+    for payer in prepared.get("resume", []):
+        summary["wallet_reconciliation"][payer["label"]] = reconcile(
+            payer["account"], str(record), payer["start_nanos"], payer=payer["label"])
     summary["audit"] = audit_books()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(markdown(summary))
