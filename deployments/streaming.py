@@ -4,7 +4,9 @@ Every piece a deployment yields crosses to the gateway as its own message and be
 SSE event: a fixed cost per piece that a tiny model producing a token every millisecond pays
 far more often than a large one. `coalesce` yields the first piece at once (time to first
 token is untouched) and afterwards at most one piece per `min_interval_s`: what the engine
-produced in between travels together, merged per choice.
+produced in between travels together, merged per choice. The stream's end (a choice's last
+chunk, the usage, an error) does not wait for the interval: nothing more is coming to merge
+with it, and a short answer (a 1-token chat) would otherwise end a whole interval late.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 
-from deployments.protocol import Chunk, TextEvent
+from deployments.protocol import Chunk, EngineError, TextEvent, Usage
 
 # One piece per 20 ms per stream at most (50 updates a second): below what a reader
 # notices, and below the time a real model takes per token on a busy batch (SmolLM2 on two
@@ -73,7 +75,7 @@ async def coalesce(source: AsyncIterator[TextEvent], min_interval_s: float = MIN
             pending = [await queue.get()]
             if sent_at is not None:
                 wait = min_interval_s - (time.monotonic() - sent_at)
-                if wait > 0 and pending[-1] is not end:
+                if wait > 0 and not _ends(pending[-1], end):
                     await asyncio.sleep(wait)
             while not queue.empty():
                 pending.append(queue.get_nowait())
@@ -93,6 +95,12 @@ async def coalesce(source: AsyncIterator[TextEvent], min_interval_s: float = MIN
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+def _ends(item: object, end: object) -> bool:
+    """Whether `item` is the end of the stream or of one of its choices."""
+    return (item is end or isinstance(item, Usage | EngineError | _Failure)
+            or (isinstance(item, Chunk) and item.finish_reason is not None))
 
 
 class _Failure:

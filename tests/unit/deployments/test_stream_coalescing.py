@@ -107,6 +107,43 @@ async def test_coalesce_yields_the_first_chunk_at_once_and_alone():
     await gen.aclose()
 
 
+async def test_coalesce_sends_the_end_of_a_stream_without_waiting_for_the_interval():
+    """A 1-token answer: its token, then its finish and usage. With an hour's interval the
+    end still comes at once (the bound tells "at once" from "an hour later")."""
+    first_out = asyncio.Event()
+    usage = Usage(prompt_tokens=3, completion_tokens=1)
+
+    async def short_source() -> AsyncIterator[TextEvent]:
+        yield text(0, "Hi", prompt_tokens=3)
+        await first_out.wait()
+        yield text(0, "", tokens=0, finish="length")
+        yield usage
+
+    gen = coalesce(short_source(), min_interval_s=3600.0)
+    received = [await asyncio.wait_for(anext(gen), timeout=120)]
+    first_out.set()
+    received += [chunks async for chunks in gen]
+
+    assert received[0] == [text(0, "Hi", prompt_tokens=3)]
+    assert [c for chunks in received[1:] for c in chunks] == [
+        text(0, "", tokens=0, finish="length"), usage]
+
+
+async def test_coalesce_sends_an_error_without_waiting_for_the_interval():
+    first_out = asyncio.Event()
+
+    async def failing_source() -> AsyncIterator[TextEvent]:
+        yield text(0, "a")
+        await first_out.wait()
+        raise ValueError("engine died")
+
+    gen = coalesce(failing_source(), min_interval_s=3600.0)
+    assert await asyncio.wait_for(anext(gen), timeout=120) == [text(0, "a")]
+    first_out.set()
+    with pytest.raises(ValueError, match="engine died"):
+        await asyncio.wait_for(anext(gen), timeout=120)
+
+
 async def test_coalesce_merges_chunks_produced_quickly_into_fewer_lists_keeping_all_text():
     """After the first chunk, the rest come faster than the interval (at once, once the
     first list is out: how many lists chunks produced over time make depends on the
