@@ -11,7 +11,6 @@ from serve_app.audio.voice_change import check_not_voice_changer
 from serve_app.billing.pricing.audio import audio_cost, parse_seconds, quote_usd
 from serve_app.errors import invalid_request
 from serve_app.jobs.service import JobService
-from serve_app.jobs.worker import TENANT_PARAM, tenant_param
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.context import RequestContext
@@ -54,10 +53,7 @@ class QueuedAudio:
             job = await intake.queue(cost, {
                 "prompt": body.prompt, "voice": voice, "speed": body.speed or 1.0,
                 "format": model.default_format or "mp3",
-                "duration_seconds": parse_seconds(body.duration_seconds),
-                # its turn at the speech engine is the caller's, as a stream's is
-                TENANT_PARAM: tenant_param(
-                    self.job_service.request_runner.admission.tenant(key))})
+                "duration_seconds": parse_seconds(body.duration_seconds)})
         return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED"}
 
 

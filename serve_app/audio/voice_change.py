@@ -38,7 +38,6 @@ from serve_app.billing.pricing.audio import (
 from serve_app.errors import invalid_request
 from serve_app.images.inputs import MediaSourceReader
 from serve_app.jobs.service import JobService
-from serve_app.jobs.worker import TENANT_PARAM, tenant_param
 from serve_app.models.catalog import CatalogModel
 from serve_app.models.chains import VoiceChangerSpec
 from serve_app.models.router import ModelRouter, RoutedModel
@@ -105,9 +104,7 @@ class VoiceChanger:
             await intake.hold(cost)
             await intake.keep(SOURCE_INPUT, data, SOURCE_MEDIA_TYPES[source.format])
             del data
-            tenant = self.job_service.request_runner.admission.tenant(key)
-            job = await intake.queue(cost, {**_params(spec, voice, source),
-                                            TENANT_PARAM: tenant_param(tenant)})
+            job = await intake.queue(cost, _params(spec, voice, source))
         return {"model": model.id, "queue_id": job.queue_id, "status": "QUEUED",
                 "duration_seconds": source.seconds}
 

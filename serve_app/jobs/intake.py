@@ -11,8 +11,10 @@
    account's stored-bytes cap;
 3. `hold`: the job's real price, once the inputs told it (an upscale's length), replaces the
    first hold (`Bill.rehold`, as a chat's files do);
-4. `queue`: the row is written and the bill passed on; the job worker takes the job and its
-   hold from there (`Bill.resume`).
+4. `queue`: the row is written, with the caller's fair-share tenant among its params (the
+   job takes its turns at the engines as the account that queued it, as its direct requests
+   do), and the bill passed on; the job worker takes the job and its hold from there
+   (`Bill.resume`).
 
 Used as `async with`: whatever fails on the way releases the hold and deletes what was kept,
 so nothing is charged or stored for a job that was not queued.
@@ -32,7 +34,7 @@ from serve_app.db.tables import JobRow
 from serve_app.jobs.caps import JobCaps, PendingIntakes, over_cap
 from serve_app.jobs.job_queue import JobQueue, JobView, input_key, result_key
 from serve_app.jobs.store import ResultStore
-from serve_app.jobs.worker import JobWorker
+from serve_app.jobs.worker import TENANT_PARAM, JobWorker, tenant_param
 from serve_app.models.router import RoutedModel
 from serve_app.pipeline.bill import Bill
 from serve_app.pipeline.context import RequestContext
@@ -74,6 +76,7 @@ class JobIntake:
         self._reserved = False  # counted in `pending` until its row is written or it fails
         self._billing: AbstractAsyncContextManager[Bill] = request_runner.admit(ctx, key,
                                                                                 routed)
+        self._tenant = request_runner.admission.tenant(key)  # whose turn it is at the engines
         self._bill: Bill | None = None
         self._written = False
         self._queued = False
@@ -122,12 +125,13 @@ class JobIntake:
         await self.bill.rehold(cost)
 
     async def queue(self, cost: Cost, params: dict) -> JobView:
-        """Write the job at `cost` (what was held). The write finishes even when the client
-        leaves meanwhile, so that its outcome is known: a job its client never heard of is
-        withdrawn (nobody could retrieve it), and released on the way out."""
+        """Write the job at `cost` (what was held), `params` with the caller's tenant. The
+        write finishes even when the client leaves meanwhile, so that its outcome is known: a
+        job its client never heard of is withdrawn (nobody could retrieve it), and released
+        on the way out."""
         assert cost.nanos == self.bill.held_nanos, "hold the job's price before queueing it"
         job = self.job
-        job.params = params
+        job.params = {**params, TENANT_PARAM: tenant_param(self._tenant)}
         job.stored_bytes = self.kept_bytes
         job.cost_lines = [[line.line_type, line.units, line.nanos, line.price_per_unit_usd]
                           for line in cost.lines]

@@ -80,7 +80,7 @@ class ChargedFailure(ApiError):
 
 def tenant_param(tenant: Tenant) -> dict[str, Any]:
     """A tenant as a job's params keep it (JSON)."""
-    return {"id": tenant.id, "weight": tenant.weight}
+    return {"id": tenant.id, "weight": tenant.weight, "tier": tenant.tier}
 
 
 def job_tenant(params: Mapping[str, Any]) -> Tenant | None:
@@ -88,7 +88,9 @@ def job_tenant(params: Mapping[str, Any]) -> Tenant | None:
     kept = params.get(TENANT_PARAM)
     if not isinstance(kept, dict) or not isinstance(kept.get("id"), str):
         return None
-    return Tenant(kept["id"], float(kept.get("weight", 1.0)))
+    tier = kept.get("tier")  # absent in a job queued before tiers were kept: the default's
+    return Tenant(kept["id"], float(kept.get("weight", 1.0)),
+                  tier=tier if isinstance(tier, str) else "default")
 
 
 def job_cost(model: CatalogModel, job: JobView) -> Cost:

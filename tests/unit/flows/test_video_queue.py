@@ -9,8 +9,9 @@ import time
 
 import av
 
-from deployments.protocol import MediaJob
+from deployments.protocol import PLATFORM_TENANT, MediaJob, Tenant
 from tests.fakes import crashed
+from tests.unit.conftest import account_key
 from tests.unit.flows.books import nanos
 
 JOB = {"model": "clip-maker", "prompt": "a red fox running through snow", "duration": "2s",
@@ -61,6 +62,37 @@ def test_a_queued_video_is_made_by_the_runner_and_retrieved_as_mp4(fake_gateway,
     assert isinstance(job, MediaJob)
     assert (call.method, model_id, job.inputs) == ("generate", "clip-maker", {})
     assert job.params["prompt"] == JOB["prompt"] and job.params["seconds"] == 2
+
+
+def _chat_tenant(gateway, fakes, key: str) -> Tenant:
+    """The tenant the caller's own chat request is served as."""
+    resp = gateway.client.post("/api/v1/chat/completions", headers=gateway.auth(key), json={
+        "model": "chat-primary", "messages": [{"role": "user", "content": "Name a fox"}],
+        "max_tokens": 5})
+    assert resp.status_code == 200, resp.text
+    tenant = fakes["text-xs"].requests[-1].tenant
+    assert tenant is not None and tenant != PLATFORM_TENANT
+    return tenant
+
+
+def _made_as(gateway, fakes, key: str) -> Tenant | None:
+    """The tenant the video engine was told a job queued with `key` is for."""
+    queued = _post(gateway, key, "queue", JOB)
+    assert queued.status_code == 200, queued.text
+    assert _retrieve_when_done(gateway, key, queued.json()["queue_id"]).status_code == 200
+    job = fakes["video-generation"].calls_to("generate")[-1].args[1]
+    return job.tenant
+
+
+def test_a_queued_video_runs_at_the_engine_as_the_callers_tenant(fake_gateway, fakes, key):
+    caller = _chat_tenant(fake_gateway, fakes, key)
+
+    assert _made_as(fake_gateway, fakes, key) == caller
+    other, other_account = account_key(fake_gateway, "5")
+    fake_gateway.cli("set-tier", "scale", "--account", other_account)
+    scaled = _chat_tenant(fake_gateway, fakes, other)
+    assert scaled != caller and (scaled.tier, scaled.weight) == ("scale", 4.0)
+    assert _made_as(fake_gateway, fakes, other) == scaled  # its tier's share and label kept
 
 
 def test_a_queued_video_holds_its_quote_while_made_then_is_charged_it(fake_gateway, fakes,
