@@ -13,33 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from deployments.text import TextDeployment
 from serve_app.models.catalog import load_catalog
 from serve_app.models.upstream_states import UpstreamStates
-from tests.fakes import fake_deployments
 from tests.fakes.handles import DeploymentHandle
-from tests.fakes.served import class_of
+from tests.fakes.upstream_models import (
+    UpstreamTextDeployment,
+    upstream_catalog,
+    upstream_fleet,
+    upstream_model,
+)
 from tests.fakes.upstream_server import PROMPT_TOKENS, REPLY, UpstreamServer, upstream_server
 from tests.unit.flows.conftest import CATALOG
 from tests.unit.flows.sse import DONE, content, events
 
 MODEL = "chat-upstream"
 KEY = "sk-upstream-secret-for-flows"
-
-
-class UpstreamDeployment(DeploymentHandle):
-    """A handle on the real text deployment holding `models` (specs of `engine: openai`)."""
-
-    METHODS = ("generate", "complete", "stats")
-
-    def __init__(self, deployment_name: str, specs: list[dict[str, Any]]) -> None:
-        super().__init__(deployment_name)
-        self.deployment = class_of(TextDeployment)(specs)
-
-    def _answer(self, name: str) -> Any:
-        return getattr(self.deployment, name)
 
 
 @pytest.fixture
@@ -53,29 +42,18 @@ def gateway_catalog(tmp_path: Path, upstream: UpstreamServer,
                     monkeypatch: pytest.MonkeyPatch) -> Path:
     """The flows' catalog and a model on the upstream, with its key's variable set."""
     monkeypatch.setenv("UPSTREAM_KEY_FOR_FLOWS", KEY)
-    model = {"id": MODEL, "type": "text", "name": "Chat upstream", "deployment": "text-m",
-             "engine": "openai", "size_class": "M", "context_length": 4096,
-             "max_completion_tokens": 256,
-             "engine_options": {"base_url": upstream.base_url,
-                                "upstream_model": "upstream-model",
-                                "api_key_env": "UPSTREAM_KEY_FOR_FLOWS",
-                                "failures_to_offline": 2, "probe_interval_s": 0.05},
-             "pricing": {"input": {"usd": 10, "diem": 10}, "output": {"usd": 20, "diem": 20},
-                         "cache_input": {"usd": 10, "diem": 10}}}
-    path = tmp_path / "catalog.yaml"
-    path.write_text(yaml.safe_dump({"include": [str(CATALOG)], "models": [model]}))
-    return path
+    return upstream_catalog(tmp_path, CATALOG, upstream_model(
+        upstream, MODEL, upstream_name="upstream-model", api_key_env="UPSTREAM_KEY_FOR_FLOWS",
+        type="text", name="Chat upstream", deployment="text-m", size_class="M",
+        context_length=4096, max_completion_tokens=256,
+        pricing={"input": {"usd": 10, "diem": 10}, "output": {"usd": 20, "diem": 20},
+                 "cache_input": {"usd": 10, "diem": 10}}))
 
 
 @pytest.fixture
 def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
-    catalog = load_catalog(gateway_catalog)
-    fleet = fake_deployments(catalog)
-    [model] = [m for m in catalog.models if m.engine == "openai"]
-    fleet["text-m"] = UpstreamDeployment("text-m", [
-        {"id": model.id, "engine": model.engine, "weights": None,
-         "engine_options": model.engine_options.given(), "max_queue_wait_s": 5.0}])
-    return fleet
+    """The flows' fakes, but text-m is the real text deployment, holding the model."""
+    return upstream_fleet(load_catalog(gateway_catalog), UpstreamTextDeployment, "text-m")
 
 
 def _chat(gateway, key: str, **body: Any):

@@ -13,14 +13,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
-from deployments.embedding import EmbeddingDeployment
 from serve_app.models.catalog import load_catalog
 from serve_app.models.upstream_states import UpstreamStates
-from tests.fakes import fake_deployments
 from tests.fakes.handles import DeploymentHandle
-from tests.fakes.served import class_of
+from tests.fakes.upstream_models import (
+    UpstreamEmbeddingDeployment,
+    upstream_catalog,
+    upstream_fleet,
+    upstream_model,
+)
 from tests.fakes.upstream_server import UpstreamServer, embedding_tokens, upstream_server
 from tests.unit.flows.books import per_million
 from tests.unit.flows.conftest import CATALOG
@@ -29,19 +31,6 @@ MODEL = "embed-upstream"
 KEY = "sk-upstream-embedding-secret-for-flows"
 INPUT_USD = 4  # per million tokens
 TEXTS = ["a quick brown fox", "jumps over the lazy dog today"]
-
-
-class UpstreamEmbeddingDeployment(DeploymentHandle):
-    """A handle on the real embedding deployment holding `specs` (of `engine: openai`)."""
-
-    METHODS = ("embed", "stats")
-
-    def __init__(self, deployment_name: str, specs: list[dict[str, Any]]) -> None:
-        super().__init__(deployment_name)
-        self.deployment = class_of(EmbeddingDeployment)(specs)
-
-    def _answer(self, name: str) -> Any:
-        return getattr(self.deployment, name)
 
 
 @pytest.fixture
@@ -53,33 +42,22 @@ def upstream() -> Iterator[UpstreamServer]:
 @pytest.fixture
 def gateway_catalog(tmp_path: Path, upstream: UpstreamServer,
                     monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The flows' catalog and an embedding model on the upstream, with its key's variable."""
+    """The flows' catalog and an embedding model on the upstream, with its key's variable;
+    the model is the type's default (/ready counts it)."""
     monkeypatch.setenv("UPSTREAM_EMBEDDING_KEY_FOR_FLOWS", KEY)
-    model = {"id": MODEL, "type": "embedding", "name": "Embeddings upstream",
-             "deployment": "embedding", "engine": "openai", "dimensions": 3,
-             "context_length": 512,
-             "engine_options": {"base_url": upstream.base_url,
-                                "upstream_model": "upstream-embedder",
-                                "api_key_env": "UPSTREAM_EMBEDDING_KEY_FOR_FLOWS",
-                                "failures_to_offline": 2, "probe_interval_s": 0.05},
-             "pricing": {"input": {"usd": INPUT_USD, "diem": INPUT_USD}}}
-    path = tmp_path / "catalog.yaml"
-    # The type's default model: /ready counts it.
-    path.write_text(yaml.safe_dump({"include": [str(CATALOG)], "models": [model],
-                                    "traits": {"embedding": {"default": MODEL}}}))
-    return path
+    return upstream_catalog(tmp_path, CATALOG, upstream_model(
+        upstream, MODEL, upstream_name="upstream-embedder",
+        api_key_env="UPSTREAM_EMBEDDING_KEY_FOR_FLOWS", type="embedding",
+        name="Embeddings upstream", deployment="embedding", dimensions=3, context_length=512,
+        pricing={"input": {"usd": INPUT_USD, "diem": INPUT_USD}}),
+        traits={"embedding": {"default": MODEL}})
 
 
 @pytest.fixture
 def fakes(gateway_catalog: Path) -> dict[str, DeploymentHandle]:
     """The flows' fakes, but the embedding deployment is the real one, holding the model."""
-    catalog = load_catalog(gateway_catalog)
-    fleet = fake_deployments(catalog)
-    [model] = [m for m in catalog.models if m.engine == "openai"]
-    fleet["embedding"] = UpstreamEmbeddingDeployment("embedding", [
-        {"id": model.id, "engine": model.engine, "weights": None,
-         "engine_options": model.engine_options.given(), "max_queue_wait_s": 5.0}])
-    return fleet
+    return upstream_fleet(load_catalog(gateway_catalog), UpstreamEmbeddingDeployment,
+                          "embedding")
 
 
 def _embed(gateway: Any, key: str, **body: Any) -> Any:
