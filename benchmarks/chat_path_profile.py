@@ -11,6 +11,7 @@ prints, per request:
                 client, the fake deployment and engine, which run in other processes in
                 production)
     cpu ms      the process's CPU time (every thread: the billing writer's too)
+    files       with --files N: the N source files with the most calls per request
     top         with --top N: the N functions with the most own time (cProfile, the event
                 loop's thread; --sort cumtime, --only serve_app to narrow it)
 
@@ -70,7 +71,7 @@ class CallCounter:
         return sum(self.by_file.values()) - other, other
 
 
-async def run(requests: int, top: int, sort: str, only: str) -> None:
+async def run(requests: int, top: int, sort: str, only: str, files: int) -> None:
     import httpx
 
     from serve_app import cli
@@ -124,6 +125,9 @@ async def run(requests: int, top: int, sort: str, only: str) -> None:
                       f"(+{other_calls / requests:.0f} client and fake deployment), "
                       f"{cpu / requests * 1000:.2f} ms CPU, {wall / requests * 1000:.2f} ms wall",
                       flush=True)
+                if files:
+                    for file, n in counter.by_file.most_common(files):
+                        print(f"  {n / requests:7.1f}  {file.removeprefix(str(ROOT) + '/')}")
                 if top:
                     stats = pstats.Stats(profiler).sort_stats(sort)
                     stats.print_stats(only, top)
@@ -137,8 +141,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=0, help="functions to list")
     parser.add_argument("--sort", default="tottime", help="cProfile's order: tottime, cumtime")
     parser.add_argument("--only", default="", help="list only functions whose file has this")
+    parser.add_argument("--files", type=int, default=0, help="files to list by calls")
     args = parser.parse_args()
-    asyncio.run(run(args.requests, args.top, args.sort, args.only))
+    asyncio.run(run(args.requests, args.top, args.sort, args.only, args.files))
 
 
 if __name__ == "__main__":
