@@ -299,6 +299,11 @@ def _chat_usage(usage: dict | None) -> dict:
             "completion_tokens": usage.get("output_tokens", 0)}
 
 
+def _finished(chunk: dict) -> bool:
+    """A chat chunk that ends its choice (a finish_reason)."""
+    return any(choice.get("finish_reason") for choice in chunk.get("choices") or [])
+
+
 def _output_text(response: dict) -> str:
     return "".join(part.get("text", "") for item in response.get("output") or []
                    if item.get("type") == "message" for part in item.get("content") or [])
@@ -367,7 +372,7 @@ class ResumableUser(HttpUser):
         body = {"model": MODELS["chat"], "stream": True, "max_tokens": 32,
                 "stream_options": {"include_usage": True, "resumable": True},
                 "messages": [{"role": "user", "content": f"Write about {_sentence(6)}."}]}
-        stream_id, usage, last = None, {}, None
+        stream_id, usage, last, finished = None, {}, None, False
         with self.client.post("/api/v1/chat/completions", json=body, stream=True,
                               name="POST /chat/completions (resumable)", catch_response=True,
                               timeout=300) as resp:
@@ -382,6 +387,7 @@ class ResumableUser(HttpUser):
                 if data != "[DONE]":
                     chunk = json.loads(data)
                     usage = chunk.get("usage") or usage
+                    finished = finished or _finished(chunk)
                     if stream_id is None:
                         stream_id = chunk.get("id")
                         record(resp, "chat", payer=self.payer, response_id=stream_id,
@@ -398,8 +404,11 @@ class ResumableUser(HttpUser):
                                   "GET /chat/completions/{id} (resume)", last, chat=True)
             if chunks is None:
                 return
-            usage = chunks or usage
+            usage, finished = chunks[0] or usage, finished or chunks[1]
         record(resp, "chat", usage, payer=self.payer, response_id=stream_id, kind="chat")
+        if not finished:
+            _failure("chat stream unfinished", f"cut after event {last}: the stream ended "
+                     "without a finish_reason (its generation stopped)")
 
     @task(1)
     def cancel(self) -> None:
@@ -481,8 +490,9 @@ class ResumableUser(HttpUser):
     def _resume(self, url: str, params: dict, headers: dict, name: str, last: int, *,
                 chat: bool) -> Any:
         """Follow a stream again after event `last`: each event must be the next one, to the
-        end. The text of a response's deltas, or a chat stream's usage ({} without one);
-        None when the resume failed (a Locust failure named `name`)."""
+        end. The text of a response's deltas, or a chat stream's usage ({} without one) and
+        whether a choice finished; None when the resume failed (a Locust failure named
+        `name`)."""
         for _ in range(RESUME_TRIES):
             with self.client.get(url, params=params, headers=headers, stream=True, name=name,
                                  catch_response=True, timeout=300) as again:
@@ -494,7 +504,7 @@ class ResumableUser(HttpUser):
                 if again.status_code != 200:
                     again.failure(f"HTTP {again.status_code}: {again.text[:200]}")
                     return None
-                expected, text, usage, ended = last + 1, "", {}, False
+                expected, text, usage, ended, finished = last + 1, "", {}, False, False
                 for seq, data in _events(again):
                     if seq != expected:
                         again.failure(f"cut after event {last}, the resume sent {seq} "
@@ -504,7 +514,12 @@ class ResumableUser(HttpUser):
                     if chat:
                         ended = data == "[DONE]"
                         if not ended:
-                            usage = json.loads(data).get("usage") or usage
+                            chunk = json.loads(data)
+                            if "error" in chunk:
+                                again.failure(f"the stream's error: {chunk['error']}")
+                                return None
+                            usage = chunk.get("usage") or usage
+                            finished = finished or _finished(chunk)
                         continue
                     event = json.loads(data)
                     if event.get("sequence_number") != seq:
@@ -517,7 +532,7 @@ class ResumableUser(HttpUser):
                     again.failure(f"cut after event {last}, the resume stopped at event "
                                   f"{expected - 1} before the end")
                     return None
-                return usage if chat else text
+                return (usage, finished) if chat else text
         _failure(name, f"refused {RESUME_TRIES} times (429: the account follows its most)")
         return None
 
@@ -551,6 +566,9 @@ class ResumableUser(HttpUser):
         if final["status"] not in ENDED:
             _failure("GET /responses/{id}", f"status {final['status']} after its end")
             return
+        if final["status"] == "failed":
+            _failure("background response failed", (final.get("error") or {}).get(
+                "message", "no error given"))
         maybe = {} if final["status"] == "completed" else {"charge": "maybe"}
         record(resp, "responses", _chat_usage(final.get("usage")), payer=self.payer,
                response_id=response_id, kind="response", final=final["status"],
