@@ -46,7 +46,8 @@ The platform measured (`--platform`): `bench`, benchmarks/catalog.yaml's two dep
 this process's Ray; `full`, what `make run` serves (`python -m serve_app.launch` on
 configs/local.yaml: every modality of the local catalog) on a DATA_DIR kept between runs under
 .cache/bench-full (so its chat model's compile cache is warm from the second run on), measured
-as the peers are (`full_peer_*`); `both`.
+as the peers are (`full_peer_*`) and, with the embeddings part, at concurrency 32 against the
+engine in process (`full_embeddings_c32`, goal 0.8); `both`.
 
 Figures ending in `_ms`/`_s` hold the figure itself as `ratio`, with its ceiling as `goal`.
 The API keys belong to an account on the `benchmark` rate-limit tier, so no request is refused
@@ -54,6 +55,7 @@ for its rate; the limiter still decides every request. Results go to `bench-resu
 
     make bench                    # all of it (~12 minutes on 2 cores)
     .venv/bin/python benchmarks/bench.py --only peers --platform both --seconds 5
+    .venv/bin/python benchmarks/bench.py --only embeddings --platform full --seconds 5
     .venv/bin/python benchmarks/bench.py --only embeddings,cheap_route
     .venv/bin/python benchmarks/bench.py --only peers --seconds 5
     .venv/bin/python benchmarks/bench.py --only chat,peers --isa avx2   # an AVX2-only CPU's kernels
@@ -119,7 +121,9 @@ SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
 FLOOR_MARGIN_MS = 5
 PARTS = ("embeddings", "chat", "cheap_route", "startup", "peers", "fairness")
 PLATFORMS = {"bench": ("bench",), "full": ("full",), "both": ("bench", "full")}
-# The full platform's DATA_DIR, kept between runs (its compile cache, its database).
+# The catalog `make run` serves (serve_app.settings' default), and its DATA_DIR, kept between
+# runs (its compile cache, its database).
+FULL_CATALOG = ROOT / "configs" / "models.yaml"
 FULL_DATA_DIR = ROOT / ".cache" / "bench-full"
 # The catalog model of our Gateway in front of vLLM's server (`engine: openai`).
 UPSTREAM_MODEL = "smollm2-upstream"
@@ -204,14 +208,22 @@ def embedder_folder() -> Path:
     return resolve_weights(load_catalog(CATALOG).find(EMBEDDER, "embedding").weights)
 
 
-def embedding_engine_figures(seconds: float = 4.0) -> tuple[float, float]:
+def embedder_options(catalog: Path) -> dict:
+    """The embedder's engine options in `catalog`."""
+    from serve_app.models.catalog import load_catalog
+
+    return dict(load_catalog(catalog).find(EMBEDDER, "embedding").engine_options.given())
+
+
+def embedding_engine_figures(seconds: float = 4.0, catalog: Path = CATALOG
+                             ) -> tuple[float, float]:
     """(texts/s on batches of 32, ms per single text): the deployment's engine, with the
-    torch threads the deployment gives it, in this process."""
+    torch threads `catalog` gives it, in this process."""
     from deployments.engines.embedding import SentenceTransformersEngine
     from deployments.weights.store import resolve_weights
     from serve_app.models.catalog import load_catalog
 
-    model = load_catalog(CATALOG).find(EMBEDDER, "embedding")
+    model = load_catalog(catalog).find(EMBEDDER, "embedding")
     engine = SentenceTransformersEngine(str(resolve_weights(model.weights)),
                                         model.engine_options.given())
     batch = [f"Sentence number {i} about lighthouses, storms and the sea." for i in range(32)]
@@ -437,7 +449,8 @@ def main() -> None:
     parser.add_argument("--platform", choices=tuple(PLATFORMS), default="bench",
                         help="bench: benchmarks/catalog.yaml's two deployments; full: what "
                              "make run serves (configs/local.yaml), measured as the peers "
-                             "are; both")
+                             "are and, with the embeddings part, at 32 against the engine in "
+                             "process; both")
     args = parser.parse_args()
     isa.run_as(args.isa)
     parts = set(args.only.split(","))
@@ -445,10 +458,12 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
     chat, peers = "chat" in parts, "peers" in parts
-    steps = 1 + 2 * ("embeddings" in parts) + 3 * chat + ("cheap_route" in parts) \
-        + bool(parts - {"startup", "fairness"}) + ("startup" in parts) \
-        + peers * (6 + (our_dtype() != VLLM_DEFAULT_DTYPE)) \
-        + 4 * ("fairness" in parts) + 2 * ("full" in PLATFORMS[args.platform])
+    embeddings, platforms = "embeddings" in parts, PLATFORMS[args.platform]
+    steps = 1 + embeddings + 2 * chat + ("startup" in parts) \
+        + peers * (6 + (our_dtype() != VLLM_DEFAULT_DTYPE)) + 4 * ("fairness" in parts) \
+        + ("bench" in platforms) * (embeddings + chat + ("cheap_route" in parts)
+                                    + bool(parts - {"startup", "fairness"})) \
+        + ("full" in platforms) * (peers or embeddings) * (1 + peers + embeddings)
     step = Progress(steps)
     data_dir = prepare_data_dir()
     step("weights ready (SmolLM2 converted, tiny model built)")
@@ -469,6 +484,11 @@ def main() -> None:
         ref["emb32"], ref["emb1_ms"] = embedding_engine_figures()
         step(f"embedding engine in process: {ref['emb32']:.0f} texts/s on batches of 32, "
              f"{ref['emb1_ms']:.1f} ms per single text")
+        ref["emb32_full"] = ref["emb32"]
+        if "full" in platforms and embedder_options(FULL_CATALOG) != embedder_options(CATALOG):
+            ref["emb32_full"], _ = embedding_engine_figures(catalog=FULL_CATALOG)
+            print(f"    with the options of {FULL_CATALOG.name}: {ref['emb32_full']:.0f} texts/s",
+                  flush=True)
 
     figures: list[Figure] = []
 
@@ -477,7 +497,6 @@ def main() -> None:
         figures.extend(measured)
         write(figures, RESULTS)
 
-    platforms = PLATFORMS[args.platform]
     ours: dict[str, float] = {}
     ours_full: dict[str, float] = {}
     if parts - {"startup", "fairness"}:
@@ -498,8 +517,9 @@ def main() -> None:
                      f"{ours['cheap8']:.0f} GET /api_keys/rate_limits/s (8)")
         finally:
             platform.stop()
-    if peers and "full" in platforms:
-        ours_full = measure_full(args, step)
+    if (peers or "embeddings" in parts) and "full" in platforms:
+        full_figures, ours_full = measure_full(args, parts, ref, step)
+        add(full_figures)
     if peers:
         found = measure_peers((SMOLLM2, MODELS_DIR / SMOLLM2), (EMBEDDER, embedder_folder()),
                               ENGINE_ENV, args.tokens, args.seconds, step, free_port,
@@ -528,23 +548,80 @@ def main() -> None:
     report(figures, RESULTS)
 
 
-def measure_full(args: argparse.Namespace, step: Progress) -> dict[str, float]:
-    """What the peers are measured on, through the platform `make run` serves (every
-    modality of the local catalog, on FULL_DATA_DIR)."""
+def measure_full(args: argparse.Namespace, parts: set[str], ref: dict[str, float],
+                 step: Progress) -> tuple[list[Figure], dict[str, float]]:
+    """Through the platform `make run` serves (every modality of the local catalog, on
+    FULL_DATA_DIR): the embeddings part's figure against the engine in process
+    (`full_embeddings_c32`), and what the peers are measured on."""
     FULL_DATA_DIR.mkdir(parents=True, exist_ok=True)
     if not (FULL_DATA_DIR / "models").exists():
         (FULL_DATA_DIR / "models").symlink_to(MODELS_DIR)
     key = benchmark_key(FULL_DATA_DIR)
+    figures: list[Figure] = []
+    ours: dict[str, float] = {}
+    launched_at = time.time()
     with launched(FULL_DATA_DIR) as (base, seconds):
         step(f"the full platform (make run's) up at {base}: first chat after {seconds:.0f} s")
-        ours = chat_figures(base, key, SMOLLM2, args.tokens, args.seconds)
-        ours["emb32"] = embedding_figure(base, key, EMBEDDER, args.seconds)
-        ours["cheap8"] = authenticated_get(f"{base}/api_keys/rate_limits", key, args.seconds)
-    step(f"ours on the full platform, as the peers are measured: {ours['short8']:.1f} "
-         f"1-token chats/s (8), TTFT {ours['ttft1']:.0f} ms, {ours['s1']:.1f} tok/s (1), "
-         f"{ours['s8']:.1f} tok/s (8), {ours['emb32']:.0f} embeddings/s (32), "
-         f"{ours['cheap8']:.0f} GET /api_keys/rate_limits/s (8)")
-    return ours
+        if "embeddings" in parts:
+            figures.append(full_embeddings(base, key, ref, args.seconds, step))
+        if "peers" in parts:
+            ours = chat_figures(base, key, SMOLLM2, args.tokens, args.seconds)
+            ours["emb32"] = embedding_figure(base, key, EMBEDDER, args.seconds)
+            ours["cheap8"] = authenticated_get(f"{base}/api_keys/rate_limits", key,
+                                               args.seconds)
+    if compiled_during(FULL_DATA_DIR, launched_at):
+        print("    the chat model compiled in the background during this run (a cold compile "
+              "cache), taking CPU from what was measured: run again to measure on a warm one",
+              flush=True)
+    if ours:
+        step(f"ours on the full platform, as the peers are measured: {ours['short8']:.1f} "
+             f"1-token chats/s (8), TTFT {ours['ttft1']:.0f} ms, {ours['s1']:.1f} tok/s (1), "
+             f"{ours['s8']:.1f} tok/s (8), {ours['emb32']:.0f} embeddings/s (32), "
+             f"{ours['cheap8']:.0f} GET /api_keys/rate_limits/s (8)")
+    return figures, ours
+
+
+def full_embeddings(base: str, key: str, ref: dict[str, float], seconds: int,
+                    step: Progress) -> Figure:
+    """`full_embeddings_c32`: POST /embeddings at concurrency 32 on the full platform, against
+    the engine in process with the options of the catalog it serves; its latency at
+    concurrency 1 and step profile are printed."""
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"model": EMBEDDER, "input": SENTENCE}
+    url = f"{base}/embeddings"
+    wait_for_answer(url, body, auth)  # its replica starts once chat answers (make run's stages)
+    wrk(url, 8, 3, headers=auth, body=body)  # warm-up
+    c1 = wrk(url, 1, seconds, headers=auth, body=body)
+    print("    steps (ms, p50, concurrency 1): "
+          + format_steps(step_profile(url, body, auth, 100)), flush=True)
+    c32 = wrk(url, 32, seconds, headers=auth, body=body)
+    step(f"POST /embeddings on the full platform: {c32['rps']:.0f}/s at 32 (the engine in "
+         f"process: {ref['emb32_full']:.0f} texts/s), p50 {c1['p50_ms']:.1f} ms at 1")
+    return rate_figure("full_embeddings_c32", "texts/s", c32["rps"], ref["emb32_full"], 0.8)
+
+
+def wait_for_answer(url: str, body: dict, headers: dict[str, str], timeout_s: float = 600
+                    ) -> None:
+    """Until `url` answers `body` with a 200."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.post(url, json=body, headers=headers, timeout=30).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def compiled_during(data_dir: Path, since: float) -> bool:
+    """Whether a background compile of the chat model started on `data_dir` since `since`."""
+    from deployments.engines.vllm_compile import cache_root
+    from deployments.engines.vllm_compile_fill import records
+
+    root = cache_root({"DATA_DIR": str(data_dir)})
+    return root is not None and any(r.get("started", 0) >= since for r in records(root))
 
 
 def measure_api(platform: Platform, key: str, parts: set[str], ref: dict[str, float],
