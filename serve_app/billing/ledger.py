@@ -30,6 +30,7 @@ from serve_app.db.tables import (
     Reservation,
     UsageDaily,
     open_job_request_ids,
+    open_response_request_ids,
 )
 from serve_app.errors import ApiError
 from serve_app.money import NANOS_PER_UNIT
@@ -439,8 +440,9 @@ def stale_holds(session: Session, now: datetime, max_age: timedelta,
                 holder_timeout: timedelta | None = None) -> list[str]:
     """Holds no request will finish: older than any request may run, or (with
     `holder_timeout`) taken by a billing service that stopped beating that long ago, its
-    replica dead mid-request. The holds of queued media jobs are not among them: their job
-    settles or releases them.
+    replica dead mid-request. The holds of queued media jobs and of open background
+    responses are not among them: their job (the response's worker, or the replica that takes
+    it over) settles or releases them.
 
     Releasing a hold whose request does finish after all costs nothing: its settlement takes a
     late hold and charges as usual."""
@@ -451,8 +453,15 @@ def stale_holds(session: Session, now: datetime, max_age: timedelta,
         stale = or_(stale, and_(_holds.c.holder.is_not(None), _holds.c.created_at < gone,
                                 _holds.c.holder.not_in(beating)))
     return list(session.execute(select(_holds.c.request_id)
-                                .where(stale, _holds.c.request_id.not_in(open_job_request_ids())))
+                                .where(stale, _holds.c.request_id.not_in(open_job_request_ids()),
+                                       _holds.c.request_id.not_in(open_response_request_ids())))
                 .scalars())
+
+
+def is_held(session: Session, request_id: str) -> bool:
+    """Whether the request's hold is still there (neither settled nor released)."""
+    return session.execute(select(_holds.c.request_id)
+                           .where(_holds.c.request_id == request_id)).first() is not None
 
 
 def beat(session: Session, holder: str, now: datetime) -> None:

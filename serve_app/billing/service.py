@@ -221,6 +221,13 @@ class Billing:
         self._balances[account_id] = found
         return found
 
+    async def is_held(self, request_id: str) -> bool:
+        """Whether the request's hold is still there (neither settled nor released)."""
+        def read() -> bool:
+            with Session(self._engine) as session:
+                return ledger.is_held(session, request_id)
+        return await asyncio.to_thread(read)
+
     async def sweep(self) -> int:
         """Release the holds of requests that can no longer finish; returns how many. Holds
         of silent services count only once this one has beaten for HOLDER_TIMEOUT itself: after

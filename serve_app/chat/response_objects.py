@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -153,13 +153,18 @@ async def stream_response(ctx: RequestContext, key: KeyRecord, req: ChatCompleti
 
 
 async def background_stream(ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
-                            chat_service: ChatService) -> BilledEvents:
+                            chat_service: ChatService,
+                            planned: Callable[[ChatPlan], None] | None = None
+                            ) -> BilledEvents:
     """The response.* events of `req` for a background response: admitted, held for and
     prepared now (what refuses it is this request's answer), the model started only when the
     events are first read, by the worker that drives them (serve_app/responses/), not by
-    this request. Closing the events stops the model."""
+    this request. Closing the events stops the model. `planned` is shown the plan once
+    prepared (its engine request composed)."""
     async def start(plan: ChatPlan) -> AsyncIterator[str | Mark]:
         plan.answered_by = plan.candidates[0]  # the model asked for, until one answers
+        if planned is not None:
+            planned(plan)
 
         async def events() -> AsyncIterator[str | Mark]:
             routed, stream, first = await chat_service.start_model_stream(plan)

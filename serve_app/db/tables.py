@@ -495,6 +495,18 @@ class StoredResponse(SQLModel, table=True):
     cancel_requested: bool = Field(default=False)
     created_at: datetime = Field(default_factory=utcnow, sa_column=_utc_column(nullable=False))
     expires_at: datetime = Field(sa_column=_utc_column(nullable=False, index=True))
+    # What another replica needs to continue the generation should its worker die (the
+    # engine request, the model, the payer; serve_app/responses/takeover.py), JSON, counted
+    # in `stored_bytes`; None for one that cannot be continued, and once it has ended.
+    continuation: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+def open_response_request_ids():
+    """A subquery of the holds of background responses still open: their worker, or the
+    replica that takes one over when its worker died, settles or releases them (the hold
+    sweeper leaves them)."""
+    return select(StoredResponse.request_id).where(
+        col(StoredResponse.status).in_(("queued", "in_progress")))
 
 
 class ResponseEvent(SQLModel, table=True):

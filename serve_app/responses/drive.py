@@ -7,8 +7,9 @@ renews its lease on the row, and settles the hold exactly once, where a streamed
 the model is stopped first, then what it made is charged and the rest of the hold released).
 
 A worker that lost its lease while alive finds its next append refused (the sweep ended the
-log) or its renewal failing: it stops the engine and writes nothing more; what the model made
-is charged only if its hold is still there."""
+log, or another replica took the response over and claimed it) or its renewal failing: it
+stops the engine and writes nothing more; once the response has ended, what the model made is
+charged only if its hold is still there (a replica that took it over settled it for all)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from serve_app.errors import ApiError, stream_error_body
-from serve_app.pipeline.bill import SETTLE, BilledEvents
+from serve_app.pipeline.bill import SETTLE, Bill, BilledEvents
 from serve_app.responses.events import EventLog
 from serve_app.responses.progress import Progress, compact
 from serve_app.responses.store import ResponseStore
@@ -50,13 +51,15 @@ class Drives:
         self.notify = notify
         self.running: dict[str, Drive] = {}
         self._endings: set[asyncio.Task] = set()
+        self._leaving: set[asyncio.Task] = set()  # bills of lost leases, settled at the end
 
-    def start(self, response_id: str, source: BilledEvents, progress: Progress) -> None:
+    def start(self, response_id: str, source: BilledEvents, progress: Progress) -> Drive:
         """Drive `source` (whose row is written, leased to this replica) on a task."""
         task = asyncio.create_task(self._drive(response_id, source, progress),
                                    name=f"response-{response_id}")
-        self.running[response_id] = Drive(task)
+        drive = self.running[response_id] = Drive(task)
         task.add_done_callback(lambda done: self._unstarted(done, response_id, source, progress))
+        return drive
 
     def _unstarted(self, task: asyncio.Task, response_id: str, source: BilledEvents,
                    progress: Progress) -> None:
@@ -89,6 +92,11 @@ class Drives:
             await asyncio.wait([drive.task for drive in drives])
         if self._endings:
             await asyncio.wait(list(self._endings))
+        leaving = list(self._leaving)
+        for task in leaving:
+            task.cancel()
+        if leaving:
+            await asyncio.wait(leaving)
 
     # -- one generation
 
@@ -100,13 +108,28 @@ class Drives:
         if "response" in payload:  # the object the events carry has the stored one's id
             payload["response"]["id"] = response_id
         data = compact(payload)
-        if not await self.events.append(response_id, int(payload["sequence_number"]), data):
+        if payload["type"] == "response.output_text.delta" and progress.note_prompt is not None:
+            await self._note_prompt(response_id, progress)
+        if not await self.events.append(response_id, int(payload["sequence_number"]), data,
+                                        self.owner):
             raise LeaseLost(response_id)
         progress.saw(payload, len(data))
         if payload["type"] == "response.created" and not await self.store.write(
                 response_id, self.owner, status="in_progress", response=progress.response):
             raise LeaseLost(response_id)
         self.notify(response_id)
+
+    async def _note_prompt(self, response_id: str, progress: Progress) -> None:
+        """Keep the prompt's tokens with the continuation before any text is kept: whoever
+        continues the text counts what it was made of from them."""
+        assert progress.note_prompt is not None
+        noted = progress.note_prompt()
+        if noted is None:  # not known yet
+            return
+        progress.note_prompt = None
+        if not await self.store.write(response_id, self.owner, continuation=noted):
+            raise LeaseLost(response_id)
+        progress.kept_bytes = len(noted)
 
     async def _record_chunk(self, response_id: str, event: str, progress: Progress) -> None:
         """A chat stream's event (a chunk, an error, `[DONE]`), numbered here."""
@@ -118,7 +141,7 @@ class Drives:
             progress.failed = progress.failed or "error" in payload
             data = compact(payload)
         seq = progress.seq + 1
-        if not await self.events.append(response_id, seq, data):
+        if not await self.events.append(response_id, seq, data, self.owner):
             raise LeaseLost(response_id)
         progress.seq, progress.stored_bytes = seq, progress.stored_bytes + len(data)
         self.notify(response_id)
@@ -158,16 +181,19 @@ class Drives:
         write the response's end."""
         drive = self.running.get(response_id)
         lost = isinstance(failure, LeaseLost) or (drive is not None and drive.lost)
-        if lost:  # the sweep's verdict stands: what the model made is charged if still held
+        if lost:  # never charged once released (the sweep's verdict stands)
             source.billed.charge_only_if_held()
         try:
             if failure is not None:  # a source with a stop of its own is stopped by it
                 await (source.stop() if source.stop is not None else _aclose(source.events))
         finally:
-            await source.billed.close(failure)
+            if lost:
+                await self._leave(response_id, source.billed)
+            else:
+                await source.billed.close(failure)
         if lost:
-            logger.warning("background response %s was ended by the sweep: its worker "
-                           "stopped", response_id)
+            logger.warning("background response %s is no longer this worker's (taken over, "
+                           "or failed by the sweep): it stopped", response_id)
             return
         if failure is None:
             async for event in source.events:  # the last ones: response.completed (failed)
@@ -205,14 +231,45 @@ class Drives:
                                response=final, stored_bytes=size, ended=True,
                                kept_for=self.kept)
 
+    async def _leave(self, response_id: str, billed: Bill) -> None:
+        """Settle the bill of a worker whose response is no longer its own, once the
+        response has ended: its hold may be another's now (a replica took the response over,
+        and settles it for all that was made), or the sweep failed it (then what this worker
+        made is charged while the hold is still there). Charged only if still held, so
+        never twice. Read once here; a response still open is waited for aside."""
+        if await self._still_open(response_id):
+            leaving = asyncio.create_task(self._settle_when_ended(response_id, billed))
+            self._leaving.add(leaving)
+            leaving.add_done_callback(self._leaving.discard)
+            return
+        await billed.close(LeaseLost(response_id))
+
+    async def _still_open(self, response_id: str) -> bool:
+        try:
+            view = await self.store.get(response_id)
+        except Exception:  # unknown: taken as open, read again later
+            logger.exception("reading response %s failed", response_id)
+            return True
+        return view is not None and not view.ended
+
+    async def _settle_when_ended(self, response_id: str, billed: Bill) -> None:
+        try:
+            while await self._still_open(response_id):
+                await asyncio.sleep(self.store.lease.total_seconds() / 3)
+        except asyncio.CancelledError:  # shutting down: the hold is left to its new worker
+            billed.pass_on()
+            raise
+        await billed.close(LeaseLost(response_id))
+
     async def _renew(self, response_id: str, progress: Progress) -> None:
         """Keep the lease while the generation runs, note its bytes, and stop it when a
         cancel was asked through another replica, or the lease was lost."""
         while True:
             await asyncio.sleep(self.store.lease.total_seconds() / 3)
             try:
-                ours = await self.store.write(response_id, self.owner,
-                                              stored_bytes=progress.stored_bytes)
+                ours = await self.store.write(
+                    response_id, self.owner,
+                    stored_bytes=progress.stored_bytes + progress.kept_bytes)
                 view = await self.store.get(response_id)
             except Exception:  # the database hiccupped: try again at the next beat
                 logger.exception("renewing the lease of response %s failed", response_id)

@@ -6,7 +6,9 @@ what any other appended.
 An event is appended once: an append whose number is already kept is ignored, so a writer
 that repeats itself (a retry) cannot number two events alike. A log ended by another than its
 writer (`end`: the sweep failed the response of a worker taken for dead) takes no more of the
-writer's appends: its terminal event stays the last."""
+writer's appends: its terminal event stays the last. An append names its writer (the worker's
+lease owner): once another has `claim`ed the log (a replica took the response over), the
+former writer's appends are refused, so two workers never number events alike."""
 
 from __future__ import annotations
 
@@ -19,15 +21,19 @@ from sqlalchemy import Engine, delete, exists, insert, literal
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from serve_app.db.tables import ResponseEvent
+from serve_app.db.tables import ResponseEvent, StoredResponse
 
 # The table's mark of an ended log: a row numbered before the first event (never read).
 ENDED_MARK = -1
 
 
 class EventLog(Protocol):
-    async def append(self, response_id: str, sequence_number: int, data: str) -> bool:
-        """Keep the event (once); False: the log was ended, nothing is kept."""
+    async def append(self, response_id: str, sequence_number: int, data: str,
+                     writer: str | None = None) -> bool:
+        """Keep the event (once); False: the log was ended, or `writer` is no longer its
+        writer (another claimed it), nothing is kept."""
+    async def claim(self, response_id: str, writer: str) -> None:
+        """From now on only `writer` appends (None writers aside)."""
     async def end(self, response_id: str, last: Callable[[int], str]) -> int:
         """End the log with the event `last(number)` after the last kept one (its number
         returned): no append is taken after it."""
@@ -37,17 +43,22 @@ class EventLog(Protocol):
 
 
 class TableEventLog:
-    """The events in the database (no Redis configured)."""
+    """The events in the database (no Redis configured). Its writer is the response's
+    lease owner (`claim` is the row's lease, taken by the store)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def append(self, response_id: str, sequence_number: int, data: str) -> bool:
+    async def append(self, response_id: str, sequence_number: int, data: str,
+                     writer: str | None = None) -> bool:
         table = ResponseEvent.__table__  # type: ignore[attr-defined]
         ended = exists().where(table.c.response_id == response_id,
                                table.c.sequence_number == ENDED_MARK)
         values = select(literal(response_id), literal(sequence_number),
                         literal(data)).where(~ended)
+        if writer is not None:
+            values = values.where(exists().where(col(StoredResponse.id) == response_id,
+                                                 col(StoredResponse.lease_owner) == writer))
 
         def write() -> bool:
             with Session(self.engine) as session:
@@ -60,6 +71,9 @@ class TableEventLog:
                     return True
                 return done.rowcount == 1  # type: ignore[attr-defined]
         return await asyncio.to_thread(write)
+
+    async def claim(self, response_id: str, writer: str) -> None:
+        """Nothing to write: the row's lease names the writer."""
 
     async def end(self, response_id: str, last: Callable[[int], str]) -> int:
         def write() -> int:
@@ -112,11 +126,15 @@ class TableEventLog:
         """Nothing to close: the engine is the services'."""
 
 
-# KEYS[1] the response's list, KEYS[2] its mark of an end; ARGV: sequence number, event, time
-# to live (ms). The list's index is the sequence number: an event is added only in its place,
-# and none once the log was ended.
+# KEYS[1] the response's list, KEYS[2] its mark of an end, KEYS[3] its writer; ARGV: sequence
+# number, event, time to live (ms), writer ('' for none). The list's index is the sequence
+# number: an event is added only in its place, and none once the log was ended or claimed by
+# another writer.
 APPEND = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 0
+end
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then
   return 0
 end
 if redis.call('LLEN', KEYS[1]) == tonumber(ARGV[1]) then
@@ -143,10 +161,18 @@ class RedisEventLog:
     def _ended_key(self, response_id: str) -> str:
         return f"{self.prefix}:responses:{{{response_id}}}:ended"
 
-    async def append(self, response_id: str, sequence_number: int, data: str) -> bool:
+    def _writer_key(self, response_id: str) -> str:
+        return f"{self.prefix}:responses:{{{response_id}}}:writer"
+
+    async def append(self, response_id: str, sequence_number: int, data: str,
+                     writer: str | None = None) -> bool:
         return bool(await self._append(
-            keys=[self._key(response_id), self._ended_key(response_id)],
-            args=[sequence_number, data, self.kept_ms]))
+            keys=[self._key(response_id), self._ended_key(response_id),
+                  self._writer_key(response_id)],
+            args=[sequence_number, data, self.kept_ms, writer or ""]))
+
+    async def claim(self, response_id: str, writer: str) -> None:
+        await self.redis.set(self._writer_key(response_id), writer, px=self.kept_ms)
 
     async def end(self, response_id: str, last: Callable[[int], str]) -> int:
         """The mark first: the list then grows no more but by this event."""
@@ -163,7 +189,8 @@ class RedisEventLog:
         return [(first + i, str(data)) for i, data in enumerate(kept)]
 
     async def delete(self, response_id: str) -> None:
-        await self.redis.delete(self._key(response_id), self._ended_key(response_id))
+        await self.redis.delete(self._key(response_id), self._ended_key(response_id),
+                                self._writer_key(response_id))
 
     async def close(self) -> None:
         await self.redis.aclose()

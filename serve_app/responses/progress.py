@@ -4,6 +4,7 @@ bytes kept, and to shape the object of a response stopped midway."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,10 @@ class Progress:
     last_kind: str | None = None
     failed: bool = False  # a chat stream sent an error event
     ending: bool = False  # its end has begun (once)
+    kept_bytes: int = 0  # of what would continue it (its row's `continuation`)
+    # The continuation with the prompt's tokens, once the engine told them: kept before the
+    # first text is (takeover.py); None once noted, or for a response that keeps none.
+    note_prompt: Callable[[], str | None] | None = None
 
     @property
     def chat(self) -> bool:

@@ -1,12 +1,13 @@
 """Background responses: what the routes ask of them, on the parts that do the work.
 
 `create` admits the request as a streamed one (limits, the hold, the fair-share tenant: the
-caller's), writes the response's row (refused past the account's bound) and hands the billed
-events to a worker of this replica (drive.py). Readers on any replica follow the log
-(follow.py). A replica that dies leaves a lease that runs out: the sweep of any other fails
-the response (its hold, taken by the dead replica's billing service, is released by the
-billing sweep: nothing is charged), and deletes ended responses past their keeping time with
-their events (sweep.py)."""
+caller's), writes the response's row (refused past the account's bound) with what would
+continue it, and hands the billed events to a worker of this replica (drive.py). Readers on
+any replica follow the log (follow.py). A replica that dies leaves a lease that runs out: the
+sweep of any other continues the response where its events stop (takeover.py), or fails one
+that cannot be continued (its hold is then released by the billing sweep: nothing is
+charged), and deletes ended responses past their keeping time with their events
+(sweep.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
 from serve_app.accounts.key_store import KeyRecord
+from serve_app.chat.plan import ChatPlan
 from serve_app.chat.response_objects import background_stream
 from serve_app.chat.serving import ChatService
 from serve_app.db.tables import StoredResponse, utcnow
@@ -36,6 +38,7 @@ from serve_app.responses.follow import Followers, last_event_id
 from serve_app.responses.progress import CHAT_STREAM, Progress
 from serve_app.responses.store import ResponseStore, ResponseView
 from serve_app.responses.sweep import SWEEP_INTERVAL_S, Sweep
+from serve_app.responses.takeover import Takeover, kept_request
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.settings import Settings
 
@@ -64,7 +67,9 @@ class BackgroundResponses:
         self.followers = Followers(store, events, followers_per_account=followers_per_account)
         self.drives = Drives(store, events, owner=self.owner, kept=self.kept,
                              notify=self.followers.notify)
-        self.sweeper = Sweep(store, events, self.drives, kept=self.kept,
+        self.takeover = Takeover(store, events, self.drives, chat.router,
+                                 chat.admission.billing)
+        self.sweeper = Sweep(store, events, self.drives, self.takeover, kept=self.kept,
                              notify=self.followers.notify)
 
     @classmethod
@@ -113,7 +118,8 @@ class BackgroundResponses:
         """Admit `req` (a chat request of a `/responses` body), keep its response and start
         its generation on a task of this replica; the queued object."""
         self._refuse_if_full(*await self.store.usage(key.account_id))
-        source = await background_stream(ctx, key, req, self.chat)
+        plans: list[ChatPlan] = []
+        source = await background_stream(ctx, key, req, self.chat, plans.append)
         ctx.first_token_ms = None  # the model starts after the answer
         # Its own id: a request id may be the client's (X-Request-ID), reused at will.
         response_id = f"resp_{uuid.uuid4().hex}"
@@ -121,7 +127,8 @@ class BackgroundResponses:
         queued = {"id": response_id, "object": "response", "created_at": int(time.time()),
                   "model": model_id, "status": "queued", "background": True, "output": [],
                   "error": None, "usage": None}
-        await self._keep(ctx, key, queued, source)
+        continuation, note_prompt = kept_request(plans[0])
+        await self._keep(ctx, key, queued, source, continuation, note_prompt)
         return queued
 
     async def create_chat(self, ctx: RequestContext, key: KeyRecord,
@@ -138,27 +145,32 @@ class BackgroundResponses:
         return stream_id
 
     async def _keep(self, ctx: RequestContext, key: KeyRecord, kept: dict[str, Any],
-                    source: BilledEvents) -> None:
-        """Write the row of `kept` (refused past the account's bound: the hold released)
-        and start driving `source` on a task of this replica."""
+                    source: BilledEvents, continuation: str | None = None,
+                    note_prompt: Callable[[], str | None] | None = None) -> None:
+        """Write the row of `kept` (refused past the account's bound: the hold released),
+        with what would continue it (`continuation`, takeover.py), and start driving
+        `source` on a task of this replica."""
         response_id = kept["id"]
         encoded = json.dumps(kept, separators=(",", ":"))
+        kept_bytes = len(continuation) if continuation is not None else 0
         now = utcnow()
         row = StoredResponse(id=response_id, account_id=key.account_id,
                              request_id=ctx.request_id, status=kept["status"],
                              response=encoded,
-                             stored_bytes=len(encoded), lease_owner=self.owner,
+                             stored_bytes=len(encoded) + kept_bytes, lease_owner=self.owner,
                              lease_expires_at=now + self.store.lease,
-                             expires_at=now + self.kept)
+                             expires_at=now + self.kept, continuation=continuation)
         try:
             written = await self.store.add_within(row, self.per_account,
                                                   self.stored_bytes_per_account)
             if not written:  # the bound, reached meanwhile by a concurrent request
                 self._refuse_if_full(self.per_account, self.stored_bytes_per_account)
+            await self.events.claim(response_id, self.owner)
         except BaseException as failure:
             await abandon(source, failure)
             raise
-        self.drives.start(response_id, source, Progress(kept))
+        self.drives.start(response_id, source, Progress(kept, kept_bytes=kept_bytes,
+                                                        note_prompt=note_prompt))
 
     # -- reading and acting on one
 

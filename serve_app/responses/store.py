@@ -38,6 +38,8 @@ class ResponseView:
     lease_expires_at: datetime | None
     cancel_requested: bool
     expires_at: datetime
+    continuation: str | None = None  # what another replica needs to continue it (JSON)
+    created_at: datetime | None = None
 
     @property
     def ended(self) -> bool:
@@ -49,7 +51,7 @@ class ResponseView:
         assert expires_at is not None
         return cls(row.id, row.account_id, row.request_id, row.status, json.loads(row.response),
                    row.stored_bytes, row.lease_owner, as_utc(row.lease_expires_at),
-                   row.cancel_requested, expires_at)
+                   row.cancel_requested, expires_at, row.continuation, as_utc(row.created_at))
 
 
 class ResponseStore:
@@ -106,10 +108,14 @@ class ResponseStore:
 
     async def write(self, response_id: str, owner: str, *, status: str | None = None,
                     response: dict[str, Any] | None = None, stored_bytes: int | None = None,
-                    ended: bool = False, kept_for: timedelta | None = None) -> bool:
+                    ended: bool = False, kept_for: timedelta | None = None,
+                    continuation: str | None = None) -> bool:
         """Update the response `owner` drives (False: it no longer does, or it has ended).
-        `ended`: the lease is given up, and the response is kept `kept_for` from now."""
+        `ended`: the lease is given up, what would continue it is dropped, and the response
+        is kept `kept_for` from now."""
         values: dict[str, Any] = {}
+        if continuation is not None:
+            values["continuation"] = continuation
         if status is not None:
             values["status"] = status
         if response is not None:
@@ -117,7 +123,7 @@ class ResponseStore:
         if stored_bytes is not None:
             values["stored_bytes"] = stored_bytes
         if ended:
-            values.update(lease_owner=None, lease_expires_at=None)
+            values.update(lease_owner=None, lease_expires_at=None, continuation=None)
             if kept_for is not None:
                 values["expires_at"] = self.clock() + kept_for
         else:
@@ -165,7 +171,21 @@ class ResponseStore:
                 col(StoredResponse.id) == view.id, col(StoredResponse.status).in_(OPEN),
                 col(StoredResponse.lease_expires_at) < now).values(
                     status="failed", response=json.dumps(response, separators=(",", ":")),
-                    lease_owner=None, lease_expires_at=None, expires_at=now + kept_for))
+                    lease_owner=None, lease_expires_at=None, expires_at=now + kept_for,
+                    continuation=None))
+            return done.rowcount == 1  # type: ignore[attr-defined]
+        return await self._run(write)
+
+    async def claim(self, view: ResponseView, owner: str) -> bool:
+        """Take the lease of an orphaned response for `owner`, if it is still the one that
+        ran out: one conditional update, so of replicas sweeping at once one wins."""
+        now = self.clock()
+
+        def write(session: Session) -> bool:
+            done = session.execute(update(StoredResponse).where(
+                col(StoredResponse.id) == view.id, col(StoredResponse.status).in_(OPEN),
+                col(StoredResponse.lease_expires_at) < now).values(
+                    lease_owner=owner, lease_expires_at=now + self.lease))
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
 

@@ -1,5 +1,6 @@
-"""The upkeep every replica runs: a response whose worker died (its lease ran out) is failed,
-and ended responses past their keeping time are deleted with their events."""
+"""The upkeep every replica runs: a response whose worker died (its lease ran out) is taken
+over (takeover.py), or failed when it cannot be continued, and ended responses past their
+keeping time are deleted with their events."""
 
 from __future__ import annotations
 
@@ -14,25 +15,31 @@ from serve_app.responses.drive import Drives
 from serve_app.responses.events import EventLog
 from serve_app.responses.progress import compact
 from serve_app.responses.store import ResponseStore
+from serve_app.responses.takeover import INTERRUPTED, Takeover
 
 logger = logging.getLogger("serve_app.responses")
 
 SWEEP_INTERVAL_S = 10.0
-INTERRUPTED = "The generation was interrupted: the Gateway replica that ran it stopped"
 
 
 class Sweep:
-    def __init__(self, store: ResponseStore, events: EventLog, drives: Drives, *,
-                 kept: timedelta, notify: Callable[[str], None]) -> None:
-        self.store, self.events, self.drives = store, events, drives
+    def __init__(self, store: ResponseStore, events: EventLog, drives: Drives,
+                 takeover: Takeover, *, kept: timedelta, notify: Callable[[str], None]) -> None:
+        self.store, self.events, self.drives, self.takeover = store, events, drives, takeover
         self.kept, self.notify = kept, notify
 
     async def sweep(self) -> None:
-        """Fail the responses whose worker died (their lease ran out), and delete ended
-        responses past their keeping time, with their events."""
+        """Continue the responses whose worker died (their lease ran out), or fail those
+        that cannot be continued, and delete ended responses past their keeping time, with
+        their events."""
         for view in await self.store.orphaned():
             if view.lease_owner == self.drives.owner and view.id in self.drives.running:
                 continue  # ours and alive: its renewal is late, not gone
+            try:
+                if await self.takeover.take(view):
+                    continue
+            except Exception:  # the database or the log failed: failed as one not kept
+                logger.exception("taking over background response %s failed", view.id)
             failed = {**view.response, "status": "failed", "error": {
                 "code": "INFERENCE_FAILED", "message": INTERRUPTED}}
             if await self.store.fail_orphan(view, failed, self.kept):

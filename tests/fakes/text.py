@@ -4,8 +4,12 @@ and its merge of a unary reply are the ones the Gateway meets in production.
 
 The fake engine answers every choice with `reply`, one token per word, in `pieces` chunks;
 `max_tokens` cuts it (finish_reason `length`). The prompt counts one token per word and one
-per message. Like vLLM's prefix cache, a prompt's longest prefix shared with an earlier prompt
-under the same `cache_salt` counts as cached (all but its last token at most).
+per message. Asked to continue a final assistant message (the chat template's
+`continue_final_message`), it answers the rest of `reply` after that message's words (all of
+it when the message is not its beginning), the message counted in the prompt without its
+role's token (as a template counts the generation prompt in neither). Like vLLM's prefix
+cache, a prompt's longest prefix shared with an earlier prompt under the same `cache_salt`
+counts as cached (all but its last token at most).
 """
 
 from __future__ import annotations
@@ -82,13 +86,21 @@ class FakeTextEngine(FakeEngine):
         assert isinstance(request, TextRequest), request
         n = request.sampling.n
         said = words(self.reply)
+        messages = request.messages
+        continued = bool(request.chat_template_kwargs.get("continue_final_message")) \
+            and bool(messages) and messages[-1].get("role") == "assistant"
+        if continued:
+            begun = words(_message_text(messages[-1]))
+            if said[:len(begun)] == begun:
+                said = said[len(begun):]
         limit = request.sampling.max_tokens
         finish = "stop"
         if limit is not None and len(said) > limit:
             said, finish = said[:limit], "length"
         size = max(1, -(-len(said) // max(1, self.pieces)))
         groups = [said[i:i + size] for i in range(0, len(said), size)] or [[]]
-        prompt_list = prompt_token_list(request.messages)
+        prompt_list = prompt_token_list(messages) if not continued else [
+            *prompt_token_list(messages[:-1]), *words(_message_text(messages[-1]))]
         prompt = len(prompt_list)
         cached = self.cached_tokens(prompt_list, request.cache_salt)
         chunks: list[TextEvent] = []

@@ -24,6 +24,7 @@ from serve_app.db.tables import (
     LedgerEntry,
     LedgerLine,
     Reservation,
+    StoredResponse,
     UsageDaily,
 )
 from serve_app.errors import ApiError
@@ -295,6 +296,36 @@ def test_stale_holds_are_released_and_a_late_settlement_still_charges(database_u
     asyncio.run(main())
     assert books.account().usd_balance_nanos == to_nanos("0.9")
     assert books.holds() == 0 and books.ledger_nanos() == (to_nanos("0.1"), 0)
+
+
+def test_the_holds_of_open_background_responses_are_not_swept(database_url):
+    """A response whose replica died keeps its hold until another replica's sweep took it
+    over (and settles it) or failed it (then it is released like any other)."""
+    clock = Clock(datetime(2026, 11, 22, 8, 0, tzinfo=UTC))
+    books = _books(database_url, usd="1")
+    with Session(make_engine(database_url)) as s:
+        s.add(StoredResponse(id="resp_1", account_id=books.account_id, request_id="bg",
+                             status="in_progress", response="{}",
+                             expires_at=clock.now + timedelta(hours=3)))
+        s.commit()
+
+    async def main():
+        billing = Billing(database_url, clock=clock)
+        try:
+            await billing.hold("bg", Payer(books.account_id), to_nanos("0.2"))
+            clock.now += timedelta(hours=2)
+            assert await billing.sweep() == 0 and await billing.is_held("bg")
+            with Session(make_engine(database_url)) as s:
+                row = s.get(StoredResponse, "resp_1")
+                row.status = "failed"
+                s.add(row)
+                s.commit()
+            assert await billing.sweep() == 1 and not await billing.is_held("bg")
+        finally:
+            billing.close()
+
+    asyncio.run(main())
+    assert books.account().usd_balance_nanos == to_nanos("1")
 
 
 def test_a_settlement_that_only_charges_a_hold_still_there_leaves_a_swept_one_released(

@@ -258,7 +258,8 @@ def test_an_account_follows_a_bounded_number_of_streams_at_once(fake_gateway, sd
     assert again[-1].type == "response.completed"
 
 
-def test_a_response_whose_replica_died_is_failed_by_the_sweep(fake_gateway, sdk, text):
+def test_a_response_whose_replica_died_and_that_cannot_be_continued_is_failed_by_the_sweep(
+        fake_gateway, sdk, text):
     gate = Gate(text, after=3)
     created = sdk.responses.create(model="chat-primary", input="Count", background=True)
     assert gate.reached.wait(WAIT_S)
@@ -268,6 +269,7 @@ def test_a_response_whose_replica_died_is_failed_by_the_sweep(fake_gateway, sdk,
     with Session(make_engine(fake_gateway.settings.resolved_database_url)) as session:
         row = session.get(StoredResponse, created.id)
         row.lease_owner, row.lease_expires_at = "gone", utcnow() - timedelta(seconds=1)
+        row.continuation = None  # as one with tools or a schema keeps (test_response_takeover)
         session.add(row)
         session.commit()
 
@@ -294,6 +296,7 @@ def test_a_live_worker_that_lost_its_lease_appends_nothing_after_the_sweeps_end(
     with Session(make_engine(fake_gateway.settings.resolved_database_url)) as session:
         row = session.get(StoredResponse, created.id)  # its renewal is late: the lease ran out
         row.lease_expires_at = utcnow() - timedelta(seconds=1)
+        row.continuation = None  # it cannot be continued (test_response_takeover: one that can)
         session.add(row)
         session.commit()
     replica = make_gateway(fake_gateway.settings)  # another replica's sweep fails it
@@ -338,6 +341,7 @@ def test_a_worker_whose_engine_is_silent_finds_its_lost_lease_at_its_renewal(
     with Session(make_engine(fake_gateway.settings.resolved_database_url)) as session:
         row = session.get(StoredResponse, created.id)  # taken for dead: no longer its own
         row.lease_owner, row.lease_expires_at = "gone", utcnow() - timedelta(seconds=1)
+        row.continuation = None  # it cannot be continued: the sweep fails it
         session.add(row)
         session.commit()
     replica = make_gateway(fake_gateway.settings)
@@ -354,6 +358,8 @@ def test_a_worker_whose_engine_is_silent_finds_its_lost_lease_at_its_renewal(
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [e.type for e in events].count("response.failed") == 1
     assert events[-1].type == "response.failed"
+    # settled once the response has ended (it may have seen it still open, as another's)
+    _wait_for(lambda: books.charges(request_id))
     assert books.only_charge(request_id).lines["output"][0] == 3  # what it made, once
     assert books.held(request_id) is None
 

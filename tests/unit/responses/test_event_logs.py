@@ -8,11 +8,14 @@ import asyncio
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import pytest
 import redis
+from sqlmodel import Session
 
 from serve_app.db.engine import make_engine, migrate
+from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.responses.events import EventLog, RedisEventLog, TableEventLog
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -117,6 +120,56 @@ def test_redis_keeps_events_for_a_bounded_time():
             await log.append("resp_a", 0, "kept")
             ttl_ms = await log.redis.pttl(log._key("resp_a"))
             assert 0 < ttl_ms <= 30_000
+        finally:
+            await log.delete("resp_a")
+            await log.close()
+    asyncio.run(main())
+
+
+async def _a_claimed_log_refuses_its_former_writer(log: EventLog,
+                                                   claim: Callable[[str], Awaitable[None]]
+                                                   ) -> None:
+    await claim("worker-a")
+    assert await log.append("resp_a", 0, "a's", "worker-a")
+    await claim("worker-b")  # another replica took the response over
+    assert not await log.append("resp_a", 1, "a's late", "worker-a")
+    assert await log.append("resp_a", 1, "b's", "worker-b")
+
+    assert await log.read("resp_a", -1) == [(0, "a's"), (1, "b's")]
+
+
+def test_a_claimed_table_log_refuses_its_former_writer(tmp_path):
+    """The table's writer is the response's lease owner, which the store's claim changes."""
+    url = f"sqlite:///{tmp_path / 'test.db'}"
+    migrate(url)
+    engine = make_engine(url)
+
+    async def claim(writer: str) -> None:
+        def write() -> None:
+            with Session(engine) as session:
+                row = session.get(StoredResponse, "resp_a") or StoredResponse(
+                    id="resp_a", account_id="acct", request_id="req", status="in_progress",
+                    response="{}", expires_at=utcnow() + timedelta(hours=1))
+                row.lease_owner = writer
+                session.add(row)
+                session.commit()
+        await asyncio.to_thread(write)
+
+    async def main() -> None:
+        await _a_claimed_log_refuses_its_former_writer(TableEventLog(engine), claim)
+    asyncio.run(main())
+
+
+def test_a_claimed_redis_log_refuses_its_former_writer():
+    reason = _redis_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+    async def main() -> None:
+        log = RedisEventLog(REDIS_URL, prefix=f"test-{uuid.uuid4().hex[:8]}", kept_s=30)
+        try:
+            await _a_claimed_log_refuses_its_former_writer(
+                log, lambda writer: log.claim("resp_a", writer))
         finally:
             await log.delete("resp_a")
             await log.close()

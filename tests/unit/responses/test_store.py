@@ -76,3 +76,41 @@ def test_ended_responses_expire_and_running_ones_do_not(database_url):
         assert await past.expired() == ["resp_done"]
 
     asyncio.run(main())
+
+
+def test_of_replicas_claiming_an_orphan_at_once_one_takes_it(database_url):
+    now = utcnow()
+    store = ResponseStore(make_engine(database_url), lease=LEASE, clock=lambda: now)
+    later = [ResponseStore(make_engine(database_url), lease=LEASE,
+                           clock=lambda: now + 2 * LEASE) for _ in range(4)]
+
+    async def main() -> None:
+        await store.add_within(_row("resp_1"), 10, 10_000)
+        (orphan,) = await later[0].orphaned()
+        won = await asyncio.gather(*(s.claim(orphan, f"replica-{i}")
+                                     for i, s in enumerate(later)))
+        assert sorted(won) == [False, False, False, True]
+        winner = f"replica-{won.index(True)}"
+        view = await store.get("resp_1")
+        assert view is not None and view.lease_owner == winner and not view.ended
+        assert await later[0].orphaned() == []  # its lease runs again
+        assert not await store.write("resp_1", "me", status="in_progress")  # the former's
+        assert await later[0].write("resp_1", winner, status="in_progress")
+
+    asyncio.run(main())
+
+
+def test_a_continuation_is_kept_until_the_response_ends(database_url):
+    store = ResponseStore(make_engine(database_url), lease=LEASE)
+    row = _row("resp_1")
+    row.continuation = '{"kept": 1}'
+
+    async def main() -> None:
+        await store.add_within(row, 10, 10_000)
+        assert await store.write("resp_1", "me", continuation='{"kept": 2}')
+        assert (await store.get("resp_1")).continuation == '{"kept": 2}'
+        await store.write("resp_1", "me", status="completed", ended=True,
+                          kept_for=timedelta(hours=1))
+        assert (await store.get("resp_1")).continuation is None  # not needed: not kept
+
+    asyncio.run(main())
