@@ -161,11 +161,11 @@ class BackgroundResponses:
                              lease_expires_at=now + self.store.lease,
                              expires_at=now + self.kept, continuation=continuation)
         try:
+            await self.events.claim(response_id, self.owner)  # before its row: none unclaimed
             written = await self.store.add_within(row, self.per_account,
                                                   self.stored_bytes_per_account)
             if not written:  # the bound, reached meanwhile by a concurrent request
                 self._refuse_if_full(self.per_account, self.stored_bytes_per_account)
-            await self.events.claim(response_id, self.owner)
         except BaseException as failure:
             await abandon(source, failure)
             raise

@@ -310,7 +310,8 @@ class Takeover:
         continuing = Continuing(kept, progress, self.router,
                                 count_only=view.cancel_requested)
         bill.measure = continuing.measure
-        progress.note_prompt = continuing.noted
+        if kept.prompt_tokens is None:  # kept for a further takeover once known
+            progress.note_prompt = continuing.noted
         drive = self.drives.start(view.id, BilledEvents(bill, continuing.events()), progress)
         drive.cancelled = view.cancel_requested
         return True
