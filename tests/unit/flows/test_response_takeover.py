@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -26,8 +27,10 @@ from serve_app.billing import ledger
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.responses.drive import Drive
+from serve_app.settings import Settings
 from tests.fakes import FakeTextDeployment
 from tests.unit.conftest import make_gateway
+from tests.unit.flows.books import Books
 from tests.unit.flows.test_background_responses import (
     REPLY,
     WAIT_S,
@@ -263,20 +266,51 @@ def test_a_response_whose_hold_is_gone_is_failed_and_charged_nothing(
 
 
 def test_a_live_worker_whose_response_was_taken_over_appends_nothing_and_charges_once(
-        fake_gateway, fakes, sdk, key, text, books):
+        fake_gateway, fakes, key, text, books):
+    _live_worker_taken_over(fake_gateway, fakes, key, text, books)
+
+
+@pytest.fixture
+def with_redis(tmp_path, gateway_catalog, fakes):
+    """The gateway with Redis configured: the events are kept there."""
+    from tests.unit.responses.test_event_logs import REDIS_URL, _redis_unavailable
+
+    reason = _redis_unavailable()
+    if reason:
+        pytest.skip(reason)
+    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
+                                     model_catalog=gateway_catalog, redis_url=REDIS_URL,
+                                     redis_prefix=f"test-{uuid.uuid4().hex[:8]}"),
+                            handles=fakes)
+
+
+def test_with_redis_a_live_worker_whose_response_was_taken_over_appends_nothing(
+        with_redis, fakes, text):
+    """The events in Redis: the log's writer is claimed there, and the former one refused."""
+    books = Books(with_redis)
+    try:
+        _live_worker_taken_over(with_redis, fakes, with_redis.create_key()["apiKey"], text,
+                                books)
+    finally:
+        books.close()
+
+
+def _live_worker_taken_over(gateway, fakes, key: str, text: FakeTextDeployment,
+                            books: Books) -> None:
+    sdk = _sdk(gateway, key)
     cut = FirstCallCut(text, after=3, until=threading.Event())
     created, request_id = _create(sdk)
     assert cut.reached.wait(WAIT_S)
-    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
-    drive = fake_gateway.services.responses._drives[created.id]
-    _lease_runs_out(fake_gateway, created.id)  # its renewal is late: taken for dead
+    _wait_for(lambda: _text_kept(gateway, created.id) == "one two three ")
+    drive = gateway.services.responses._drives[created.id]
+    _lease_runs_out(gateway, created.id)  # its renewal is late: taken for dead
 
-    with _replica(fake_gateway, fakes) as other:
+    with _replica(gateway, fakes) as other:
         other.client.portal.call(other.services.responses.sweep)
         events = list(_sdk(other, key).responses.retrieve(created.id, stream=True))
         cut.until.set()  # the first worker goes on, unaware until its next append
-        fake_gateway.client.portal.call(asyncio.wait, [drive.task])
-        _wait_for(lambda: fake_gateway.services.responses.drives._leaving == set())
+        gateway.client.portal.call(asyncio.wait, [drive.task])
+        _wait_for(lambda: gateway.services.responses.drives._leaving == set())
 
     again = list(sdk.responses.retrieve(created.id, stream=True))
     assert [e.model_dump() for e in again] == [e.model_dump() for e in events]  # nothing since
