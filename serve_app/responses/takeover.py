@@ -113,7 +113,11 @@ def continuation_of(plan: ChatPlan) -> Continuation | None:
             or plan.web_documents or plan.transcriber is not None or len(plan.candidates) > 1:
         return None
     kept = Continuation(plan.answered_by.model.id, payer_of(key), request)
-    return kept if len(kept.encode()) <= MAX_CONTINUATION_BYTES else None
+    try:
+        size = len(kept.encode())
+    except (TypeError, ValueError):  # a message part JSON does not take: not kept
+        return None
+    return kept if size <= MAX_CONTINUATION_BYTES else None
 
 
 class CancelRequested(Exception):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -320,3 +321,43 @@ def _live_worker_taken_over(gateway, fakes, key: str, text: FakeTextDeployment,
     assert cut.closed.is_set()  # its engine was stopped
     assert books.only_charge(request_id).lines["output"][0] == WORDS
     assert books.held(request_id) is None
+
+
+def _row(gateway, response_id: str) -> StoredResponse:
+    with Session(make_engine(gateway.settings.resolved_database_url)) as session:
+        return session.get(StoredResponse, response_id)
+
+
+def test_what_a_response_keeps_to_be_continued_is_noted_and_dropped_at_its_end(
+        fake_gateway, sdk, text):
+    cut = FirstCallCut(text, after=3, until=threading.Event())
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True)
+    assert cut.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+
+    row = _row(fake_gateway, created.id)
+    kept = json.loads(row.continuation)
+    assert kept["request"]["messages"][-1] == {"role": "user", "content": "Count"}
+    assert kept["model"] == "chat-primary"
+    assert row.stored_bytes >= len(row.continuation)  # counted in the account's bound
+    cut.until.set()
+    for _ in sdk.responses.retrieve(created.id, stream=True):
+        pass
+    done = sdk.responses.retrieve(created.id)
+    assert kept["prompt_tokens"] == done.usage.input_tokens  # noted before the first text
+    assert _row(fake_gateway, created.id).continuation is None  # ended: not kept
+
+
+def test_a_response_with_an_output_schema_keeps_nothing_to_be_continued(
+        fake_gateway, sdk, text):
+    cut = FirstCallCut(text, after=3, until=threading.Event())
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True,
+                                   text={"format": {"type": "json_schema", "name": "n",
+                                                    "schema": schema}})
+    try:
+        assert cut.reached.wait(WAIT_S)
+        row = _row(fake_gateway, created.id)
+        assert row.status == "in_progress" and row.continuation is None
+    finally:
+        cut.until.set()
