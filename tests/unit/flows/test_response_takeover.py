@@ -357,6 +357,7 @@ def test_a_response_with_an_output_schema_keeps_nothing_to_be_continued(
                                                     "schema": schema}})
     try:
         assert cut.reached.wait(WAIT_S)
+        _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
         row = _row(fake_gateway, created.id)
         assert row.status == "in_progress" and row.continuation is None
     finally:
