@@ -217,6 +217,10 @@ class Continuing:
             opened = part_added = True
             return out
 
+        if seq < 0:  # its worker died before its first event
+            started = {**response, "status": "in_progress"}
+            yield event("response.created", response=started)
+            yield event("response.in_progress", response=started)
         try:
             model = self._model
             handle = self.router.text(model)
@@ -306,7 +310,7 @@ class Takeover:
         assert view.created_at is not None
         bill = Bill.resume(self.billing, view.request_id, kept.payer, view.created_at)
         bill.charge_only_if_held()  # never charged once released
-        continuable = progress.last_kind in _OPEN_TEXT and not progress.done_items \
+        continuable = progress.last_kind in (None, *_OPEN_TEXT) and not progress.done_items \
             and (not progress.text or kept.prompt_tokens is not None)
         if not continuable or not await self.billing.is_held(view.request_id):
             self.drives.start(view.id, BilledEvents(bill, _interrupted()), progress)

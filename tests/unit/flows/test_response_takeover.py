@@ -184,6 +184,26 @@ def test_a_response_whose_replica_died_is_continued_and_resumed_through_another(
     assert books.balance_nanos() == before - charge.total_nanos
 
 
+def test_a_response_whose_replica_died_before_its_first_event_is_run_whole_by_another(
+        fake_gateway, fakes, sdk, key, text, books):
+    cut = FirstCallCut(text, after=0)  # the engine sends nothing: no event is kept
+    created, request_id = _create(sdk)
+    assert cut.reached.wait(WAIT_S)
+    dead = _dies(fake_gateway, created.id)
+
+    with _replica(fake_gateway, fakes) as other:
+        other.client.portal.call(other.services.responses.sweep)
+        events = list(_sdk(other, key).responses.retrieve(created.id, stream=True))
+    _bury(fake_gateway, created.id, dead)
+
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == REPLY
+    assert cut.requests[1].messages == cut.requests[0].messages  # the request itself
+    assert books.only_charge(request_id).lines["output"][0] == WORDS
+
+
 def test_of_two_replicas_sweeping_at_once_one_continues_it(fake_gateway, fakes, sdk, key,
                                                            text, books):
     cut = FirstCallCut(text, after=3)
