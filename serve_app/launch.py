@@ -60,10 +60,13 @@ IDLE_SETTINGS = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1.0",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
-# The model replicas at the lowest CPU priority (deployments/priority.py): Ray starts its
-# workers at nice 15, so the Gateway, Serve's proxy and controller get the CPU before an engine
-# when both want it. An operator's own ENGINE_NICENESS wins (0: the engines as the Gateway).
+# The model replicas at the lowest CPU priority (deployments/priority.py), the Gateway, Serve's
+# proxy and controller at the normal one: Ray would start every worker at nice 15
+# (RAY_worker_niceness), where the request path weighs only about twice an engine at 19 and
+# yields to every process at 0 (a load generator on the same cores); at 0 it weighs about 68
+# times an engine. An operator's own values win (ENGINE_NICENESS=0: the engines as the Gateway).
 ENGINE_NICENESS = "19"
+RAY_WORKER_NICENESS = "0"
 
 
 def first_stage(config: dict, deferred: set[str]) -> dict:
@@ -154,6 +157,7 @@ def ray_environment(settings: Settings) -> dict[str, str]:
         "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": env.get(
             "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1"),
         "ENGINE_NICENESS": env.get("ENGINE_NICENESS", ENGINE_NICENESS),
+        "RAY_worker_niceness": env.get("RAY_worker_niceness", RAY_WORKER_NICENESS),
         "DATA_DIR": str(settings.data_dir),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
                                                     env.get("PYTHONPATH")])),

@@ -56,17 +56,20 @@ def test_the_media_deployments_start_on_first_use_and_the_rest_always_runs(local
 
 def test_ray_gets_quieter_intervals_and_the_engines_the_lowest_priority(monkeypatch, tmp_path):
     for name in ("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS",
-                 "ENGINE_NICENESS"):
+                 "ENGINE_NICENESS", "RAY_worker_niceness"):
         monkeypatch.delenv(name, raising=False)
     env = ray_environment(Settings(data_dir=tmp_path))
     assert float(env["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) > 0.1  # Serve's default
     assert int(env["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"]) > 100
     assert env["ENGINE_NICENESS"] == "19"
+    assert env["RAY_worker_niceness"] == "0"  # the Gateway at the normal priority (Ray: 15)
     # an operator's own values win
     monkeypatch.setenv("ENGINE_NICENESS", "0")
     monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")
+    monkeypatch.setenv("RAY_worker_niceness", "15")
     env = ray_environment(Settings(data_dir=tmp_path))
     assert env["ENGINE_NICENESS"] == "0" and env["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.1"
+    assert env["RAY_worker_niceness"] == "15"
 
 
 def test_a_finished_compile_moves_its_chat_deployment_onto_compiled_replicas(local, catalog,
