@@ -17,9 +17,10 @@ queued behind running but busy replicas waits as before: that queue has its own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
@@ -30,6 +31,23 @@ from serve_app.errors import ApiError, nest_errors, retry_after
 from serve_app.metrics import metrics
 
 logger = logging.getLogger("serve_app.models.calls")
+
+
+@contextlib.contextmanager
+def outliving_the_request() -> Iterator[None]:
+    """Model calls made (and tasks created) inside are not children of the Serve request being
+    served: Serve cancels a request's child calls when its client leaves, and a background
+    generation must outlive the connection that asked for it. The request's id is kept (for
+    Serve's logs); the link to the request is not."""
+    from ray.serve import context as serve_context  # private: Serve has no public switch
+
+    current = serve_context._get_serve_request_context()
+    token = serve_context._serve_request_context.set(serve_context._RequestContext(
+        route=current.route, request_id=current.request_id, app_name=current.app_name))
+    try:
+        yield
+    finally:
+        serve_context._serve_request_context.reset(token)
 
 
 class ModelFailed(ApiError):

@@ -30,6 +30,7 @@ from serve_app.chat.serving import ChatService
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.errors import ApiError
 from serve_app.limits.limit_headers import limit_headers
+from serve_app.models.calls import outliving_the_request
 from serve_app.pipeline.bill import BilledEvents
 from serve_app.pipeline.context import RequestContext
 from serve_app.responses.drive import Drive, Drives, abandon
@@ -118,6 +119,11 @@ class BackgroundResponses:
         """Admit `req` (a chat request of a `/responses` body), keep its response and start
         its generation on a task of this replica; the queued object."""
         self._refuse_if_full(*await self.store.usage(key.account_id))
+        with outliving_the_request():
+            return await self._create(ctx, key, req)
+
+    async def _create(self, ctx: RequestContext, key: KeyRecord,
+                      req: ChatCompletionRequest) -> dict[str, Any]:
         plans: list[ChatPlan] = []
         source = await background_stream(ctx, key, req, self.chat, plans.append)
         ctx.first_token_ms = None  # the model starts after the answer
@@ -137,11 +143,12 @@ class BackgroundResponses:
         started as any stream (an error before its first chunk is this request's answer),
         then kept and driven like a background response; its id (the chunks' `id`)."""
         self._refuse_if_full(*await self.store.usage(key.account_id))
-        source = await self.chat.completion_stream(ctx, key, req, _as_is)
-        stream_id = f"chatcmpl-{uuid.uuid4().hex}"
-        kept = {"id": stream_id, "object": CHAT_STREAM, "created": int(time.time()),
-                "model": req.model, "status": "in_progress"}
-        await self._keep(ctx, key, kept, source)
+        with outliving_the_request():
+            source = await self.chat.completion_stream(ctx, key, req, _as_is)
+            stream_id = f"chatcmpl-{uuid.uuid4().hex}"
+            kept = {"id": stream_id, "object": CHAT_STREAM, "created": int(time.time()),
+                    "model": req.model, "status": "in_progress"}
+            await self._keep(ctx, key, kept, source)
         return stream_id
 
     async def _keep(self, ctx: RequestContext, key: KeyRecord, kept: dict[str, Any],
