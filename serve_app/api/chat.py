@@ -53,3 +53,14 @@ async def resume_chat_stream(
     return StreamingResponse(services.responses.follow(
         key.account_id, view.id, last_event_id(last_event_id_header)),
                              headers=SSE_HEADERS, media_type="text/event-stream")
+
+
+@router.delete("/chat/completions/{completion_id}", summary="Delete a resumable chat stream")
+async def delete_chat_stream(completion_id: str, ctx: Context, key: InferenceCaller,
+                             services: Services) -> Response:
+    """Stop a resumable chat stream still running (what it made is charged, the rest of its
+    hold released) and delete it and its events, so that it no longer counts toward the
+    account's kept responses."""
+    await services.responses.delete(key, completion_id, chat=True)
+    return render.json_response(ctx, {"id": completion_id, "object": "chat.completion.deleted",
+                                      "deleted": True})

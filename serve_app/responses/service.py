@@ -197,10 +197,11 @@ class BackgroundResponses:
         (follow.py); a resumed stream past the account's bound is refused (429)."""
         return self.followers.follow(account_id, response_id, after, resumed=resumed)
 
-    async def cancel(self, key: KeyRecord, response_id: str) -> ResponseView:
+    async def cancel(self, key: KeyRecord, response_id: str, *,
+                     chat: bool = False) -> ResponseView:
         """Stop the generation (the model first), charge what it made and release the rest
         of the hold; the response as it then stands. An ended response stays as it is."""
-        view = await self.own(key, response_id)
+        view = await self.own(key, response_id, chat=chat)
         if view.ended:
             return view
         await self.store.request_cancel(response_id)
@@ -209,13 +210,14 @@ class BackgroundResponses:
             # its next lease beat, or the sweep
             await self.followers.ended(
                 response_id, self.store.lease.total_seconds() * 2 + SWEEP_INTERVAL_S)
-        return await self.own(key, response_id)
+        return await self.own(key, response_id, chat=chat)
 
-    async def delete(self, key: KeyRecord, response_id: str) -> None:
-        """Delete the response and its events (one still running is cancelled first)."""
-        view = await self.own(key, response_id)
+    async def delete(self, key: KeyRecord, response_id: str, *, chat: bool = False) -> None:
+        """Delete the response (`chat`: the resumable chat stream) and its events; one still
+        running is cancelled first."""
+        view = await self.own(key, response_id, chat=chat)
         if not view.ended:
-            await self.cancel(key, response_id)
+            await self.cancel(key, response_id, chat=chat)
         await self.sweeper.forget(response_id)
 
     # -- upkeep

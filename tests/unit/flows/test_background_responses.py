@@ -556,6 +556,43 @@ def test_a_resumable_chat_stream_resumes_after_its_last_event_id(fake_gateway, k
                                    headers=fake_gateway.auth(key)).status_code == 404
 
 
+def test_a_resumable_chat_stream_is_deleted_with_its_engine_stopped_and_what_it_made_charged(
+        fake_gateway, key, text, books):
+    gate = Gate(text, after=3)
+    request_id = f"chat-{uuid.uuid4().hex}"
+    answered: list[Any] = []
+    chat = {"model": "chat-primary", "messages": [{"role": "user", "content": "Count"}],
+            "stream": True, "stream_options": {"resumable": True}}
+    client = threading.Thread(target=lambda: answered.append(fake_gateway.client.post(
+        "/api/v1/chat/completions", json=chat,
+        headers={**fake_gateway.auth(key), "X-Request-ID": request_id})))
+    client.start()
+    assert gate.reached.wait(WAIT_S)
+    responses = fake_gateway.services.responses
+    stream_id = _wait_for(lambda: next(iter(responses._drives), None))
+    account_id = fake_gateway.client.portal.call(responses.store.get, stream_id).account_id
+    stranger = account_key(fake_gateway, "5")[0]
+    assert fake_gateway.client.delete(f"/api/v1/chat/completions/{stream_id}",
+                                      headers=fake_gateway.auth(stranger)).status_code == 404
+    assert fake_gateway.client.delete(f"/api/v1/responses/{stream_id}",
+                                      headers=fake_gateway.auth(key)).status_code == 404
+
+    deleted = fake_gateway.client.delete(f"/api/v1/chat/completions/{stream_id}",
+                                         headers=fake_gateway.auth(key))
+
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"id": stream_id, "object": "chat.completion.deleted",
+                              "deleted": True}
+    assert gate.closed.is_set() and gate.sent_after_gate == 0  # the engine was stopped
+    client.join(WAIT_S)
+    assert answered and answered[0].status_code == 200  # its client's stream ended
+    assert books.only_charge(request_id).lines["output"][0] == 3
+    assert books.held(request_id) is None
+    assert fake_gateway.client.get(f"/api/v1/chat/completions/{stream_id}",
+                                   headers=fake_gateway.auth(key)).status_code == 404
+    assert fake_gateway.client.portal.call(responses.store.usage, account_id) == (0, 0)
+
+
 @pytest.fixture
 def redis_gateway(tmp_path, gateway_catalog, fakes):
     """The gateway with Redis configured: the events are kept there."""
