@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from typing import Any
 
@@ -79,13 +80,32 @@ def access_record(scope: Scope, ctx: RequestContext, status: int, error_body: by
     return record
 
 
+class _HandOver(logging.Handler):
+    """Hands each record to the logger a Serve replica redirects its stderr to, as the
+    redirect would, without the redirect's cost: it walks and reads the stack for every line
+    it writes (a tenth of the Gateway's request path, measured under load)."""
+
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.handle(record)
+
+
 def write_access_lines_bare() -> None:
     """Each access line to stderr as it is, without the prefix of the platform's other
-    records (called where nothing else handles records)."""
+    records (called where nothing else handles records). In a Serve replica, whose stderr
+    is a stream into Serve's logger, straight to that logger."""
     if logger.handlers:
         return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    serve_logger = getattr(sys.stderr, "_logger", None)  # Serve's StreamToLogger
+    handler: logging.Handler
+    if isinstance(serve_logger, logging.Logger):
+        handler = _HandOver(serve_logger)
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     logger.propagate = False
 

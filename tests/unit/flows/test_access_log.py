@@ -89,3 +89,39 @@ def test_every_request_has_exactly_one_line(fake_gateway, access_lines):
     assert [by_id[i]["status"] for i in ids] == [200, 401, 404, 200]
     assert by_id[ids[0]]["route"] == "/models"
     assert by_id[ids[1]]["error_code"] == "AUTHENTICATION_FAILED"
+
+
+def test_in_a_serve_replica_a_line_reaches_serves_logger_as_it_is(monkeypatch):
+    """A Serve replica's stderr is Serve's StreamToLogger, which walks the stack for every
+    line written to it: the access lines are handed to its logger directly, unchanged."""
+    import sys
+
+    from ray.serve._private.logging_utils import StreamToLogger
+
+    from serve_app import access_log
+
+    received: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            received.append(record)
+
+    replica_logger = logging.getLogger("test.serve-replica")
+    monkeypatch.setattr(replica_logger, "handlers", [Keep()])
+    monkeypatch.setattr(replica_logger, "propagate", False)
+    monkeypatch.setattr(sys, "stderr", StreamToLogger(replica_logger, logging.INFO, sys.stderr))
+    monkeypatch.setattr(access_log.logger, "handlers", [])
+    monkeypatch.setattr(access_log.logger, "propagate", True)
+    monkeypatch.setattr(access_log.logger, "level", logging.INFO)
+
+    def no_stack_walk() -> int:
+        raise AssertionError("the line went through the stderr redirect")
+
+    monkeypatch.setattr(StreamToLogger, "get_stacklevel", staticmethod(no_stack_walk))
+    access_log.write_access_lines_bare()
+    line = json.dumps({"request_id": "req-1", "status": 200}, separators=(",", ":"))
+
+    access_log.logger.info("%s", line)
+
+    assert [r.getMessage() for r in received] == [line]
+    assert access_log.logger.propagate is False  # once, not also through the root logger
