@@ -115,9 +115,11 @@ def _replica_roles() -> dict[str, list[str]]:
 
 
 def deploy(address: str, port: int, data_dir: str, database_url: str, redis_url: str,
-           deployments: tuple[str, ...] = ("embedding", "speech")) -> dict[str, list[str]]:
+           deployments: tuple[str, ...] = ("embedding", "speech"),
+           settings: dict | None = None) -> dict[str, list[str]]:
     """Join the cluster, deploy the platform (two Gateway replicas, the proxy on the head)
-    and wait until it runs; where its replicas are (deployment -> node roles)."""
+    and wait until it runs; where its replicas are (deployment -> node roles). `settings`:
+    more of the platform's settings."""
     import ray
     from ray import serve
 
@@ -131,7 +133,7 @@ def deploy(address: str, port: int, data_dir: str, database_url: str, redis_url:
                      "admin_api_key": ADMIN_KEY, "initial_credit_usd": 50,
                      "model_catalog": str(CATALOG),
                      # both nodes run on this machine: one directory is their shared store
-                     "result_store_url": f"{data_dir}/results"},
+                     "result_store_url": f"{data_dir}/results", **(settings or {})},
         "gateway_options": {"num_replicas": 2},
         "model_deployments": list(deployments),
     })

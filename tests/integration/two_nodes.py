@@ -22,10 +22,12 @@ from tests.integration.multinode import cluster_env, kill_cluster, start_two_nod
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_on_two_nodes(driver: str, data_dir: Path, tag: str) -> dict[str, Any]:
+def run_on_two_nodes(driver: str, data_dir: Path, tag: str,
+                     env: dict[str, str] | None = None) -> dict[str, Any]:
     """`python -m <driver> ADDRESS PORT DATA_DIR DATABASE_URL REDIS_URL` against a fresh
     two-node cluster (skipped without PostgreSQL or redis-server); what it printed last.
-    `tag`: two letters naming its temporary folder and database schema."""
+    `tag`: two letters naming its temporary folder and database schema; `env`: more of the
+    cluster's environment."""
     if _PG_REASON:
         pytest.skip(_PG_REASON)
     if shutil.which("redis-server") is None:
@@ -34,7 +36,7 @@ def run_on_two_nodes(driver: str, data_dir: Path, tag: str) -> dict[str, Any]:
     temp_dir = tempfile.mkdtemp(prefix=f"/tmp/ray{tag}-")  # short: Ray's socket paths must fit
     pg_url = new_postgres_schema(tag)
     redis = RedisServer()
-    env = cluster_env()
+    env = {**cluster_env(), **(env or {})}
     try:
         start_two_nodes(base, temp_dir, env)
         run = subprocess.run(
