@@ -237,7 +237,7 @@ class GatewayServices:
                 await task
         self._tasks = []
         with contextlib.suppress(Exception):
-            await self.responses.stop()  # each generation of this replica charges what it made
+            await self.responses.stop()  # its generations handed over, or charged and failed
         with contextlib.suppress(Exception):
             await self.keys.sync()  # write the last `lastUsedAt` stamps
         with contextlib.suppress(Exception):

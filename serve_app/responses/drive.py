@@ -40,6 +40,7 @@ class Drive:
     task: asyncio.Task
     cancelled: bool = False  # by a cancel (not by a shutdown)
     lost: bool = False  # its lease (the sweep ended the response)
+    handing_over: bool = False  # stopped by its replica's shutdown: another may continue it
 
 
 class Drives:
@@ -84,9 +85,12 @@ class Drives:
         return True
 
     async def stop(self) -> None:
-        """Stop every generation driven here (each charges what it made)."""
+        """Stop every generation driven here: one that keeps what would continue it is
+        handed over (its lease given up, its hold left for the replica that takes it over);
+        any other charges what it made and fails."""
         drives = list(self.running.values())
         for drive in drives:
+            drive.handing_over = True
             drive.task.cancel()
         if drives:
             await asyncio.wait([drive.task for drive in drives])
@@ -183,6 +187,7 @@ class Drives:
         lost = isinstance(failure, LeaseLost) or (drive is not None and drive.lost)
         if lost:  # never charged once released (the sweep's verdict stands)
             source.billed.charge_only_if_held()
+        handed = False
         try:
             if failure is not None:  # a source with a stop of its own is stopped by it
                 await (source.stop() if source.stop is not None else _aclose(source.events))
@@ -190,10 +195,18 @@ class Drives:
             if lost:
                 await self._leave(response_id, source.billed)
             else:
-                await source.billed.close(failure)
+                handed = await self._hand_over(response_id, drive, failure)
+                if handed:
+                    source.billed.pass_on()  # settled by the replica that takes it over
+                else:
+                    await source.billed.close(failure)
         if lost:
             logger.warning("background response %s is no longer this worker's (taken over, "
                            "or failed by the sweep): it stopped", response_id)
+            return
+        if handed:
+            logger.info("background response %s handed over: this replica stops",
+                        response_id)
             return
         if failure is None:
             async for event in source.events:  # the last ones: response.completed (failed)
@@ -230,6 +243,19 @@ class Drives:
         await self.store.write(response_id, self.owner, status=final["status"],
                                response=final, stored_bytes=size, ended=True,
                                kept_for=self.kept)
+
+    async def _hand_over(self, response_id: str, drive: Drive | None,
+                         failure: BaseException | None) -> bool:
+        """A generation stopped by its replica's shutdown (not by a cancel) whose response
+        can be continued: its lease given up, for another replica's sweep (True)."""
+        if drive is None or not drive.handing_over or drive.cancelled \
+                or not isinstance(failure, asyncio.CancelledError):
+            return False
+        try:
+            return await self.store.hand_over(response_id, self.owner)
+        except Exception:  # the database: it fails here, as before takeovers existed
+            logger.exception("handing response %s over failed", response_id)
+            return False
 
     async def _leave(self, response_id: str, billed: Bill) -> None:
         """Settle the bill of a worker whose response is no longer its own, once the

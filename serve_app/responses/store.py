@@ -137,6 +137,20 @@ class ResponseStore:
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
 
+    async def hand_over(self, response_id: str, owner: str) -> bool:
+        """Give up the lease of a response `owner` drives and that keeps what would continue
+        it, as run out now: the next sweep of another replica takes it over (takeover.py).
+        False: it keeps no continuation, or is no longer `owner`'s."""
+        def write(session: Session) -> bool:
+            done = session.execute(update(StoredResponse).where(
+                col(StoredResponse.id) == response_id,
+                col(StoredResponse.lease_owner) == owner,
+                col(StoredResponse.status).in_(OPEN),
+                col(StoredResponse.continuation).is_not(None)).values(
+                    lease_expires_at=self.clock()))
+            return done.rowcount == 1  # type: ignore[attr-defined]
+        return await self._run(write)
+
     async def request_cancel(self, response_id: str) -> None:
         """Ask the worker that drives the response to stop (it reads this as it renews)."""
         def write(session: Session) -> None:

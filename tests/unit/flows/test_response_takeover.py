@@ -184,6 +184,37 @@ def test_a_response_whose_replica_died_is_continued_and_resumed_through_another(
     assert books.balance_nanos() == before - charge.total_nanos
 
 
+def test_a_replica_shutting_down_hands_its_responses_over_and_another_continues_them(
+        fake_gateway, fakes, sdk, key, text, books):
+    cut = FirstCallCut(text, after=3)
+    before = books.balance_nanos()
+    created, request_id = _create(sdk)
+    assert cut.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+    k = _last_seq(fake_gateway, created.id)
+
+    fake_gateway.client.portal.call(fake_gateway.services.responses.stop)
+
+    assert cut.closed.is_set()  # its engine was stopped
+    assert books.held(request_id) is not None  # its hold left for the replica that takes it
+    assert books.charges(request_id) == []
+    with _replica(fake_gateway, fakes) as other:
+        client = _sdk(other, key)
+        assert client.responses.retrieve(created.id).status == "in_progress"
+        other.client.portal.call(other.services.responses.sweep)  # its lease was given up
+        resumed = list(client.responses.retrieve(created.id, stream=True, starting_after=k))
+        done = client.responses.retrieve(created.id)
+
+    assert [e.sequence_number for e in resumed] == list(range(k + 1, k + 1 + len(resumed)))
+    assert resumed[-1].type == "response.completed"
+    assert done.status == "completed" and done.output_text == REPLY
+    assert len(cut.requests) == 2  # the first, and its continuation
+    charge = books.only_charge(request_id)  # once, for all that was made
+    assert charge.lines["output"][0] == WORDS
+    assert books.held(request_id) is None
+    assert books.balance_nanos() == before - charge.total_nanos
+
+
 def test_a_response_whose_replica_died_before_its_first_event_is_run_whole_by_another(
         fake_gateway, fakes, sdk, key, text, books):
     cut = FirstCallCut(text, after=0)  # the engine sends nothing: no event is kept
