@@ -19,7 +19,7 @@ from serve_app.chat.serving import (
     chunks_with_first,
 )
 from serve_app.errors import ApiError, stream_error_body
-from serve_app.pipeline.bill import SETTLE, BilledEvents, Mark
+from serve_app.pipeline.bill import SETTLE, BilledEvents, Mark, aclose
 from serve_app.pipeline.context import RequestContext
 from serve_app.schemas.chat import ChatCompletionRequest
 from serve_app.schemas.responses import (
@@ -174,16 +174,10 @@ async def background_stream(ctx: RequestContext, key: KeyRecord, req: ChatComple
                     async for event in shaped:
                         yield event
             finally:
-                await _close(stream)
+                await aclose(stream)
         return events()
 
     return await chat_service.stream(ctx, key, req, start)
-
-
-async def _close(stream: AsyncIterator[TextEvent]) -> None:
-    close = getattr(stream, "aclose", None)
-    if close is not None:
-        await close()
 
 
 async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent]

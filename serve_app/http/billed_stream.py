@@ -26,7 +26,7 @@ class BilledStream(StreamingResponse):
                  media_type: str = "text/event-stream") -> None:
         super().__init__(cast(AsyncIterator[str], stream.events), media_type=media_type,
                          headers=headers)
-        self.events, self.billed, self.stop = stream.events, stream.billed, stream.stop
+        self.source, self.events, self.billed = stream, stream.events, stream.billed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Starlette's, with the stream run in this task: it then starts however soon the
@@ -70,7 +70,7 @@ class BilledStream(StreamingResponse):
             with anyio.CancelScope(shield=True):  # a stream cancelled still settles
                 try:
                     if failure is not None:  # cut short: the model's work stops first
-                        await (self.stop() if self.stop is not None else _aclose(self.events))
+                        await self.source.halt()
                 finally:
                     await self.billed.close(failure)
         async for event in self.events:  # the last ones (none when it ended unmarked)
@@ -82,10 +82,3 @@ class BilledStream(StreamingResponse):
         body = event.encode(self.charset) if isinstance(event, str) else event
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
-
-async def _aclose(events: AsyncIterator[object]) -> None:
-    """Close a stream's source (an async generator's `finally` runs: the model call stops);
-    a source that is no generator has nothing to close."""
-    close = getattr(events, "aclose", None)
-    if close is not None:
-        await close()

@@ -284,3 +284,16 @@ class BilledEvents:
     # a generator closed before its first step runs none of its code, so a source that
     # holds a call open before then gives its own).
     stop: Callable[[], Awaitable[None]] | None = None
+
+    async def halt(self) -> None:
+        """Stop the model's work of a stream cut short: its own `stop`, else its events
+        closed."""
+        await (self.stop() if self.stop is not None else aclose(self.events))
+
+
+async def aclose(events: AsyncIterator[object]) -> None:
+    """Close a stream's source (an async generator's `finally` runs: the model call stops);
+    a source that is no generator has nothing to close."""
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from serve_app.errors import ApiError, stream_error_body
-from serve_app.pipeline.bill import SETTLE, Bill, BilledEvents
+from serve_app.pipeline.bill import SETTLE, Bill, BilledEvents, aclose
 from serve_app.responses.events import EventLog
 from serve_app.responses.progress import Progress, compact
 from serve_app.responses.store import ResponseStore
@@ -190,7 +190,7 @@ class Drives:
         handed = False
         try:
             if failure is not None:  # a source with a stop of its own is stopped by it
-                await (source.stop() if source.stop is not None else _aclose(source.events))
+                await source.halt()
         finally:
             if lost:
                 await self._leave(response_id, source.billed)
@@ -312,16 +312,10 @@ class Drives:
                 return
 
 
-async def _aclose(events: AsyncIterator[object]) -> None:
-    close = getattr(events, "aclose", None)
-    if close is not None:
-        await close()
-
-
 async def abandon(source: BilledEvents, failure: BaseException) -> None:
     """A generation that will not run: its events closed (the model never started), its hold
     released."""
     try:
-        await _aclose(source.events)
+        await aclose(source.events)
     finally:
         await source.billed.close(failure)

@@ -43,7 +43,7 @@ from serve_app.errors import ApiError, stream_error_body
 from serve_app.models.calls import stream_model
 from serve_app.models.router import ModelRouter
 from serve_app.pipeline.admission import payer_of
-from serve_app.pipeline.bill import SETTLE, Bill, BilledEvents, Mark
+from serve_app.pipeline.bill import SETTLE, Bill, BilledEvents, Mark, aclose
 from serve_app.responses.drive import Drives
 from serve_app.responses.events import EventLog
 from serve_app.responses.progress import Progress, compact
@@ -246,7 +246,7 @@ class Continuing:
                     if limit is not None and self.before + self.after >= limit:
                         break
             finally:
-                await _aclose(stream)
+                await aclose(stream)
             for opened_event in opening():
                 yield opened_event
             final = {**item, "status": "completed",
@@ -272,12 +272,6 @@ class Continuing:
         return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": self.cached},
                 "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt + output}
-
-
-async def _aclose(stream: AsyncIterator[Any]) -> None:
-    close = getattr(stream, "aclose", None)
-    if close is not None:
-        await close()
 
 
 async def _interrupted() -> AsyncIterator[str | Mark]:
