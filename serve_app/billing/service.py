@@ -19,7 +19,7 @@ from serve_app.billing import ledger
 from serve_app.billing.ledger import Balances, Payer
 from serve_app.billing.pricing import Cost
 from serve_app.billing.writer import BatchWriter
-from serve_app.db.engine import is_sqlite_file, make_engine
+from serve_app.db.engine import is_sqlite_file, make_engine, run_in_session
 from serve_app.db.tables import utcnow
 from serve_app.metrics import metrics
 from serve_app.money import NANOS_PER_UNIT, from_nanos
@@ -223,10 +223,8 @@ class Billing:
 
     async def is_held(self, request_id: str) -> bool:
         """Whether the request's hold is still there (neither settled nor released)."""
-        def read() -> bool:
-            with Session(self._engine) as session:
-                return ledger.is_held(session, request_id)
-        return await asyncio.to_thread(read)
+        return await run_in_session(self._engine,
+                                    lambda session: ledger.is_held(session, request_id))
 
     async def sweep(self) -> int:
         """Release the holds of requests that can no longer finish; returns how many. Holds
