@@ -475,6 +475,10 @@ def open_job_request_ids():
     return select(JobRow.request_id).where(col(JobRow.status).in_(OPEN_STATUSES))
 
 
+# A stored response still under way (its worker, or the replica taking it over, drives it).
+OPEN_RESPONSE_STATUSES = ("queued", "in_progress")
+
+
 class StoredResponse(SQLModel, table=True):
     """A background `/responses` generation (serve_app/responses/): its response object as it
     stands, whose it is, and the lease of the replica whose worker drives it. The money is
@@ -506,7 +510,7 @@ def open_response_request_ids():
     replica that takes one over when its worker died, settles or releases them (the hold
     sweeper leaves them)."""
     return select(StoredResponse.request_id).where(
-        col(StoredResponse.status).in_(("queued", "in_progress")))
+        col(StoredResponse.status).in_(OPEN_RESPONSE_STATUSES))
 
 
 class ResponseEvent(SQLModel, table=True):

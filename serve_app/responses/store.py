@@ -18,12 +18,12 @@ from sqlalchemy import Engine, and_, delete, func, insert, literal, text, update
 from sqlmodel import Session, col, select
 
 from serve_app.db.engine import run_in_session
-from serve_app.db.tables import StoredResponse, as_utc, utcnow
+from serve_app.db.tables import OPEN_RESPONSE_STATUSES, StoredResponse, as_utc, utcnow
 
 T = TypeVar("T")
 
-OPEN = ("queued", "in_progress")
 ENDED = ("completed", "failed", "cancelled", "incomplete")
+_UNDER_WAY = col(StoredResponse.status).in_(OPEN_RESPONSE_STATUSES)  # the rows still driven
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class ResponseStore:
             done = session.execute(update(StoredResponse).where(
                 col(StoredResponse.id) == response_id,
                 col(StoredResponse.lease_owner) == owner,
-                col(StoredResponse.status).in_(OPEN)).values(**values))
+                _UNDER_WAY).values(**values))
             return done.rowcount == 1  # type: ignore[attr-defined]
         return await self._run(write)
 
@@ -145,7 +145,7 @@ class ResponseStore:
             done = session.execute(update(StoredResponse).where(
                 col(StoredResponse.id) == response_id,
                 col(StoredResponse.lease_owner) == owner,
-                col(StoredResponse.status).in_(OPEN),
+                _UNDER_WAY,
                 col(StoredResponse.continuation).is_not(None)).values(
                     lease_expires_at=self.clock()))
             return done.rowcount == 1  # type: ignore[attr-defined]
@@ -156,7 +156,7 @@ class ResponseStore:
         def write(session: Session) -> None:
             session.execute(update(StoredResponse).where(
                 col(StoredResponse.id) == response_id,
-                col(StoredResponse.status).in_(OPEN)).values(cancel_requested=True))
+                _UNDER_WAY).values(cancel_requested=True))
         await self._run(write)
 
     async def delete(self, response_id: str) -> None:
@@ -170,7 +170,7 @@ class ResponseStore:
 
         def read(session: Session) -> list[ResponseView]:
             rows = session.exec(select(StoredResponse).where(
-                col(StoredResponse.status).in_(OPEN),
+                _UNDER_WAY,
                 col(StoredResponse.lease_expires_at) < now)).all()
             return [ResponseView.of(row) for row in rows]
         return await self._run(read)
@@ -182,7 +182,7 @@ class ResponseStore:
 
         def write(session: Session) -> bool:
             done = session.execute(update(StoredResponse).where(
-                col(StoredResponse.id) == view.id, col(StoredResponse.status).in_(OPEN),
+                col(StoredResponse.id) == view.id, _UNDER_WAY,
                 col(StoredResponse.lease_expires_at) < now).values(
                     status="failed", response=json.dumps(response, separators=(",", ":")),
                     lease_owner=None, lease_expires_at=None, expires_at=now + kept_for,
@@ -197,7 +197,7 @@ class ResponseStore:
 
         def write(session: Session) -> bool:
             done = session.execute(update(StoredResponse).where(
-                col(StoredResponse.id) == view.id, col(StoredResponse.status).in_(OPEN),
+                col(StoredResponse.id) == view.id, _UNDER_WAY,
                 col(StoredResponse.lease_expires_at) < now).values(
                     lease_owner=owner, lease_expires_at=now + self.lease))
             return done.rowcount == 1  # type: ignore[attr-defined]
