@@ -3,6 +3,7 @@ settlement, on the gateway's own SQLite, with the test catalog beside this file.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from sqlmodel import Session
 from serve_app.billing.journal import differing
 from serve_app.db.engine import make_engine
 from serve_app.settings import Settings
+from tests.unit.conftest import make_gateway
 from tests.unit.flows.books import Books
 
 CATALOG = Path(__file__).with_name("catalog.yaml")
@@ -50,3 +52,17 @@ def books(fake_gateway) -> Iterator[Books]:
     books = Books(fake_gateway)
     yield books
     books.close()
+
+
+@pytest.fixture
+def redis_gateway(tmp_path, gateway_catalog, fakes):
+    """The gateway with Redis configured (background responses keep their events there)."""
+    from tests.unit.responses.test_event_logs import REDIS_URL, _redis_unavailable
+
+    reason = _redis_unavailable()
+    if reason:
+        pytest.skip(reason)
+    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
+                                     model_catalog=gateway_catalog, redis_url=REDIS_URL,
+                                     redis_prefix=f"test-{uuid.uuid4().hex[:8]}"),
+                            handles=fakes)

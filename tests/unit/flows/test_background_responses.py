@@ -24,7 +24,6 @@ from serve_app.billing import ledger
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.responses.events import RedisEventLog
-from serve_app.settings import Settings
 from tests.fakes import FakeTextDeployment
 from tests.unit.conftest import account_key, make_gateway
 
@@ -596,20 +595,6 @@ def test_a_resumable_chat_stream_is_deleted_with_its_engine_stopped_and_what_it_
     assert fake_gateway.client.get(f"/api/v1/chat/completions/{stream_id}",
                                    headers=fake_gateway.auth(key)).status_code == 404
     assert fake_gateway.client.portal.call(responses.store.usage, account_id) == (0, 0)
-
-
-@pytest.fixture
-def redis_gateway(tmp_path, gateway_catalog, fakes):
-    """The gateway with Redis configured: the events are kept there."""
-    from tests.unit.responses.test_event_logs import REDIS_URL, _redis_unavailable
-
-    reason = _redis_unavailable()
-    if reason:
-        pytest.skip(reason)
-    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
-                                     model_catalog=gateway_catalog, redis_url=REDIS_URL,
-                                     redis_prefix=f"test-{uuid.uuid4().hex[:8]}"),
-                            handles=fakes)
 
 
 def test_with_redis_the_events_are_kept_there_and_resumed(redis_gateway, text):

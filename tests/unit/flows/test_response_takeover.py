@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import threading
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -28,7 +27,6 @@ from serve_app.billing import ledger
 from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.responses.drive import Drive
-from serve_app.settings import Settings
 from tests.fakes import FakeTextDeployment
 from tests.unit.conftest import make_gateway
 from tests.unit.flows.books import Books
@@ -322,26 +320,12 @@ def test_a_live_worker_whose_response_was_taken_over_appends_nothing_and_charges
     _live_worker_taken_over(fake_gateway, fakes, key, text, books)
 
 
-@pytest.fixture
-def with_redis(tmp_path, gateway_catalog, fakes):
-    """The gateway with Redis configured: the events are kept there."""
-    from tests.unit.responses.test_event_logs import REDIS_URL, _redis_unavailable
-
-    reason = _redis_unavailable()
-    if reason:
-        pytest.skip(reason)
-    yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
-                                     model_catalog=gateway_catalog, redis_url=REDIS_URL,
-                                     redis_prefix=f"test-{uuid.uuid4().hex[:8]}"),
-                            handles=fakes)
-
-
 def test_with_redis_a_live_worker_whose_response_was_taken_over_appends_nothing(
-        with_redis, fakes, text):
+        redis_gateway, fakes, text):
     """The events in Redis: the log's writer is claimed there, and the former one refused."""
-    books = Books(with_redis)
+    books = Books(redis_gateway)
     try:
-        _live_worker_taken_over(with_redis, fakes, with_redis.create_key()["apiKey"], text,
+        _live_worker_taken_over(redis_gateway, fakes, redis_gateway.create_key()["apiKey"], text,
                                 books)
     finally:
         books.close()
