@@ -86,6 +86,17 @@ def _error_code(resp: Any) -> str | None:
     return body.get("code") if isinstance(body, dict) else None
 
 
+def _refused(resp: Any) -> None:
+    """A refusal: one with `Retry-After` (the model at capacity, a rate limit) is an honest
+    answer, counted by status in the report, and the user waits it before its next request,
+    as a client that honours it would; anything else is a failure."""
+    if resp.status_code in (429, 503) and "Retry-After" in resp.headers:
+        resp.success()
+        time.sleep(float(resp.headers["Retry-After"]))
+    else:
+        resp.failure(f"HTTP {resp.status_code}")
+
+
 def _metric(name: str, value: float) -> None:
     events.request.fire(request_type="METRIC", name=name, response_time=value,
                         response_length=0, exception=None, context={})
@@ -121,8 +132,8 @@ class ChatUser(_Keyed):
                               name="POST /chat/completions (stream)", catch_response=True,
                               timeout=120) as resp:
             if resp.status_code != 200:
-                resp.failure(f"HTTP {resp.status_code}")
                 record(resp, "chat")
+                _refused(resp)
                 return
             # the stream has started: should the run stop this user before the stream ends,
             # the reconciliation knows the client had it (charged for what was generated)
@@ -152,10 +163,13 @@ class EmbeddingsUser(_Keyed):
     @task
     def embed(self) -> None:
         inputs = [_sentence(12) for _ in range(random.choice((1, 1, 4, 16)))]
-        resp = self.client.post("/api/v1/embeddings", name="POST /embeddings",
-                                json={"model": MODELS["embedding"], "input": inputs})
-        record(resp, "embeddings", resp.json().get("usage") if resp.status_code == 200
-               else None)
+        with self.client.post("/api/v1/embeddings", name="POST /embeddings",
+                              json={"model": MODELS["embedding"], "input": inputs},
+                              catch_response=True) as resp:
+            record(resp, "embeddings", resp.json().get("usage") if resp.status_code == 200
+                   else None)
+            if resp.status_code != 200:
+                _refused(resp)
 
 
 _wallets = itertools.cycle(KEYS.get("wallets") or [None])
@@ -443,11 +457,7 @@ class ResumableUser(HttpUser):
         if resp.status_code == 200:
             return True
         record(resp, route, payer=self.payer)
-        if resp.status_code in (429, 503) and "Retry-After" in resp.headers:
-            resp.success()  # an honest answer, counted by status in the report
-            time.sleep(float(resp.headers["Retry-After"]))
-        else:
-            resp.failure(f"HTTP {resp.status_code}")
+        _refused(resp)
         return False
 
     def _create(self, *, stream: bool, cut_after: int | None = None) -> Any:
