@@ -99,10 +99,16 @@ def _observe(operation: str, started: float) -> None:
                                       tags={"operation": operation})
 
 
-def _count_charge(cost: Cost) -> None:
+def _count_charge(cost: Cost, settled: ledger.Settled) -> None:
+    """The metrics of a settlement that charged: what the ledger charged (the cost, or less
+    when capped at the hold), and the tokens. A repeated settlement (a worker settling after a
+    takeover already did) and one finding its hold released charged nothing: not counted."""
+    if settled.repeated or settled.released:
+        return
     m, model = metrics(), cost.model.id
-    if cost.nanos > 0:
-        m.charged_usd.inc(cost.nanos / NANOS_PER_UNIT, tags={"model": model})
+    charged = settled.usd_nanos + settled.diem_nanos
+    if charged > 0:
+        m.charged_usd.inc(charged / NANOS_PER_UNIT, tags={"model": model})
     for line in cost.lines:
         if line.line_type in TOKEN_LINES and line.units > 0:
             m.tokens.inc(line.units, tags={"model": model, "direction": line.line_type})
@@ -175,8 +181,7 @@ class Billing:
         finally:
             self._open_holds.discard(hold.request_id)
         _observe("settle", started)
-        if not settled.released:
-            _count_charge(cost)
+        _count_charge(cost, settled)
         self._remember(hold.payer.account_id, settled.balance)
         return settled
 
