@@ -59,10 +59,16 @@ def test_requests_are_labelled_by_route_template_status_model_and_credentials(
     assert any(t["route"] == "unmatched" for n, _, t in recorded.calls if n == "requests")
 
 
+def ray_metrics() -> list[Any]:
+    """Every Ray metric object the Gateway and the model replicas define (a batched counter's
+    or gauge's own: `.metric`)."""
+    return [getattr(m, "metric", m) for source in (Metrics(), GateMetrics(), EngineMetrics())
+            for m in vars(source).values() if hasattr(getattr(m, "metric", m), "_name")]
+
+
 def defined_metrics() -> set[str]:
     """Every metric the Gateway and the model replicas define, as Prometheus names it."""
-    return {"ray_" + m._name for source in (Metrics(), GateMetrics(), EngineMetrics())
-            for m in vars(source).values() if hasattr(m, "_name")}
+    return {"ray_" + m._name for m in ray_metrics()}
 
 
 def test_the_dashboard_queries_only_metrics_the_platform_defines():
@@ -90,12 +96,9 @@ def test_the_metrics_page_lists_every_metric_with_its_labels():
     page = (DASHBOARD.parents[2] / "docs" / "operators" / "metrics.md").read_text()
     rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines()
             if line.startswith("| `ray_")}
-    for source in (Metrics(), GateMetrics(), EngineMetrics()):
-        for metric in vars(source).values():
-            if not hasattr(metric, "_name"):
-                continue
-            row = rows.get(f"ray_{metric._name}")
-            assert row is not None, metric._name
-            labels = row.split("|")[2]
-            for tag in metric._tag_keys:
-                assert tag in labels, (metric._name, tag)
+    for metric in ray_metrics():
+        row = rows.get(f"ray_{metric._name}")
+        assert row is not None, metric._name
+        labels = row.split("|")[2]
+        for tag in metric._tag_keys:
+            assert tag in labels, (metric._name, tag)
