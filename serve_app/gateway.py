@@ -40,7 +40,7 @@ from serve_app.console import CONSOLE_PREFIX, ConsoleFiles
 from serve_app.error_handlers import install_error_handlers
 from serve_app.errors import ApiError
 from serve_app.http.render import error_response
-from serve_app.metrics import record_request, route_of
+from serve_app.metrics import flush_metrics, record_request, route_of
 from serve_app.middleware import (
     RequestIdLogFilter,
     RequestOutcomeMiddleware,
@@ -91,6 +91,7 @@ def create_app(services: GatewayServices) -> FastAPI:
             yield
         finally:
             await services.stop()
+            flush_metrics()  # the counts of the last half second, before Serve ends the worker
 
     app = FastAPI(
         title="Inference Platform API",

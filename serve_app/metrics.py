@@ -88,6 +88,12 @@ def metrics() -> Metrics:
     return Metrics()
 
 
+def flush_metrics() -> None:
+    """Hand Ray the counts and gauge values this process kept since the last flush (at a
+    replica's shutdown: Serve may end its worker before the exit handlers run)."""
+    process_batch().flush()
+
+
 def route_of(scope: dict[str, Any]) -> str:
     """The route template (`/api_keys/{id}`), never the raw path: bounded label values."""
     route = scope.get("route")
