@@ -94,8 +94,12 @@ class TextDeployment(ModelDeployment):
                     trace.past_span("gate", arrived, model=model_id)
                     span = trace.span("engine", model=model_id)
                 try:
-                    chunks = _with_gate_wait(
-                        [chunk async for chunk in engine.generate(request)], waited_ms)
+                    # An engine with a unary call of its own (a server the operator runs:
+                    # one JSON body instead of a stream to parse), else its stream, merged.
+                    unary = getattr(engine, "complete", None)
+                    events = (await unary(request) if unary is not None
+                              else [event async for event in engine.generate(request)])
+                    chunks = _with_gate_wait(events, waited_ms)
                 finally:
                     if span is not None:
                         span.end()

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from deployments.engines.openai_unary import NotAChatCompletion, unary_events
 from deployments.protocol import (
     Chunk,
     EngineError,
@@ -145,9 +146,10 @@ class UpstreamFailed(Exception):
 
 class OpenAIUpstreamEngine:
     """A `TextEngine` (deployments/engines/text.py) whose model runs on an OpenAI-compatible
-    server. Every chat goes to it as a stream with its usage (`include_usage`): a unary answer
-    is the stream merged by the deployment, and a client that leaves closes the connection,
-    so the upstream stops generating at once."""
+    server. A streamed chat goes to it as a stream with its usage (`include_usage`), a unary
+    one as one non-streamed call (`complete`, which the deployment prefers for a unary
+    request). A client that leaves closes the connection either way, so the upstream stops
+    generating at once."""
 
     def __init__(self, weights: str | None, options: dict[str, Any]) -> None:
         self.settings = settings = UpstreamSettings.of(options)
@@ -162,11 +164,9 @@ class OpenAIUpstreamEngine:
         self.cancelled: collections.deque[int] = collections.deque(maxlen=100)
 
     async def generate(self, request: TextRequest) -> AsyncIterator[TextEvent]:
-        if request.images or request.videos:
-            yield EngineError(400, "This model takes no images or videos", field="messages")
-            return
-        if not self.health.online:
-            yield offline(self.settings)
+        refused = self._refused_at_once(request)
+        if refused is not None:
+            yield refused
             return
         count = _Count(prompt_estimate(request.messages))
         self.in_flight += 1
@@ -189,8 +189,55 @@ class OpenAIUpstreamEngine:
         self.health.succeeded()
         yield count.usage()
 
+    async def complete(self, request: TextRequest) -> list[TextEvent]:
+        """The whole answer of a unary chat from one non-streamed call: a chunk per choice,
+        then the usage (deployments/engines/openai_unary.py); or the error instead."""
+        refused = self._refused_at_once(request)
+        if refused is not None:
+            return [refused]
+        self.in_flight += 1
+        try:
+            events: list[TextEvent] = [*await self._call(request)]
+        except UpstreamFailed as failed:
+            if failed.counts:
+                self.health.failed(self.client)
+            return [failed.error]
+        except asyncio.CancelledError:  # the client left: the call's connection is closed
+            self.cancelled.append(0)
+            raise
+        finally:
+            self.in_flight -= 1
+        self.health.succeeded()
+        return events
+
+    def _refused_at_once(self, request: TextRequest) -> EngineError | None:
+        """The answer of a request the upstream is not asked for."""
+        if request.images or request.videos:
+            return EngineError(400, "This model takes no images or videos", field="messages")
+        if not self.health.online:
+            return offline(self.settings)
+        return None
+
+    async def _call(self, request: TextRequest) -> list[Chunk | Usage]:
+        body = chat_body(self.settings, request, stream=False)
+        try:
+            answer = await self.client.post("chat/completions", json=body)
+        except httpx.TransportError as exc:  # timeouts too
+            logger.warning("upstream %s failed (%s)", self.settings.upstream_model,
+                           type(exc).__name__)
+            raise UpstreamFailed(unreachable(exc), counts=True) from None
+        if answer.status_code != 200:
+            raise refusal(answer.status_code, answer.content, answer.headers.get("retry-after"),
+                          self.settings)
+        try:
+            return unary_events(_json(answer.content), prompt_estimate(request.messages))
+        except NotAChatCompletion:
+            logger.warning("upstream %s answered something else than a chat completion",
+                           self.settings.upstream_model)
+            raise UpstreamFailed(_bad_answer(), counts=True) from None
+
     async def _stream(self, request: TextRequest, count: _Count) -> AsyncGenerator[Chunk]:
-        body = chat_body(self.settings, request)
+        body = chat_body(self.settings, request, stream=True)
         try:
             async with self.client.stream("POST", "chat/completions", json=body) as answer:
                 if answer.status_code != 200:
@@ -302,15 +349,18 @@ def prompt_estimate(messages: list[Message]) -> int:
     return len(json.dumps(messages).encode()) // 4 + 1
 
 
-def chat_body(settings: UpstreamSettings, request: TextRequest) -> dict[str, Any]:
+def chat_body(settings: UpstreamSettings, request: TextRequest, stream: bool
+              ) -> dict[str, Any]:
     """The chat-completion request the upstream receives: the composed conversation (tools
-    described in it, as for every model), the sampling asked for, the output's schema."""
+    described in it, as for every model), the sampling asked for, the output's schema; a
+    stream asks for its usage (a non-streamed answer always has it)."""
     body: dict[str, Any] = {
         "model": settings.upstream_model,
         "messages": request.messages,
-        "stream": True,
-        "stream_options": {"include_usage": True, **(
-            {"continuous_usage_stats": True} if settings.usage_every_chunk else {})},
+        "stream": stream,
+        **({"stream_options": {"include_usage": True, **(
+            {"continuous_usage_stats": True} if settings.usage_every_chunk else {})}}
+           if stream else {}),
         **sampling_fields(request.sampling),
     }
     if request.json_schema is not None:
@@ -348,7 +398,7 @@ def _sse_data(line: str) -> str | None:
     return line[5:].strip()
 
 
-def _json(data: str) -> Any:
+def _json(data: str | bytes) -> Any:
     try:
         return json.loads(data)
     except ValueError:

@@ -36,6 +36,10 @@ logger = logging.getLogger("deployments.text")
 
 
 class TextEngine(Protocol):
+    """An engine of the text deployment. One may also have `async def complete(request) ->
+    list[TextEvent]`, the whole answer of a unary request in one call, which the deployment
+    then prefers to merging its stream (a server the operator runs: one non-streamed call)."""
+
     max_model_len: int
     max_num_seqs: int  # sequences it runs at once: the slots of its fair-share gate
 

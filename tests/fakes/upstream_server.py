@@ -3,12 +3,15 @@ engines an operator already runs (vLLM's, SGLang's, TGI's server): `engine: open
 talk to it over HTTP exactly as they would to those.
 
 It answers `/v1/chat/completions` as a stream of chunks (the reply's words, one token each,
-then the usage when `stream_options.include_usage` asks), `/v1/embeddings` (vectors of
-EMBEDDING_DIMENSIONS, not unit length, and a usage of each input's words plus two, summed)
-and `/v1/models`. `behaviour` sets
+then the usage when `stream_options.include_usage` asks) or, with `stream` false, as one
+chat completion (`n` choices of the reply, its words' logprobs when asked, the usage unless
+`report_usage` is off), `/v1/embeddings` (vectors of EMBEDDING_DIMENSIONS, not unit length,
+and a usage of each input's words plus two, summed) and `/v1/models`. `behaviour` sets
 how it answers next: "ok", a status to refuse with ("429", "503", "400", "500"), "cut" (the
-connection drops after `cut_after` words), "slow" (a word every `slow_interval_s`, many words:
-a client that leaves is seen as `left`), "down" (every path answers 500, `/models` too).
+connection drops after `cut_after` words; a non-streamed answer's body is cut in half),
+"slow" (a word every `slow_interval_s`, many words; a non-streamed answer never comes: a
+client that leaves is seen as `left`), "malformed" (a 200 whose body is no chat
+completion), "down" (every path answers 500, `/models` too).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class UpstreamServer:
         self.cut_after = 3
         self.slow_interval_s = 0.02
         self.retry_after: str | None = "7"
+        self.report_usage = True  # a non-streamed answer's usage
         self.bodies: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
         self.left = threading.Event()  # a client left a slow stream: it stopped generating
@@ -66,8 +70,38 @@ class UpstreamServer:
         refused = self._refused(request, body)
         if refused is not None:
             return refused
+        if not body.get("stream"):
+            return await self._completion(request, body, self.behaviour)
         return StreamingResponse(self._chunks(body, self.behaviour),
                                  media_type="text/event-stream")
+
+    async def _completion(self, request: Request, body: dict[str, Any], behaviour: str
+                          ) -> Response:
+        """A non-streamed answer: `n` choices of the reply (cut to `max_tokens` words)."""
+        if behaviour == "slow":  # generating until the client leaves (vLLM's server stops)
+            while not await request.is_disconnected():
+                await asyncio.sleep(self.slow_interval_s)
+            self.left.set()
+            return Response(status_code=499)
+        if behaviour == "malformed":
+            return JSONResponse({"object": "chat.completion", "detail": "no choices here"})
+        words, finish = _words(self.reply, body.get("max_tokens"))
+        logprobs = ({"content": [{"token": word, "logprob": -0.5, "bytes": [],
+                                  "top_logprobs": []} for word in words]}
+                    if body.get("logprobs") else None)
+        n = int(body.get("n") or 1)
+        answer = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1,
+                  "model": body.get("model"),
+                  "choices": [{"index": i, "message": {"role": "assistant",
+                                                       "content": "".join(words)},
+                               "logprobs": logprobs, "finish_reason": finish}
+                              for i in range(n)]}
+        if self.report_usage:
+            answer["usage"] = _usage(n * len(words))
+        text = json.dumps(answer)
+        if behaviour == "cut":
+            text = text[:len(text) // 2]
+        return Response(text, media_type="application/json")
 
     async def _embeddings(self, request: Request) -> Response:
         body = await request.json()
@@ -99,22 +133,11 @@ class UpstreamServer:
         return None
 
     async def _chunks(self, body: dict[str, Any], behaviour: str) -> AsyncIterator[str]:
-        words = self.reply.split(" ")
-        words = [w + " " for w in words[:-1]] + words[-1:]
-        if behaviour == "slow":
-            words = words * 200
-        limit = body.get("max_tokens")
-        finish = "stop"
-        if limit is not None and len(words) > limit:
-            words, finish = words[:limit], "length"
+        words, finish = _words(self.reply * (200 if behaviour == "slow" else 1),
+                               body.get("max_tokens"))
         every = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
         base = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1,
                 "model": body.get("model")}
-
-        def usage(completion: int) -> dict[str, Any]:
-            return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": completion,
-                    "total_tokens": PROMPT_TOKENS + completion,
-                    "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}}
 
         def sse(data: dict[str, Any]) -> str:
             return f"data: {json.dumps(data)}\n\n"
@@ -131,13 +154,29 @@ class UpstreamServer:
                 last = n == len(words)
                 yield sse({**base, "choices": [{"index": 0, "delta": {"content": word},
                                                 "finish_reason": finish if last else None}],
-                           **({"usage": usage(n)} if every else {})})
+                           **({"usage": _usage(n)} if every else {})})
         except asyncio.CancelledError:
             self.left.set()
             raise
         if (body.get("stream_options") or {}).get("include_usage"):
-            yield sse({**base, "choices": [], "usage": usage(len(words))})
+            yield sse({**base, "choices": [], "usage": _usage(len(words))})
         yield "data: [DONE]\n\n"
+
+
+def _words(reply: str, limit: int | None) -> tuple[list[str], str]:
+    """The reply's words (one token each, with their spaces), cut to `limit`, and the finish
+    reason."""
+    words = reply.split(" ")
+    words = [w + " " for w in words[:-1]] + words[-1:]
+    if limit is not None and len(words) > limit:
+        return words[:limit], "length"
+    return words, "stop"
+
+
+def _usage(completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": completion,
+            "total_tokens": PROMPT_TOKENS + completion,
+            "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}}
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """A model on a server the operator runs (`engine: openai`), through the real text deployment
 class in process, against a real HTTP server on a socket (tests/fakes/upstream_server.py): what
-the Gateway receives for a unary and a streamed chat, the upstream's refusals as ours, a stream
-cut mid-way, a client that leaves, an upstream that stops answering and comes back, and its
-address and key kept from answers and logs."""
+the Gateway receives for a unary chat (one non-streamed call upstream) and a streamed one, the
+upstream's refusals as ours, an answer that is no chat completion, a stream cut mid-way, a
+client that leaves either, an upstream that stops answering and comes back, and its address
+and key kept from answers and logs."""
 
 from __future__ import annotations
 
@@ -70,11 +71,67 @@ async def test_a_unary_chat_is_the_upstreams_answer_billed_by_its_usage(upstream
     assert events[-1] == Usage(prompt_tokens=PROMPT_TOKENS, completion_tokens=10,
                                cached_tokens=CACHED_TOKENS)
     [body] = upstream.bodies
-    assert body["model"] == "upstream-model" and body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True}
+    # one JSON body back, not a stream to parse: a non-streamed answer always has its usage
+    assert body["model"] == "upstream-model" and body["stream"] is False
+    assert "stream_options" not in body
     assert (body["temperature"], body["max_tokens"]) == (0.2, 50)
     assert body["messages"] == [{"role": "user", "content": "Say hello."}]
     assert upstream.authorizations == [f"Bearer {KEY}"]
+
+
+async def test_a_unary_chat_of_several_choices_with_logprobs_has_one_chunk_each(
+        upstream, monkeypatch):
+    deployment = _deployment(upstream, monkeypatch)
+    events = await deployment.complete(MODEL, _request(n=2, max_tokens=3, logprobs=True,
+                                                       top_logprobs=1))
+    chunks = [e for e in events if isinstance(e, Chunk)]
+    assert [(c.index, c.text, c.finish_reason) for c in chunks] == [
+        (0, "Hello from the ", "length"), (1, "Hello from the ", "length")]
+    assert [[entry["token"] for entry in c.logprobs or []] for c in chunks] == [
+        ["Hello ", "from ", "the "]] * 2
+    assert (chunks[0].prompt_tokens, chunks[1].prompt_tokens) == (PROMPT_TOKENS, None)
+    assert events[-1] == Usage(PROMPT_TOKENS, 6, CACHED_TOKENS)
+    [body] = upstream.bodies
+    assert (body["n"], body["logprobs"], body["top_logprobs"]) == (2, True, 1)
+
+
+async def test_a_unary_answer_without_usage_is_billed_as_counted(upstream, monkeypatch):
+    upstream.report_usage = False
+    deployment = _deployment(upstream, monkeypatch)
+    events = await deployment.complete(MODEL, _request())
+    assert _text(events) == REPLY
+    usage = events[-1]
+    assert isinstance(usage, Usage) and usage.cached_tokens == 0
+    # the prompt and the reply estimated at about four bytes a token
+    assert usage.prompt_tokens > 0 and usage.completion_tokens == len(REPLY) // 4 + 1
+
+
+@pytest.mark.parametrize("behaviour", ["malformed", "cut"])
+async def test_a_unary_answer_that_is_no_chat_completion_is_a_500_and_counts_as_a_failure(
+        upstream, monkeypatch, behaviour):
+    upstream.behaviour = behaviour
+    deployment = _deployment(upstream, monkeypatch)
+    [failed] = await deployment.complete(MODEL, _request())
+    assert (failed.status, failed.code) == (500, "INFERENCE_FAILED")
+    assert (await deployment.stats())[MODEL]["upstream"]["failures_in_a_row"] == 1
+
+
+async def test_a_client_that_leaves_a_unary_chat_closes_the_upstream_call_at_once(
+        upstream, monkeypatch):
+    upstream.behaviour = "slow"
+    deployment = _deployment(upstream, monkeypatch)
+    call = asyncio.get_running_loop().create_task(deployment.complete(MODEL, _request()))
+    for _ in range(600):  # the upstream has the request
+        if upstream.bodies:
+            break
+        await asyncio.sleep(0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await asyncio.to_thread(upstream.left.wait, 30), "the upstream kept generating"
+    stats = (await deployment.stats())[MODEL]
+    assert stats["unfinished"] == 0 and stats["cancelled_tokens"] == [0]
+    assert stats["upstream"] == {"online": True, "failures_in_a_row": 0}
 
 
 async def test_a_streamed_chat_carries_the_prompt_on_its_first_chunk_and_ends_with_usage(
@@ -87,6 +144,7 @@ async def test_a_streamed_chat_carries_the_prompt_on_its_first_chunk_and_ends_wi
     assert chunks[0].cached_tokens == CACHED_TOKENS
     assert sum(c.tokens for c in chunks) == 4 and chunks[-1].finish_reason == "length"
     assert events[-1] == Usage(PROMPT_TOKENS, 4, CACHED_TOKENS)
+    assert upstream.bodies[0]["stream"] is True
     assert upstream.bodies[0]["stream_options"] == {"include_usage": True,
                                                     "continuous_usage_stats": True}
 
@@ -112,6 +170,8 @@ async def test_an_upstream_at_capacity_is_a_503_with_its_retry_after(upstream, m
     [refused] = await deployment.complete(MODEL, _request())
     assert isinstance(refused, EngineError)
     assert (refused.status, refused.code, refused.retry_after) == (503, "MODEL_AT_CAPACITY", 7)
+    [streamed] = await _streamed(deployment, _request())
+    assert streamed == refused
     # a refusal for load is an answer: the upstream stays online
     assert (await deployment.stats())[MODEL]["upstream"]["online"] is True
 
@@ -124,6 +184,8 @@ async def test_an_upstream_400_stays_a_400_with_its_message_and_not_its_address(
     assert isinstance(refused, EngineError) and refused.status == 400
     assert refused.message.startswith("max_tokens is too large for")
     assert "127.0.0.1" not in refused.message
+    assert upstream.bodies[0]["stream"] is False
+    assert await _streamed(deployment, _request()) == [refused]
 
 
 async def test_an_upstream_that_fails_is_a_500_the_gateway_passes_to_fallbacks(
@@ -198,9 +260,10 @@ async def test_the_upstreams_address_and_key_reach_no_answer_and_no_log(
     caplog.set_level(logging.DEBUG)
     deployment = _deployment(upstream, monkeypatch, failures_to_offline=10)
     answers: list[Any] = []
-    for behaviour in ("ok", "400", "500", "cut", "429"):
+    for behaviour in ("ok", "400", "500", "cut", "malformed", "429"):
         upstream.behaviour = behaviour
         answers += await deployment.complete(MODEL, _request())
+        answers += await _streamed(deployment, _request())
     answers += [await deployment.stats()]
     address = upstream.base_url.removeprefix("http://").removesuffix("/v1")
     for text in [repr(a) for a in answers] + [r.getMessage() for r in caplog.records]:

@@ -74,6 +74,7 @@ def test_a_chat_is_the_upstreams_answer_charged_by_its_usage(fake_gateway, key, 
     assert sum(units for units, _ in charge.lines.values()) == PROMPT_TOKENS + 10
     [body] = upstream.bodies
     assert body["model"] == "upstream-model" and body["max_tokens"] == 100
+    assert body["stream"] is False  # a unary chat is one non-streamed call upstream
     assert upstream.authorizations == [f"Bearer {KEY}"]
 
 
@@ -84,6 +85,7 @@ def test_a_streamed_chat_ends_with_the_upstreams_usage(fake_gateway, key, upstre
     assert chunks[-1] == DONE and content(chunks) == REPLY
     assert chunks[-2]["usage"]["completion_tokens"] == 10
     assert chunks[-2]["usage"]["prompt_tokens"] == PROMPT_TOKENS
+    assert upstream.bodies[0]["stream"] is True
 
 
 @pytest.mark.parametrize("status", ["429", "503"])
@@ -115,6 +117,16 @@ def test_an_upstream_400_is_a_400_with_its_message_and_not_its_address(fake_gate
     assert resp.json()["code"] == "INVALID_REQUEST"
     assert resp.json()["error"].startswith("max_tokens is too large for")
     assert "127.0.0.1" not in resp.text
+
+
+def test_an_upstream_answer_that_is_no_chat_completion_is_a_500_and_charges_nothing(
+        fake_gateway, key, books, upstream):
+    upstream.behaviour = "malformed"
+    before = books.balance_nanos()
+    resp = _chat(fake_gateway, key)
+    assert resp.status_code == 500, resp.text
+    assert resp.json()["code"] == "INFERENCE_FAILED"
+    assert books.balance_nanos() == before and books.open_holds() == 0
 
 
 def test_a_stream_the_upstream_cuts_ends_with_its_error_and_charges_what_was_delivered(
