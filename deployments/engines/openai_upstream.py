@@ -238,24 +238,28 @@ class OpenAIUpstreamEngine:
 
     async def _stream(self, request: TextRequest, count: _Count) -> AsyncGenerator[Chunk]:
         body = chat_body(self.settings, request, stream=True)
+        finished = False
         try:
             async with self.client.stream("POST", "chat/completions", json=body) as answer:
                 if answer.status_code != 200:
                     raise refusal(answer.status_code, await answer.aread(),
                                    answer.headers.get("retry-after"), self.settings)
-                finished = False
                 async for line in answer.aiter_lines():
                     data = _sse_data(line)
-                    if data is None:
+                    # After [DONE] the body is read to its end, not left: a connection left
+                    # mid-body is closed, and every stream would open a new one.
+                    if data is None or finished:
                         continue
                     if data == "[DONE]":
                         finished = True
-                        break
+                        continue
                     for chunk in count.chunks(_json(data), self.settings.usage_every_chunk):
                         yield chunk
                 if not finished and not count.all_finished():
                     raise UpstreamFailed(_ended_early(), counts=True)
         except httpx.TransportError as exc:  # timeouts too
+            if finished:  # the answer was whole: only its connection's end went wrong
+                return
             logger.warning("upstream %s failed (%s)", self.settings.upstream_model,
                            type(exc).__name__)
             raise UpstreamFailed(_ended_early() if count.started else unreachable(exc),

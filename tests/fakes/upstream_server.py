@@ -52,6 +52,7 @@ class UpstreamServer:
         self.report_usage = True  # a non-streamed answer's usage
         self.bodies: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
+        self.client_ports: list[int | None] = []  # one port per connection the client opened
         self.left = threading.Event()  # a client left a slow stream: it stopped generating
         self.base_url = ""
         self.app = Starlette(routes=[
@@ -120,6 +121,7 @@ class UpstreamServer:
         """Records the request; the refusal `behaviour` asks for, if any."""
         self.bodies.append(body)
         self.authorizations.append(request.headers.get("authorization"))
+        self.client_ports.append(request.client.port if request.client else None)
         behaviour = self.behaviour
         if behaviour == "down":
             return JSONResponse({"error": {"message": "engine dead"}}, status_code=500)

@@ -149,6 +149,15 @@ async def test_a_streamed_chat_carries_the_prompt_on_its_first_chunk_and_ends_wi
                                                     "continuous_usage_stats": True}
 
 
+async def test_chats_one_after_another_reuse_one_connection_to_the_upstream(
+        upstream, monkeypatch):
+    deployment = _deployment(upstream, monkeypatch, usage_every_chunk=True)
+    for _ in range(3):
+        assert _text(await _streamed(deployment, _request())) == REPLY
+        assert _text(await deployment.complete(MODEL, _request())) == REPLY
+    assert len(upstream.client_ports) == 6 and len(set(upstream.client_ports)) == 1
+
+
 async def test_an_output_schema_and_tools_reach_the_upstream(upstream, monkeypatch):
     deployment = _deployment(upstream, monkeypatch)
     schema = {"type": "object", "properties": {"name": {"type": "string"}}}
