@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -44,12 +44,14 @@ class Drive:
 
 
 class Drives:
-    """The generations this replica drives (`owner`: its name on their leases)."""
+    """The generations this replica drives (`owner`: its name on their leases). `notify`
+    wakes the readers of a response's new events, `ended` those of its end (follow.py)."""
 
     def __init__(self, store: ResponseStore, events: EventLog, *, owner: str,
-                 kept: timedelta, notify: Callable[[str], None]) -> None:
+                 kept: timedelta, notify: Callable[[str], None],
+                 ended: Callable[[str], Awaitable[None]]) -> None:
         self.store, self.events, self.owner, self.kept = store, events, owner, kept
-        self.notify = notify
+        self.notify, self.ended = notify, ended
         self.running: dict[str, Drive] = {}
         self._endings: set[asyncio.Task] = set()
         self._leaving: set[asyncio.Task] = set()  # bills of lost leases, settled at the end
@@ -177,7 +179,7 @@ class Drives:
             logger.exception("background response %s did not end cleanly", response_id)
         finally:
             self.running.pop(response_id, None)
-            self.notify(response_id)
+            await self.ended(response_id)
 
     async def _end(self, response_id: str, source: BilledEvents, progress: Progress,
                    failure: BaseException | None) -> None:

@@ -8,11 +8,18 @@ that repeats itself (a retry) cannot number two events alike. A log ended by ano
 writer (`end`: the sweep failed the response of a worker taken for dead) takes no more of the
 writer's appends: its terminal event stays the last. An append names its writer (the worker's
 lease owner): once another has `claim`ed the log (a replica took the response over), the
-former writer's appends are refused, so two workers never number events alike."""
+former writer's appends are refused, so two workers never number events alike.
+
+In Redis each append is also announced on the log's channel (in the same script, no round
+trip more), as is a response's end (`announce_end`): every replica listens there once
+(`listen`) and wakes its own readers of that response (follow.py). The table has no channel:
+its readers in other processes look again now and then."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -22,6 +29,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from serve_app.db.tables import ResponseEvent, StoredResponse
+
+logger = logging.getLogger("serve_app.responses")
+
+# How long a replica waits before listening again to a Redis channel it lost.
+RELISTEN_S = 1.0
 
 # The table's mark of an ended log: a row numbered before the first event (never read).
 ENDED_MARK = -1
@@ -39,6 +51,11 @@ class EventLog(Protocol):
         returned): no append is taken after it."""
     async def read(self, response_id: str, after: int) -> list[tuple[int, str]]: ...
     async def delete(self, response_id: str) -> None: ...
+    async def announce_end(self, response_id: str, origin: str) -> None:
+        """Tell the other replicas' readers that the response ended (or was deleted)."""
+    async def listen(self, origin: str, wake: Callable[[str, bool], None]) -> None:
+        """Call `wake(response_id, ended)` for each append or end announced by a replica
+        other than `origin`, until cancelled (a log with no channel returns at once)."""
     async def close(self) -> None: ...
 
 
@@ -122,14 +139,20 @@ class TableEventLog:
                 session.commit()
         await asyncio.to_thread(remove)
 
+    async def announce_end(self, response_id: str, origin: str) -> None:
+        """No channel: the readers of other processes find the end as they look again."""
+
+    async def listen(self, origin: str, wake: Callable[[str, bool], None]) -> None:
+        """No channel to listen to."""
+
     async def close(self) -> None:
         """Nothing to close: the engine is the services'."""
 
 
 # KEYS[1] the response's list, KEYS[2] its mark of an end, KEYS[3] its writer; ARGV: sequence
-# number, event, time to live (ms), writer ('' for none). The list's index is the sequence
-# number: an event is added only in its place, and none once the log was ended or claimed by
-# another writer.
+# number, event, time to live (ms), writer ('' for none), the announcement of the event and
+# its channel. The list's index is the sequence number: an event is added (and announced) only
+# in its place, and none once the log was ended or claimed by another writer.
 APPEND = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
@@ -139,6 +162,7 @@ if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then
 end
 if redis.call('LLEN', KEYS[1]) == tonumber(ARGV[1]) then
   redis.call('RPUSH', KEYS[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[6], ARGV[5])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
@@ -153,6 +177,7 @@ class RedisEventLog:
         self.redis = aioredis.from_url(url, decode_responses=True)
         self.prefix = prefix
         self.kept_ms = int(kept_s * 1000)
+        self.channel = f"{prefix}:responses:announced"
         self._append = self.redis.register_script(APPEND)
 
     def _key(self, response_id: str) -> str:
@@ -169,7 +194,8 @@ class RedisEventLog:
         return bool(await self._append(
             keys=[self._key(response_id), self._ended_key(response_id),
                   self._writer_key(response_id)],
-            args=[sequence_number, data, self.kept_ms, writer or ""]))
+            args=[sequence_number, data, self.kept_ms, writer or "",
+                  _announcement(response_id, writer or "", ended=False), self.channel]))
 
     async def claim(self, response_id: str, writer: str) -> None:
         await self.redis.set(self._writer_key(response_id), writer, px=self.kept_ms)
@@ -192,5 +218,29 @@ class RedisEventLog:
         await self.redis.delete(self._key(response_id), self._ended_key(response_id),
                                 self._writer_key(response_id))
 
+    async def announce_end(self, response_id: str, origin: str) -> None:
+        await self.redis.publish(self.channel, _announcement(response_id, origin, ended=True))
+
+    async def listen(self, origin: str, wake: Callable[[str, bool], None]) -> None:
+        """One subscription for the replica, made again after a lost connection (its readers
+        meanwhile look again now and then, as the table's do)."""
+        while True:
+            try:
+                async with self.redis.pubsub(ignore_subscribe_messages=True) as channel:
+                    await channel.subscribe(self.channel)
+                    async for message in channel.listen():
+                        heard = json.loads(message["data"])
+                        if heard["from"] != origin:  # its own readers were woken at once
+                            wake(heard["id"], heard["ended"])
+            except Exception:
+                logger.warning("listening to %s failed: listening again in %.0f s",
+                               self.channel, RELISTEN_S, exc_info=True)
+            await asyncio.sleep(RELISTEN_S)
+
     async def close(self) -> None:
         await self.redis.aclose()
+
+
+def _announcement(response_id: str, origin: str, *, ended: bool) -> str:
+    return json.dumps({"id": response_id, "from": origin, "ended": ended},
+                      separators=(",", ":"))

@@ -11,6 +11,7 @@ charged), and deletes ended responses past their keeping time with their events
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -65,13 +66,14 @@ class BackgroundResponses:
         self.kept = timedelta(seconds=kept_s)
         self.per_account, self.stored_bytes_per_account = per_account, stored_bytes_per_account
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.followers = Followers(store, events, followers_per_account=followers_per_account)
+        self.followers = Followers(store, events, followers_per_account=followers_per_account,
+                                   origin=self.owner)
         self.drives = Drives(store, events, owner=self.owner, kept=self.kept,
-                             notify=self.followers.notify)
+                             notify=self.followers.notify, ended=self.followers.end)
         self.takeover = Takeover(store, events, self.drives, chat.router,
                                  chat.admission.billing)
         self.sweeper = Sweep(store, events, self.drives, self.takeover, kept=self.kept,
-                             notify=self.followers.notify)
+                             ended=self.followers.end)
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine,
@@ -226,7 +228,9 @@ class BackgroundResponses:
         await self.sweeper.sweep()
 
     async def run(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
-        await self.sweeper.run(interval_s)
+        """The sweep, and the wake-ups of this replica's readers by other replicas' writers
+        (until cancelled)."""
+        await asyncio.gather(self.sweeper.run(interval_s), self.followers.listen())
 
     async def stop(self) -> None:
         """Stop this replica's generations (each charges what it made) and close the log."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -24,9 +24,10 @@ SWEEP_INTERVAL_S = 10.0
 
 class Sweep:
     def __init__(self, store: ResponseStore, events: EventLog, drives: Drives,
-                 takeover: Takeover, *, kept: timedelta, notify: Callable[[str], None]) -> None:
+                 takeover: Takeover, *, kept: timedelta,
+                 ended: Callable[[str], Awaitable[None]]) -> None:
         self.store, self.events, self.drives, self.takeover = store, events, drives, takeover
-        self.kept, self.notify = kept, notify
+        self.kept, self.ended = kept, ended  # wakes the readers of an ended response
 
     async def sweep(self) -> None:
         """Continue the responses whose worker died (their lease ran out), or fail those
@@ -45,7 +46,7 @@ class Sweep:
             if await self.store.fail_orphan(view, failed, self.kept):
                 logger.warning("background response %s failed: its worker is gone", view.id)
                 await self.events.end(view.id, partial(_failed_event, failed))
-                self.notify(view.id)
+                await self.ended(view.id)
         for response_id in await self.store.expired():
             await self.forget(response_id)
 
@@ -53,7 +54,7 @@ class Sweep:
         """Delete the response and its events."""
         await self.events.delete(response_id)
         await self.store.delete(response_id)
-        self.notify(response_id)
+        await self.ended(response_id)
 
     async def run(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
         while True:
