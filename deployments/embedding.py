@@ -25,7 +25,6 @@ from deployments.engines.openai_embeddings import OpenAIUpstreamEmbedder
 from deployments.engines.openai_upstream import UpstreamFailed
 from deployments.fair_batches import FairBatches
 from deployments.fair_share import AtCapacity
-from deployments.gil import FORWARD_PASS_SWITCH_INTERVAL_S, hand_over_the_gil_quickly
 from deployments.protocol import (
     MAX_INPUT_TOKENS,
     Embeddings,
@@ -52,8 +51,6 @@ class EmbeddingDeployment(ModelDeployment):
 
     def __init__(self, models: list[ModelSpec]) -> None:
         super().__init__(models)
-        # The forward pass needs the GIL between its torch operations (deployments/gil.py).
-        hand_over_the_gil_quickly(FORWARD_PASS_SWITCH_INTERVAL_S)
         for model_id, engine in self.engines.items():
             if isinstance(engine, OpenAIUpstreamEmbedder):  # known from its first answer
                 logger.info("embedding model %s: on a server the operator runs", model_id)
