@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,9 @@ class MetricBatch:
 
     def __init__(self, interval_s: float = FLUSH_INTERVAL_S) -> None:
         self.interval_s = interval_s
+        self._start_empty()
+
+    def _start_empty(self) -> None:
         self._lock = threading.Lock()
         self._sums: dict[tuple[CounterSink, _Tags], float] = {}
         self._values: dict[tuple[GaugeSink, _Tags], float] = {}
@@ -132,5 +136,9 @@ class BatchedGauge:
 
 @cache
 def process_batch() -> MetricBatch:
-    """The process's one batch, shared by the Gateway's and the model replicas' metrics."""
-    return MetricBatch()
+    """The process's one batch, shared by the Gateway's and the model replicas' metrics. A
+    child forked from the process starts with an empty one of its own (the parent's flusher
+    thread does not follow it into the child, its lock might be held)."""
+    batch = MetricBatch()
+    os.register_at_fork(after_in_child=batch._start_empty)
+    return batch

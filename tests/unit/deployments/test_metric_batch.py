@@ -3,11 +3,13 @@ summed per tag set, a gauge's last value per tag set, nothing lost, nothing reco
 
 from __future__ import annotations
 
+import ast
+import os
 import threading
 
 import pytest
 
-from deployments.metric_batch import BatchedCounter, BatchedGauge, MetricBatch
+from deployments.metric_batch import BatchedCounter, BatchedGauge, MetricBatch, process_batch
 from deployments.metrics import EngineMetrics, GateMetrics
 from serve_app.metrics import Metrics
 
@@ -94,6 +96,27 @@ def test_what_is_recorded_is_flushed_without_being_asked():
     BatchedCounter(sink, batch).inc(tags={"outcome": "admitted"})  # the flusher sleeps again
     assert sink.recorded.wait(timeout=30)
     assert sink.records == [(1, {"outcome": "admitted"})] * 2
+
+
+def test_a_forked_child_starts_with_an_empty_batch_of_its_own():
+    batch, sink = process_batch(), Sink()
+    BatchedCounter(sink, batch).inc(5, tags={"model": "parent"})
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's kept count is not its to hand over
+        try:
+            sink.records.clear()
+            batch.flush()
+            BatchedCounter(sink, batch).inc(tags={"model": "child"})
+            batch.flush()
+            os.write(write, repr(sink.records).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert ast.literal_eval(os.read(read, 1000).decode()) == [(1, {"model": "child"})]
+    batch.flush()
+    assert sink.records == [(5, {"model": "parent"})]
 
 
 def test_every_counter_and_gauge_of_the_platform_goes_through_the_batch():
