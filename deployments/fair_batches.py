@@ -194,11 +194,9 @@ class FairBatches(Generic[Out]):
             self._running.add(task)
             task.add_done_callback(self._pass_ended)
 
-    def _pass_ended(self, task: asyncio.Task | None) -> None:
-        """The next pass, once per pass: when its outputs came (`_pass`), else when it ended."""
-        if task in self._running:
-            self._running.discard(task)  # type: ignore[arg-type]
-            self._wake()
+    def _pass_ended(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._wake()
 
     async def _pass(self, slices: list[tuple[_Owner, _Job, int, int]]) -> None:
         texts = [text for _, job, a, b in slices for text in job.texts[a:b]]
@@ -213,14 +211,9 @@ class FairBatches(Generic[Out]):
         cost = sum(job.costs[i] for _, job, a, b in slices for i in range(a, b))
         self._passes.append((len(texts), cost, self._clock() - started))
         self.texts_served += len(texts)
-        for owner, _, a, b in slices:
-            owner.in_pass -= b - a
-        # The next pass goes to the engine before these results are handed back: answering
-        # the calls (their vectors stacked, sent through Serve) would otherwise come first on
-        # the loop, and the engine would wait for it between every two passes.
-        self._pass_ended(asyncio.current_task())
         at = 0
         for owner, job, a, b in slices:
+            owner.in_pass -= b - a
             job.results[a:b] = outputs[at:at + b - a]
             at += b - a
             job.finished += b - a

@@ -62,32 +62,6 @@ def test_each_text_gets_its_own_output_in_order_across_passes() -> None:
     asyncio.run(scenario())
 
 
-def test_the_next_pass_is_under_way_before_a_call_gets_its_outputs() -> None:
-    """The engine does not wait for the finished pass's calls to be answered."""
-    async def scenario() -> None:
-        engine = Engine()
-        batches = FairBatches(engine.run, max_texts=4)
-        seen: list[str] = []
-
-        async def call(texts: list[str]) -> list[str]:
-            outputs = await batches.encode(texts, [(HEAVY, len(texts))])
-            seen.append(f"answered {texts}, {len(engine.passes)} passes handed to the engine")
-            return outputs
-
-        first = asyncio.create_task(call(["a", "b"]))
-        await settle()
-        second = asyncio.create_task(call(["c", "d"]))
-        await settle()
-        assert engine.passes == [["a", "b"]]  # waits for the running pass
-        engine.release(0)
-        assert await first == ["A", "B"]
-        assert seen == ["answered ['a', 'b'], 2 passes handed to the engine"]
-        engine.release(1)
-        assert await second == ["C", "D"]
-
-    asyncio.run(scenario())
-
-
 def test_a_newcomer_is_encoded_beside_the_running_pass_and_before_a_big_backlog() -> None:
     async def scenario() -> None:
         engine = Engine()
