@@ -31,8 +31,7 @@ from deployments.engines.openai_upstream import (
     UpstreamHealth,
     UpstreamSettings,
     offline,
-    refusal,
-    unreachable,
+    post_answer,
     upstream_client,
 )
 from deployments.protocol import MAX_INPUT_TOKENS, EngineError
@@ -75,15 +74,7 @@ class OpenAIUpstreamEmbedder:
     async def _call(self, texts: list[str]) -> Encoded:
         body = {"model": self.settings.upstream_model, "input": texts,
                 "encoding_format": "float"}
-        try:
-            answer = await self.client.post("embeddings", json=body)
-        except httpx.TransportError as exc:  # timeouts too
-            logger.warning("upstream %s failed (%s)", self.settings.upstream_model,
-                           type(exc).__name__)
-            raise UpstreamFailed(unreachable(exc), counts=True) from None
-        if answer.status_code != 200:
-            raise refusal(answer.status_code, answer.content, answer.headers.get("retry-after"),
-                          self.settings)
+        answer = await post_answer(self.client, self.settings, "embeddings", body)
         vectors = _vectors(answer, len(texts))
         if vectors is None:
             logger.warning("upstream %s answered something else than embeddings",

@@ -219,16 +219,8 @@ class OpenAIUpstreamEngine:
         return None
 
     async def _call(self, request: TextRequest) -> list[Chunk | Usage]:
-        body = chat_body(self.settings, request, stream=False)
-        try:
-            answer = await self.client.post("chat/completions", json=body)
-        except httpx.TransportError as exc:  # timeouts too
-            logger.warning("upstream %s failed (%s)", self.settings.upstream_model,
-                           type(exc).__name__)
-            raise UpstreamFailed(unreachable(exc), counts=True) from None
-        if answer.status_code != 200:
-            raise refusal(answer.status_code, answer.content, answer.headers.get("retry-after"),
-                          self.settings)
+        answer = await post_answer(self.client, self.settings, "chat/completions",
+                                   chat_body(self.settings, request, stream=False))
         try:
             return unary_events(_json(answer.content), prompt_estimate(request.messages))
         except NotAChatCompletion:
@@ -394,6 +386,21 @@ def sampling_fields(s: Sampling) -> dict[str, Any]:
     if s.logprobs:
         fields["logprobs"] = True
     return fields
+
+
+async def post_answer(client: httpx.AsyncClient, settings: UpstreamSettings, path: str,
+                      body: dict[str, Any]) -> httpx.Response:
+    """One non-streamed call to the upstream: its 200 answer, else `UpstreamFailed` (no
+    answer at all: a 503 that counts toward offline; a refusal: as `refusal` maps it)."""
+    try:
+        answer = await client.post(path, json=body)
+    except httpx.TransportError as exc:  # timeouts too
+        logger.warning("upstream %s failed (%s)", settings.upstream_model, type(exc).__name__)
+        raise UpstreamFailed(unreachable(exc), counts=True) from None
+    if answer.status_code != 200:
+        raise refusal(answer.status_code, answer.content, answer.headers.get("retry-after"),
+                      settings)
+    return answer
 
 
 def _sse_data(line: str) -> str | None:
