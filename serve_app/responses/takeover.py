@@ -171,6 +171,11 @@ class Continuing:
         if not text:
             return dataclasses.replace(request, request_id=request_id, sampling=sampling)
         messages: list[Message] = [*request.messages, {"role": "assistant", "content": text}]
+        if not self.count_only:
+            # The text kept is in the prompt now: its tokens and `max_tokens` on top of them
+            # may overflow the context, which the engine refuses (the request fit it without
+            # them). The engine fills the context's rest; `events` stops at `max_tokens`.
+            sampling = dataclasses.replace(sampling, max_tokens=None)
         return dataclasses.replace(
             request, request_id=request_id, messages=messages, sampling=sampling,
             chat_template_kwargs={**request.chat_template_kwargs,

@@ -3,13 +3,14 @@ engine behind it, so its fair-share gate, its stream (coalesced lists, deploymen
 and its merge of a unary reply are the ones the Gateway meets in production.
 
 The fake engine answers every choice with `reply`, one token per word, in `pieces` chunks;
-`max_tokens` cuts it (finish_reason `length`). The prompt counts one token per word and one
-per message. Asked to continue a final assistant message (the chat template's
-`continue_final_message`), it answers the rest of `reply` after that message's words (all of
-it when the message is not its beginning), the message counted in the prompt without its
-role's token (as a template counts the generation prompt in neither). Like vLLM's prefix
-cache, a prompt's longest prefix shared with an earlier prompt under the same `cache_salt`
-counts as cached (all but its last token at most).
+`max_tokens` cuts it (finish_reason `length`); with a `context` set, a prompt that leaves less
+than `max_tokens` of it is refused with TOO_MANY_TOKENS, as vLLM refuses it. The prompt
+counts one token per word and one per message. Asked to continue a final assistant message
+(the chat template's `continue_final_message`), it answers the rest of `reply` after that
+message's words (all of it when the message is not its beginning), the message counted in the
+prompt without its role's token (as a template counts the generation prompt in neither).
+Like vLLM's prefix cache, a prompt's longest prefix shared with an earlier prompt under the
+same `cache_salt` counts as cached (all but its last token at most).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class FakeTextEngine(FakeEngine):
         self.reply = DEFAULT_REPLY
         self.pieces = 3
         self._prompts_seen: dict[str | None, list[list[str]]] = {}  # by cache salt
+        self.context: int | None = None  # vLLM's max_model_len, enforced when set
 
     def cached_tokens(self, prompt: list[str], salt: str | None = None) -> int:
         """What the prefix cache serves of `prompt` under `salt`, which it then holds too."""
@@ -93,15 +95,22 @@ class FakeTextEngine(FakeEngine):
             begun = words(_message_text(messages[-1]))
             if said[:len(begun)] == begun:
                 said = said[len(begun):]
+        prompt_list = prompt_token_list(messages) if not continued else [
+            *prompt_token_list(messages[:-1]), *words(_message_text(messages[-1]))]
+        prompt = len(prompt_list)
         limit = request.sampling.max_tokens
+        context = self.context
+        if context is not None and limit is not None and prompt + limit > context:
+            return [EngineError(400, f"{prompt} prompt tokens and max_tokens {limit} exceed "
+                                     f"the context of {context}",
+                                code="TOO_MANY_TOKENS", field="max_tokens")]
+        if limit is None and context is not None:  # the context's rest, as vLLM fills it in
+            limit = context - prompt
         finish = "stop"
         if limit is not None and len(said) > limit:
             said, finish = said[:limit], "length"
         size = max(1, -(-len(said) // max(1, self.pieces)))
         groups = [said[i:i + size] for i in range(0, len(said), size)] or [[]]
-        prompt_list = prompt_token_list(messages) if not continued else [
-            *prompt_token_list(messages[:-1]), *words(_message_text(messages[-1]))]
-        prompt = len(prompt_list)
         cached = self.cached_tokens(prompt_list, request.cache_salt)
         chunks: list[TextEvent] = []
         for index in range(n):

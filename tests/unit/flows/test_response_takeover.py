@@ -182,6 +182,42 @@ def test_a_response_whose_replica_died_is_continued_and_resumed_through_another(
     assert books.balance_nanos() == before - charge.total_nanos
 
 
+def test_a_response_whose_prompt_and_max_output_tokens_fill_the_context_is_continued(
+        fake_gateway, fakes, sdk, key, text, books):
+    # the continuation's prompt holds the text kept: asked for the request's max_tokens on
+    # top of it, the engine would refuse it (TOO_MANY_TOKENS) and the response would fail
+    uncut = sdk.responses.create(model="chat-primary", input="Count", background=True,
+                                 max_output_tokens=WORDS)
+    for _ in sdk.responses.retrieve(uncut.id, stream=True):
+        pass
+    prompt = sdk.responses.retrieve(uncut.id).usage.input_tokens
+    for engine in text.engines.values():
+        engine.context = prompt + WORDS
+    cut = FirstCallCut(text, after=3)
+    request_id = "bg-full-context"
+    created = sdk.responses.create(model="chat-primary", input="Count", background=True,
+                                   max_output_tokens=WORDS,
+                                   extra_headers={"X-Request-ID": request_id})
+    assert cut.reached.wait(WAIT_S)
+    _wait_for(lambda: _text_kept(fake_gateway, created.id) == "one two three ")
+    dead = _dies(fake_gateway, created.id)
+
+    with _replica(fake_gateway, fakes) as other:
+        other.client.portal.call(other.services.responses.sweep)
+        client = _sdk(other, key)
+        whole = list(client.responses.retrieve(created.id, stream=True))
+        done = client.responses.retrieve(created.id)
+    _bury(fake_gateway, created.id, dead)
+
+    assert done.status == "completed", done.error
+    assert done.output_text == REPLY
+    assert [e.sequence_number for e in whole] == list(range(len(whole)))
+    assert done.usage.input_tokens == prompt and done.usage.output_tokens == WORDS
+    charge = books.only_charge(request_id)  # once, for all that was made
+    assert charge.lines["output"][0] == WORDS and _charged_prompt(charge) == prompt
+    assert books.held(request_id) is None
+
+
 def test_a_replica_shutting_down_hands_its_responses_over_and_another_continues_them(
         fake_gateway, fakes, sdk, key, text, books):
     cut = FirstCallCut(text, after=3)
