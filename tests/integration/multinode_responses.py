@@ -108,6 +108,20 @@ def _events_kept(redis_url: str, response_id: str) -> int:
         client.close()
 
 
+def _text_kept(redis_url: str, response_id: str) -> int:
+    """The characters of output text the response's events kept so far."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        events = [json.loads(e) for e in
+                  client.lrange(f"multinode:responses:{{{response_id}}}:events", 0, -1)]
+    finally:
+        client.close()
+    return sum(len(e.get("delta", "")) for e in events
+               if e.get("type") == "response.output_text.delta")
+
+
 def _sse_events(body: str) -> list[dict[str, Any]]:
     return [json.loads(line[len("data: "):]) for line in body.splitlines()
             if line.startswith("data: ")]
@@ -159,17 +173,23 @@ def main(address: str, port: int, data_dir: str, database_url: str, redis_url: s
         _until(lambda r=response_id: _events_kept(redis_url, r) >= 5,
                f"events of {response_id}")
     at_kill = _rows(database_url, list(created))
+    kept_at_kill = {r: _text_kept(redis_url, r) for r in on_second}
     kill_second_node()
     killed = time.monotonic()
     taken_over = [r for r in on_second if at_kill[r][0] in ("queued", "in_progress")]
 
     ended: dict[str, str] = {}
+    errors: dict[str, Any] = {}  # why each response that did not complete ended as it did
     for response_id in created:
         def status(r: str = response_id) -> str | None:
             got = httpx.get(f"{base}/responses/{r}", headers=auth, timeout=30)
             got.raise_for_status()
-            found = got.json()["status"]
-            return found if found not in ("queued", "in_progress") else None
+            found = got.json()
+            if found["status"] in ("queued", "in_progress"):
+                return None
+            if found["status"] != "completed":
+                errors[r] = found.get("error")
+            return found["status"]
         ended[response_id] = _until(status, f"the end of {response_id}")
     ended_after_s = round(time.monotonic() - killed, 1)
 
@@ -191,7 +211,9 @@ def main(address: str, port: int, data_dir: str, database_url: str, redis_url: s
             "output_tokens": (last.get("response", {}).get("usage") or {}).get(
                 "output_tokens")}
     return {"placed": placed, "created": len(created), "on_second_node": len(on_second),
-            "taken_over": len(taken_over), "statuses": ended, "ended_after_kill_s": ended_after_s,
+            "text_chars_kept_at_kill": kept_at_kill,
+            "taken_over": len(taken_over), "statuses": ended, "errors": errors,
+            "ended_after_kill_s": ended_after_s,
             "streams": streams, **_books(database_url, list(created.values()))}
 
 

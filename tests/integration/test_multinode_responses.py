@@ -30,7 +30,8 @@ def test_background_responses_survive_their_gateway_replica(tmp_path):
     assert found["placed"]["Gateway"] == ["head", "worker"], found["placed"]
     assert found["placed"]["text-xs"] == ["head"], found["placed"]
     assert found["taken_over"] >= 1, found  # under way on the node that was killed
-    assert set(found["statuses"].values()) == {"completed"}, found["statuses"]
+    assert set(found["statuses"].values()) == {"completed"}, \
+        (found["statuses"], found["errors"])
     for response_id, stream in found["streams"].items():
         assert stream["contiguous"] and stream["last"] == "response.completed", \
             (response_id, stream)

@@ -5,6 +5,7 @@ driver runs as a process of its own and prints one JSON object last."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -47,6 +48,11 @@ def run_on_two_nodes(driver: str, data_dir: Path, tag: str,
         return json.loads(run.stdout.strip().splitlines()[-1])
     finally:
         kill_cluster(temp_dir)
+        # the head's logs (its Gateway replica's among them) outlive the cluster, in the
+        # test's own folder: what a failed run did is read there
+        with contextlib.suppress(OSError):  # none when the cluster did not start
+            shutil.copytree(Path(temp_dir) / "session_latest" / "logs", data_dir / "ray-logs",
+                            dirs_exist_ok=True, ignore_dangling_symlinks=True)
         redis.stop()
         drop_postgres_schema(pg_url)
         shutil.rmtree(temp_dir, ignore_errors=True)
