@@ -4,7 +4,8 @@ A unary chat goes upstream as one non-streamed call (`stream: false`): the serve
 JSON body instead of a stream of events to parse (for a 1-token chat, vLLM's server sends five:
 the role, the token, the finish, the usage and the end). The body becomes what the streamed
 path would have merged into: one `Chunk` per choice (its text, tokens, finish reason and
-logprobs; the first carries the prompt's count), then the `Usage` the server reported.
+logprobs; the first carries the prompt's count), then the `Usage` the server reported. Tool
+calls and reasoning the server parsed itself become text (deployments/engines/openai_parsed.py).
 The HTTP call, its errors and the server's health are the engine's
 (deployments/engines/openai_upstream.py).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from deployments.engines.openai_parsed import ParsedText
 from deployments.protocol import Chunk, Usage
 
 logger = logging.getLogger("deployments.openai_upstream")
@@ -39,12 +41,14 @@ def unary_events(data: Any, prompt_estimate: int) -> list[Chunk | Usage]:
     reported = _count(usage, "completion_tokens")
     shares = _shares(reported, len(choices))
     chunks: list[Chunk] = []
+    parsed = ParsedText()
     for position, choice in enumerate(sorted(choices, key=_index)):
         message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else None
-        if text is not None and not isinstance(text, str):
+        content = message.get("content") if isinstance(message, dict) else None
+        if content is not None and not isinstance(content, str):
             raise NotAChatCompletion
-        text = text or ""
+        # its tool calls and reasoning the server parsed itself, as text again
+        text = parsed.text(_index(choice), message, finished=True)
         logprobs = (choice.get("logprobs") or {}).get("content") or None
         if shares is not None:
             tokens = shares[position]

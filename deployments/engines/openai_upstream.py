@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from deployments.engines.openai_parsed import ParsedText
 from deployments.engines.openai_unary import NotAChatCompletion, unary_events
 from deployments.protocol import (
     Chunk,
@@ -278,6 +279,7 @@ class _Count:
         self.started = False  # a chunk went out: a failure now ends the stream
         self.finished: dict[int, bool] = {}
         self.reported: dict[str, Any] | None = None
+        self.parsed = ParsedText()  # tool calls and reasoning the upstream parsed, as text
 
     def chunks(self, data: Any, usage_every_chunk: bool) -> list[Chunk]:
         if not isinstance(data, dict):
@@ -294,9 +296,8 @@ class _Count:
         made: list[Chunk] = []
         for choice in data.get("choices") or []:
             index = int(choice.get("index", 0))
-            delta = choice.get("delta") or {}
-            text = delta.get("content") or ""
             finish = choice.get("finish_reason")
+            text = self.parsed.text(index, choice.get("delta"), bool(finish))
             logprobs = (choice.get("logprobs") or {}).get("content")
             if not text and not finish and not logprobs:
                 continue

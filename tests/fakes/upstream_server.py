@@ -50,6 +50,12 @@ class UpstreamServer:
         self.slow_interval_s = 0.02
         self.retry_after: str | None = "7"
         self.report_usage = True  # a non-streamed answer's usage
+        # What a server with its own tool or reasoning parser answers in place of the reply:
+        # the deltas of a stream (each its own chunk, the last finishing with `parsed_finish`)
+        # and the message of a non-streamed answer.
+        self.parsed_deltas: list[dict[str, Any]] | None = None
+        self.parsed_message: dict[str, Any] | None = None
+        self.parsed_finish = "tool_calls"
         self.bodies: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
         self.client_ports: list[int | None] = []  # one port per connection the client opened
@@ -91,10 +97,12 @@ class UpstreamServer:
                                   "top_logprobs": []} for word in words]}
                     if body.get("logprobs") else None)
         n = int(body.get("n") or 1)
+        message = {"role": "assistant", "content": "".join(words)}
+        if self.parsed_message is not None:
+            message, finish = {"role": "assistant", **self.parsed_message}, self.parsed_finish
         answer = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1,
                   "model": body.get("model"),
-                  "choices": [{"index": i, "message": {"role": "assistant",
-                                                       "content": "".join(words)},
+                  "choices": [{"index": i, "message": message,
                                "logprobs": logprobs, "finish_reason": finish}
                               for i in range(n)]}
         if self.report_usage:
@@ -147,8 +155,14 @@ class UpstreamServer:
         yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
                                                                "content": ""},
                                         "finish_reason": None}]})
+        if self.parsed_deltas is not None:
+            for n, delta in enumerate(self.parsed_deltas, start=1):
+                last = n == len(self.parsed_deltas)
+                yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason":
+                                                self.parsed_finish if last else None}]})
+            words = [""] * len(self.parsed_deltas)  # one token a delta, for the usage
         try:
-            for n, word in enumerate(words, start=1):
+            for n, word in enumerate([] if self.parsed_deltas is not None else words, start=1):
                 if behaviour == "cut" and n > self.cut_after:
                     raise ConnectionResetError("the upstream's engine died")
                 if behaviour == "slow":

@@ -7,6 +7,7 @@ cuts ends with the stream's error and charges what was delivered; its address ne
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,7 @@ def gateway_catalog(tmp_path: Path, upstream: UpstreamServer,
         upstream, MODEL, upstream_name="upstream-model", api_key_env="UPSTREAM_KEY_FOR_FLOWS",
         type="text", name="Chat upstream", deployment="text-m", size_class="M",
         context_length=4096, max_completion_tokens=256,
+        capabilities={"supportsFunctionCalling": True, "supportsReasoning": True},
         pricing={"input": {"usd": 10, "diem": 10}, "output": {"usd": 20, "diem": 20},
                  "cache_input": {"usd": 10, "diem": 10}}))
 
@@ -179,3 +181,77 @@ def test_an_upstream_that_stops_answering_is_listed_offline_named_by_ready_and_c
     assert fake_gateway.client.get(f"/api/v1/models/{MODEL}").json()["model_spec"][
         "offline"] is False
     assert _chat(fake_gateway, key).status_code == 200
+
+
+# A server with its own parsers (vLLM `--enable-auto-tool-choice --tool-call-parser hermes
+# --reasoning-parser ...`): reasoning in `reasoning_content`, calls in `tool_calls` streamed as
+# the name, then argument fragments; the second call's arguments never come.
+PARSED_DELTAS = [
+    {"role": "assistant", "reasoning_content": "The user wants "},
+    {"reasoning_content": "the weather."},
+    {"tool_calls": [{"index": 0, "id": "call-a", "type": "function",
+                     "function": {"name": "get_weather"}}]},
+    {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+    {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+    {"tool_calls": [{"index": 1, "id": "call-b", "type": "function",
+                     "function": {"name": "get_time", "arguments": ""}}]},
+]
+PARSED_MESSAGE = {"content": None, "reasoning_content": "The user wants the weather.",
+                  "tool_calls": [
+                      {"id": "call-a", "type": "function", "function": {
+                          "name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                      {"id": "call-b", "type": "function", "function": {
+                          "name": "get_time", "arguments": "{}"}}]}
+TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+         for name in ("get_weather", "get_time")]
+CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {})]
+
+
+def _calls(tool_calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in tool_calls]
+
+
+def test_tool_calls_the_upstream_parsed_reach_the_client_as_tool_calls(fake_gateway, key,
+                                                                      upstream):
+    upstream.parsed_message = PARSED_MESSAGE
+    resp = _chat(fake_gateway, key, tools=TOOLS, tool_choice="auto")
+    assert resp.status_code == 200, resp.text
+    [choice] = resp.json()["choices"]
+    assert _calls(choice["message"]["tool_calls"]) == CALLS
+    assert choice["finish_reason"] == "tool_calls"
+    assert resp.json()["usage"]["completion_tokens"] == 10  # the upstream's usage
+
+
+def test_streamed_tool_call_fragments_the_upstream_parsed_reach_the_client_as_tool_calls(
+        fake_gateway, key, upstream):
+    # without the reasoning: the Gateway's stream holds back only a reply that begins as a call
+    upstream.parsed_deltas = PARSED_DELTAS[2:]
+    resp = _chat(fake_gateway, key, tools=TOOLS, tool_choice="auto", stream=True,
+                 stream_options={"include_usage": True})
+    assert resp.status_code == 200, resp.text
+    chunks = events(resp.text)[:-1]
+    calls = [t for c in chunks for ch in c["choices"] for t in ch["delta"].get("tool_calls", [])]
+    assert _calls(calls) == CALLS
+    finish = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finish == ["tool_calls"]
+    assert chunks[-1]["usage"]["completion_tokens"] == len(PARSED_DELTAS[2:])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_the_upstream_parsed_is_thinking_the_client_can_strip(fake_gateway, key,
+                                                                        upstream, stream):
+    upstream.parsed_finish = "stop"
+    upstream.parsed_message = {"reasoning_content": "Greet back.", "content": "Hello!"}
+    upstream.parsed_deltas = [{"reasoning": "Greet "}, {"reasoning": "back."},
+                              {"content": "Hello"}, {"content": "!"}]
+
+    def answer(**body: Any) -> str:
+        resp = _chat(fake_gateway, key, stream=stream, **body)
+        assert resp.status_code == 200, resp.text
+        return content(events(resp.text)) if stream else \
+            resp.json()["choices"][0]["message"]["content"]
+
+    assert answer() == "<think>Greet back.</think>Hello!"
+    stripped = answer(service_parameters={"strip_thinking_response": True})
+    assert stripped.strip() == "Hello!"
