@@ -97,8 +97,8 @@ async def sse_events(plan: ChatPlan, routed: RoutedModel,
                                 "content": None if plan.tool_mode != "none" else ""})
             if plan.tool_mode != "none":
                 held[i] = held.get(i, "") + text
-                if plan.tool_mode == "auto" and not tool_calls.may_be_call(held[i]):
-                    text, held[i] = held[i], ""
+                if plan.tool_mode == "auto":
+                    text, held[i] = tool_calls.release(held[i])
                 else:
                     text = ""
             if text or chunk.logprobs:

@@ -11,6 +11,7 @@ from typing import Any
 
 from serve_app.schemas.chat import ChatCompletionRequest, ToolChoiceFunction
 
+_OPEN = "<tool_call>"
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 # The published name of the call that carries web results as documents
 # (`return_search_results_as_documents`), for frameworks that read tool calls.
@@ -80,3 +81,17 @@ def may_be_call(prefix: str) -> bool:
     head = prefix.lstrip()
     return head.startswith("{") or "<tool_call>".startswith(head[:11]) or head.startswith(
         "<tool_call>")
+
+
+def release(held: str) -> tuple[str, str]:
+    """Streamed text held back, split into what can go out as text now and what must still
+    wait: text that may be a call as a whole (may_be_call), else from the first
+    `<tool_call>` (or the start of one at the end) on. Text before a call, such as a thinking
+    model's `<think>` block, streams while its calls are still held."""
+    if may_be_call(held):
+        return "", held
+    at = held.find(_OPEN)
+    if at < 0:  # the tag's first characters at the very end may still become it
+        at = next((len(held) - n for n in range(min(len(held), len(_OPEN) - 1), 0, -1)
+                   if _OPEN.startswith(held[-n:])), len(held))
+    return held[:at], held[at:]

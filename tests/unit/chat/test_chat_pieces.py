@@ -74,3 +74,13 @@ def test_fetcher_refuses_private_hosts_and_other_schemes():
                 "ftp://example.org/", "http://169.254.169.254/latest/meta-data"):
         with pytest.raises(BlockedAddress):
             asyncio.run(fetcher.fetch(url))
+
+
+def test_held_stream_text_goes_out_up_to_a_possible_call():
+    from serve_app.chat.tools import release
+
+    assert release("Let me check. ") == ("Let me check. ", "")
+    assert release('<tool_call>{"na') == ("", '<tool_call>{"na')
+    assert release("</think><tool_call>{") == ("</think>", "<tool_call>{")
+    assert release("Thinking done.<tool") == ("Thinking done.", "<tool")
+    assert release('  {"name"') == ("", '  {"name"')  # a bare call at the start

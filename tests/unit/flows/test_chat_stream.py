@@ -104,3 +104,25 @@ def test_a_streamed_tool_call_opens_no_text_before_its_call(fake_gateway, fakes,
     (call,) = [t for d in deltas for t in d.get("tool_calls", [])]
     assert call["function"]["name"] == "note"
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_text_before_a_streamed_tool_call_streams_and_the_call_stays_a_call(fake_gateway,
+                                                                             fakes, key):
+    # A thinking model reasons first, then calls: the reasoning reaches the client as text,
+    # the call as a tool call (never as text).
+    for engine in fakes["text-xs"].engines.values():
+        engine.reply = ('<think>The user wants a note.</think>'
+                        '<tool_call>{"name": "note", "arguments": {"text": "hi"}}</tool_call>')
+    tool = {"type": "function", "function": {
+        "name": "note", "parameters": {"type": "object",
+                                       "properties": {"text": {"type": "string"}}}}}
+
+    resp = _stream(fake_gateway, key, tools=[tool])
+
+    chunks = events(resp.text)[:-1]
+    assert content(chunks) == "<think>The user wants a note.</think>"
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    (call,) = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert call["function"]["name"] == "note"
+    assert call["function"]["arguments"] == '{"text": "hi"}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
