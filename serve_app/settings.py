@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     responses_per_account: int = Field(default=100, ge=1)
     responses_stored_mb_per_account: int = Field(default=64, ge=1)
     responses_followers_per_account: int = Field(default=16, ge=1)
+    # The longest a background response whose model refuses it for load (503
+    # MODEL_AT_CAPACITY) before it started stays queued, trying again after each refusal's
+    # Retry-After; past it, it fails with that refusal (serve_app/responses/capacity_wait.py).
+    responses_capacity_wait_s: float = Field(default=600.0, gt=0)
     # The longest a request body may take to arrive (408 past it), and how many bodies over
     # 1 MB one client address may have on their way at once (429 past it).
     body_timeout_s: float = Field(default=60.0, gt=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -154,20 +154,26 @@ async def stream_response(ctx: RequestContext, key: KeyRecord, req: ChatCompleti
 
 async def background_stream(ctx: RequestContext, key: KeyRecord, req: ChatCompletionRequest,
                             chat_service: ChatService,
-                            planned: Callable[[ChatPlan], None] | None = None
-                            ) -> BilledEvents:
+                            planned: Callable[[ChatPlan], None] | None = None,
+                            starting: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+                            | None = None) -> BilledEvents:
     """The response.* events of `req` for a background response: admitted, held for and
     prepared now (what refuses it is this request's answer), the model started only when the
     events are first read, by the worker that drives them (serve_app/responses/), not by
     this request. Closing the events stops the model. `planned` is shown the plan once
-    prepared (its engine request composed)."""
+    prepared (its engine request composed); `starting` runs the start of the model (it may
+    try it again while the model refuses it for load: serve_app/responses/capacity_wait.py)."""
     async def start(plan: ChatPlan) -> AsyncIterator[str | Mark]:
         plan.answered_by = plan.candidates[0]  # the model asked for, until one answers
         if planned is not None:
             planned(plan)
 
         async def events() -> AsyncIterator[str | Mark]:
-            routed, stream, first = await chat_service.start_model_stream(plan)
+            def start_model() -> Awaitable[Any]:
+                return chat_service.start_model_stream(plan)
+
+            routed, stream, first = await (start_model() if starting is None
+                                           else starting(start_model))
             try:
                 async with aclosing(_events(plan, routed.model.id,
                                             chunks_with_first(first, stream))) as shaped:

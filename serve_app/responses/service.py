@@ -34,6 +34,7 @@ from serve_app.limits.limit_headers import limit_headers
 from serve_app.models.calls import outliving_the_request
 from serve_app.pipeline.bill import BilledEvents
 from serve_app.pipeline.context import RequestContext
+from serve_app.responses.capacity_wait import CapacityWait
 from serve_app.responses.drive import Drive, Drives, abandon
 from serve_app.responses.events import EventLog, RedisEventLog, TableEventLog
 from serve_app.responses.follow import Followers, last_event_id
@@ -61,8 +62,10 @@ async def _as_is(work: Awaitable[T]) -> T:
 class BackgroundResponses:
     def __init__(self, store: ResponseStore, events: EventLog, chat: ChatService, *,
                  kept_s: float, per_account: int, stored_bytes_per_account: int,
-                 followers_per_account: int = 16) -> None:
+                 followers_per_account: int = 16, capacity_wait_s: float = 600.0) -> None:
         self.store, self.events, self.chat = store, events, chat
+        # a generation refused for load before it started waits and tries again
+        self.capacity_wait = CapacityWait(capacity_wait_s)
         self.kept = timedelta(seconds=kept_s)
         self.per_account, self.stored_bytes_per_account = per_account, stored_bytes_per_account
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -87,7 +90,8 @@ class BackgroundResponses:
                    per_account=settings.responses_per_account,
                    stored_bytes_per_account=settings.responses_stored_mb_per_account
                    * 1024 * 1024,
-                   followers_per_account=settings.responses_followers_per_account)
+                   followers_per_account=settings.responses_followers_per_account,
+                   capacity_wait_s=settings.responses_capacity_wait_s)
 
     @property
     def followers_per_account(self) -> int:
@@ -127,7 +131,8 @@ class BackgroundResponses:
     async def _create(self, ctx: RequestContext, key: KeyRecord,
                       req: ChatCompletionRequest) -> dict[str, Any]:
         plans: list[ChatPlan] = []
-        source = await background_stream(ctx, key, req, self.chat, plans.append)
+        source = await background_stream(ctx, key, req, self.chat, plans.append,
+                                         self.capacity_wait.run)
         ctx.first_token_ms = None  # the model starts after the answer
         # Its own id: a request id may be the client's (X-Request-ID), reused at will.
         response_id = f"resp_{uuid.uuid4().hex}"
