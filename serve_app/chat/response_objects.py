@@ -192,8 +192,7 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
     item = _message_item("", status="in_progress")
     text_part = {"type": "output_text", "text": "", "annotations": []}
     text_filter = plan.output_filter()
-    buffered, shown = "", ""
-    streaming_text = plan.tool_mode == "none"
+    buffered, shown = "", ""  # held back: it may be a tool call
 
     def next_seq() -> int:
         nonlocal seq
@@ -223,12 +222,11 @@ async def _events(plan: ChatPlan, model_id: str, chunks: AsyncIterator[TextEvent
                 continue
             plan.usage.saw(chunk)
             text = text_filter.feed(chunk.text)
-            if not streaming_text:
+            if plan.tool_mode == "auto":  # text before a possible call goes out now
+                text, buffered = tool_calls.release(buffered + text)
+            elif plan.tool_mode == "forced":
                 buffered += text
-                if plan.tool_mode == "auto" and not tool_calls.may_be_call(buffered):
-                    streaming_text, text, buffered = True, buffered, ""
-                else:
-                    continue
+                continue
             if text:
                 if not shown:
                     for event in message_opened():

@@ -103,3 +103,20 @@ def test_an_answer_held_back_as_a_possible_call_is_still_streamed_as_text(sdk, t
     assert streamed == final.output_text == "<tool_call> is not a call here"
     assert [e.type for e in events][2:4] == ["response.output_item.added",
                                              "response.content_part.added"]
+
+
+def test_text_before_a_streamed_call_streams_as_text_and_the_call_stays_a_call(sdk, text):
+    _says(text, '<think>Rome it is.</think>'
+                '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+    with sdk.responses.stream(model="chat-primary", input="Weather in Rome?",
+                              tools=[WEATHER]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == "<think>Rome it is.</think>"
+    message, call = final.output
+    assert message.type == "message" and final.output_text == streamed
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Rome"}
+    assert [event.sequence_number for event in events] == list(range(len(events)))
