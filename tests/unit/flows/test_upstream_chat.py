@@ -225,17 +225,18 @@ def test_tool_calls_the_upstream_parsed_reach_the_client_as_tool_calls(fake_gate
 
 def test_streamed_tool_call_fragments_the_upstream_parsed_reach_the_client_as_tool_calls(
         fake_gateway, key, upstream):
-    # without the reasoning: the Gateway's stream holds back only a reply that begins as a call
-    upstream.parsed_deltas = PARSED_DELTAS[2:]
+    # the reasoning before the calls streams as text; the calls arrive as calls
+    upstream.parsed_deltas = PARSED_DELTAS
     resp = _chat(fake_gateway, key, tools=TOOLS, tool_choice="auto", stream=True,
                  stream_options={"include_usage": True})
     assert resp.status_code == 200, resp.text
     chunks = events(resp.text)[:-1]
+    assert content(chunks) == "<think>The user wants the weather.</think>"
     calls = [t for c in chunks for ch in c["choices"] for t in ch["delta"].get("tool_calls", [])]
     assert _calls(calls) == CALLS
     finish = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
     assert finish == ["tool_calls"]
-    assert chunks[-1]["usage"]["completion_tokens"] == len(PARSED_DELTAS[2:])
+    assert chunks[-1]["usage"]["completion_tokens"] == len(PARSED_DELTAS)
 
 
 @pytest.mark.parametrize("stream", [False, True])
