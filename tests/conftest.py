@@ -3,6 +3,7 @@ gateway with a fresh control plane."""
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -11,6 +12,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Loggers that redis-py creates on first use, from the gateway's event loop thread (a Redis
+# connection's setup, a pub/sub message), made here first: pytest's log capture iterates every
+# logger as each test phase starts, and a logger added by that thread meanwhile failed the
+# test ("dictionary changed size during iteration").
+for _name in ("redis.asyncio.connection", "push_response"):
+    logging.getLogger(_name)
 
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
