@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from deployments.affinity import pin_process, replica_cpus
 from deployments.gil import hand_over_the_gil_quickly
 from deployments.priority import lower_cpu_priority
 from deployments.spec import ModelSpec
@@ -31,7 +32,7 @@ def load_engines(specs: list[ModelSpec], engines: Mapping[str, EngineFactory]
     the engine's own default (weights shipped in a package)."""
     loaded = {}
     for spec in specs:
-        options = {k: v for k, v in spec["engine_options"].items() if k != "build"}
+        options = {k: v for k, v in spec["engine_options"].items() if k not in ("build", "cpus")}
         path = engine_weights(spec["engine"], spec["weights"], spec["engine_options"])
         loaded[spec["id"]] = engines[spec["engine"]](str(path) if path else None, options)
         logger.info("model %s (%s) loaded from %s", spec["id"], spec["engine"],
@@ -47,4 +48,7 @@ class ModelDeployment:
     def __init__(self, models: list[ModelSpec]) -> None:
         hand_over_the_gil_quickly()  # engines run in worker threads beside the event loop
         lower_cpu_priority()  # behind the request path (ENGINE_NICENESS), before engines start
+        cpus = replica_cpus(spec["engine_options"] for spec in models)  # refused before loading
         self.engines: dict[str, Any] = load_engines(models, self.ENGINES)
+        if cpus:
+            pin_process(cpus)  # engine_options.cpus: every thread, the engines' included

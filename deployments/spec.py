@@ -18,7 +18,7 @@ DEFAULT_MAX_MODEL_LEN = 2048
 # The `engine_options` the platform reads itself (serve_app/models/engine_options.py types
 # them); every other option of a vLLM model is one of vLLM's engine arguments, passed on.
 PLATFORM_OPTIONS = frozenset({"build", "vision", "max_seconds", "enforce_eager", "fair_share",
-                              "reserved_slots", "max_num_seqs", "max_batch_texts"})
+                              "reserved_slots", "max_num_seqs", "max_batch_texts", "cpus"})
 # The engine arguments that multiply the GPUs one engine runs on (vLLM spawns a worker per GPU).
 PARALLEL_ARGUMENTS = ("tensor_parallel_size", "pipeline_parallel_size")
 # Where the GPUs of a parallel engine are placed: on one node (tensor parallelism across

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from serve_app.models.sections import Section
 
@@ -48,6 +48,9 @@ class EngineOptions(Section):
     reserved_slots: int | None = None  # sequences kept for tenants other than the busiest
     max_num_seqs: int | None = None  # a text engine's batch
     max_batch_texts: int | None = None  # an embedding engine's batch
+    # The cores the replica's threads run on, indices into the cores the process may use, a
+    # negative one from the last ([-1]: the last core); deployments/affinity.py.
+    cpus: list[int] | None = Field(default=None, min_length=1)
 
     @property
     def engine_arguments(self) -> dict[str, Any]:
