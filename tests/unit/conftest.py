@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from openai import OpenAI
 
 from deployments.weights.store import PREBUILT_DIR_ENV
 from serve_app.accounts.provisioning import bootstrap
@@ -18,6 +19,7 @@ from serve_app.models.catalog import load_catalog
 from serve_app.services import GatewayServices
 from serve_app.settings import PROJECT_ROOT, Settings
 from tests.fakes import DeploymentHandle, fake_deployments
+from tests.unit.flows.books import Books
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,6 +60,12 @@ def account_key(gateway: Gateway, usd: str) -> tuple[str, str]:
                                json={"apiKeyType": "INFERENCE", "description": "other"})
     assert resp.status_code == 200, resp.text
     return resp.json()["data"]["apiKey"], account["accountId"]
+
+
+def sdk_of(gateway: Gateway, key: str) -> OpenAI:
+    """The `openai` SDK speaking HTTP to the in-process `gateway` with `key`."""
+    return OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
+                  http_client=gateway.client)
 
 
 def make_gateway(settings: Settings, handles: dict[str, Any] | None = None
@@ -102,3 +110,23 @@ def fake_gateway(tmp_path: Path, gateway_catalog: Path,
     deployment (its engine a fake) and settlement, in process."""
     yield from make_gateway(Settings(data_dir=tmp_path, initial_credit_usd=10,
                                      model_catalog=gateway_catalog), handles=fakes)
+
+
+@pytest.fixture
+def key(fake_gateway: Gateway) -> str:
+    """An INFERENCE key of the fake gateway's account ($10 of credit)."""
+    return fake_gateway.create_key()["apiKey"]
+
+
+@pytest.fixture
+def sdk(fake_gateway: Gateway, key: str) -> OpenAI:
+    """The `openai` SDK on the fake gateway, with `key`."""
+    return sdk_of(fake_gateway, key)
+
+
+@pytest.fixture
+def books(fake_gateway: Gateway) -> Iterator[Books]:
+    """The fake gateway's ledger, balance and holds."""
+    books = Books(fake_gateway)
+    yield books
+    books.close()

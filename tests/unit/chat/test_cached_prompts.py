@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from tests.fakes import FakeTextDeployment
-from tests.unit.flows.books import Books, per_million
+from tests.unit.flows.books import per_million
 
 CATALOG = Path(__file__).with_name("catalog.yaml")
 # chat-cached's and chat-plain's prices (catalog.yaml), USD per million tokens.
@@ -31,26 +31,8 @@ def gateway_catalog() -> Path:
 
 
 @pytest.fixture
-def key(fake_gateway) -> str:
-    return fake_gateway.create_key()["apiKey"]
-
-
-@pytest.fixture
-def sdk(fake_gateway, key) -> OpenAI:
-    return OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
-                  http_client=fake_gateway.client)
-
-
-@pytest.fixture
 def text(fakes) -> FakeTextDeployment:
     return fakes["text-xs"]
-
-
-@pytest.fixture
-def books(fake_gateway):
-    books = Books(fake_gateway)
-    yield books
-    books.close()
 
 
 def _chat(sdk: OpenAI, model: str, question: str, **extra):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 
 from tests.fakes import FakeTextDeployment
 
@@ -18,18 +18,6 @@ MESSAGES = [{"role": "user", "content": "Name a fast fox"}]
 @pytest.fixture
 def gateway_catalog() -> Path:
     return CATALOG
-
-
-@pytest.fixture
-def key(fake_gateway) -> str:
-    return fake_gateway.create_key()["apiKey"]
-
-
-@pytest.fixture
-def sdk(fake_gateway, key) -> OpenAI:
-    """The `openai` SDK, speaking HTTP to the in-process gateway."""
-    return OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
-                  http_client=fake_gateway.client)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from serve_app.billing.journal import differing
 from serve_app.db.engine import make_engine
 from serve_app.settings import Settings
 from tests.unit.conftest import make_gateway
-from tests.unit.flows.books import Books
 
 CATALOG = Path(__file__).with_name("catalog.yaml")
 
@@ -38,20 +37,6 @@ def journal_agrees(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[N
     finally:
         engine.dispose()
     assert accounts == [], "balances that are not their journal's sum"
-
-
-@pytest.fixture
-def key(fake_gateway) -> str:
-    """An INFERENCE key of the gateway's account ($10 of credit)."""
-    return fake_gateway.create_key()["apiKey"]
-
-
-@pytest.fixture
-def books(fake_gateway) -> Iterator[Books]:
-    """The gateway's ledger, balance and holds."""
-    books = Books(fake_gateway)
-    yield books
-    books.close()
 
 
 @pytest.fixture

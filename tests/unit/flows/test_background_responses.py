@@ -25,20 +25,10 @@ from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.responses.events import RedisEventLog
 from tests.fakes import FakeTextDeployment
-from tests.unit.conftest import account_key, make_gateway
+from tests.unit.conftest import account_key, make_gateway, sdk_of
 
 REPLY = "one two three four five six seven eight"
 WAIT_S = 60  # a bound for a broken build only: the tests wait on states and events
-
-
-def _sdk(gateway, key: str) -> OpenAI:
-    return OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
-                  http_client=gateway.client)
-
-
-@pytest.fixture
-def sdk(fake_gateway, key) -> OpenAI:
-    return _sdk(fake_gateway, key)
 
 
 @pytest.fixture
@@ -172,7 +162,7 @@ def test_a_cancel_stops_the_engine_and_charges_what_it_made(fake_gateway, sdk, t
 def test_another_account_cannot_see_or_touch_a_response(fake_gateway, sdk, text):
     created = sdk.responses.create(model="chat-primary", input="Count", background=True)
     _settled(sdk, created.id)
-    stranger = _sdk(fake_gateway, account_key(fake_gateway, "5")[0])
+    stranger = sdk_of(fake_gateway, account_key(fake_gateway, "5")[0])
 
     for act in (lambda: stranger.responses.retrieve(created.id),
                 lambda: stranger.responses.retrieve(created.id, stream=True),
@@ -384,7 +374,7 @@ def test_a_stream_started_through_one_replica_resumes_live_through_another(
     replica = make_gateway(fake_gateway.settings)
     other = next(replica)
     resumed: list[Any] = []
-    reader = threading.Thread(target=lambda: resumed.extend(_sdk(other, key).responses.retrieve(
+    reader = threading.Thread(target=lambda: resumed.extend(sdk_of(other, key).responses.retrieve(
         created.id, stream=True, starting_after=k)))
     try:
         reader.start()
@@ -598,7 +588,7 @@ def test_a_resumable_chat_stream_is_deleted_with_its_engine_stopped_and_what_it_
 
 
 def test_with_redis_the_events_are_kept_there_and_resumed(redis_gateway, text):
-    sdk = _sdk(redis_gateway, redis_gateway.create_key()["apiKey"])
+    sdk = sdk_of(redis_gateway, redis_gateway.create_key()["apiKey"])
     created = sdk.responses.create(model="chat-primary", input="Count", background=True)
     everything = list(sdk.responses.retrieve(created.id, stream=True))
     responses = redis_gateway.services.responses

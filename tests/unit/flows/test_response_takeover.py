@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from openai import OpenAI
 from sqlmodel import Session
 
 from serve_app.billing import ledger
@@ -28,23 +27,17 @@ from serve_app.db.engine import make_engine
 from serve_app.db.tables import StoredResponse, utcnow
 from serve_app.responses.drive import Drive
 from tests.fakes import FakeTextDeployment
-from tests.unit.conftest import make_gateway
+from tests.unit.conftest import make_gateway, sdk_of
 from tests.unit.flows.books import Books
 from tests.unit.flows.test_background_responses import (
     REPLY,
     WAIT_S,
     _create,
-    _sdk,
     _text_kept,
     _wait_for,
 )
 
 WORDS = len(REPLY.split())
-
-
-@pytest.fixture
-def sdk(fake_gateway, key) -> OpenAI:
-    return _sdk(fake_gateway, key)
 
 
 @pytest.fixture
@@ -157,7 +150,7 @@ def test_a_response_whose_replica_died_is_continued_and_resumed_through_another(
 
     with _replica(fake_gateway, fakes) as other:
         other.client.portal.call(other.services.responses.sweep)
-        client = _sdk(other, key)
+        client = sdk_of(other, key)
         resumed = list(client.responses.retrieve(created.id, stream=True, starting_after=k))
         whole = list(client.responses.retrieve(created.id, stream=True))
         done = client.responses.retrieve(created.id)
@@ -204,7 +197,7 @@ def test_a_response_whose_prompt_and_max_output_tokens_fill_the_context_is_conti
 
     with _replica(fake_gateway, fakes) as other:
         other.client.portal.call(other.services.responses.sweep)
-        client = _sdk(other, key)
+        client = sdk_of(other, key)
         whole = list(client.responses.retrieve(created.id, stream=True))
         done = client.responses.retrieve(created.id)
     _bury(fake_gateway, created.id, dead)
@@ -233,7 +226,7 @@ def test_a_replica_shutting_down_hands_its_responses_over_and_another_continues_
     assert books.held(request_id) is not None  # its hold left for the replica that takes it
     assert books.charges(request_id) == []
     with _replica(fake_gateway, fakes) as other:
-        client = _sdk(other, key)
+        client = sdk_of(other, key)
         assert client.responses.retrieve(created.id).status == "in_progress"
         other.client.portal.call(other.services.responses.sweep)  # its lease was given up
         resumed = list(client.responses.retrieve(created.id, stream=True, starting_after=k))
@@ -258,7 +251,7 @@ def test_a_response_whose_replica_died_before_its_first_event_is_run_whole_by_an
 
     with _replica(fake_gateway, fakes) as other:
         other.client.portal.call(other.services.responses.sweep)
-        events = list(_sdk(other, key).responses.retrieve(created.id, stream=True))
+        events = list(sdk_of(other, key).responses.retrieve(created.id, stream=True))
     _bury(fake_gateway, created.id, dead)
 
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -288,7 +281,7 @@ def test_of_two_replicas_sweeping_at_once_one_continues_it(fake_gateway, fakes, 
             sweeper.start()
         for sweeper in sweepers:
             sweeper.join(WAIT_S)
-        events = list(_sdk(one, key).responses.retrieve(created.id, stream=True))
+        events = list(sdk_of(one, key).responses.retrieve(created.id, stream=True))
     _bury(fake_gateway, created.id, dead)
 
     assert len(cut.requests) == 2  # the first, and one continuation
@@ -312,7 +305,7 @@ def test_a_response_whose_cancel_was_asked_is_not_continued_and_charges_what_it_
 
     with _replica(fake_gateway, fakes) as other:
         other.client.portal.call(other.services.responses.sweep)
-        client = _sdk(other, key)
+        client = sdk_of(other, key)
         after = list(client.responses.retrieve(created.id, stream=True, starting_after=k))
         done = client.responses.retrieve(created.id)
     _bury(fake_gateway, created.id, dead)
@@ -339,7 +332,7 @@ def test_a_response_whose_hold_is_gone_is_failed_and_charged_nothing(
 
     with _replica(fake_gateway, fakes) as other:
         other.client.portal.call(other.services.responses.sweep)
-        client = _sdk(other, key)
+        client = sdk_of(other, key)
         events = list(client.responses.retrieve(created.id, stream=True))
         failed = client.responses.retrieve(created.id)
     _bury(fake_gateway, created.id, dead)
@@ -369,7 +362,7 @@ def test_with_redis_a_live_worker_whose_response_was_taken_over_appends_nothing(
 
 def _live_worker_taken_over(gateway, fakes, key: str, text: FakeTextDeployment,
                             books: Books) -> None:
-    sdk = _sdk(gateway, key)
+    sdk = sdk_of(gateway, key)
     cut = FirstCallCut(text, after=3, until=threading.Event())
     created, request_id = _create(sdk)
     assert cut.reached.wait(WAIT_S)
@@ -379,7 +372,7 @@ def _live_worker_taken_over(gateway, fakes, key: str, text: FakeTextDeployment,
 
     with _replica(gateway, fakes) as other:
         other.client.portal.call(other.services.responses.sweep)
-        events = list(_sdk(other, key).responses.retrieve(created.id, stream=True))
+        events = list(sdk_of(other, key).responses.retrieve(created.id, stream=True))
         cut.until.set()  # the first worker goes on, unaware until its next append
         gateway.client.portal.call(asyncio.wait, [drive.task])
         _wait_for(lambda: gateway.services.responses.drives._leaving == set())

@@ -9,20 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from openai import OpenAI
 
 from tests.fakes import FakeTextDeployment, crashed
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                           "required": ["city"]}}
-
-
-@pytest.fixture
-def sdk(fake_gateway) -> OpenAI:
-    key = fake_gateway.create_key()["apiKey"]
-    return OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
-                  http_client=fake_gateway.client)
 
 
 @pytest.fixture

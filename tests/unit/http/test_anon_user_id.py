@@ -5,11 +5,7 @@ nothing is held or charged; a valid one is accepted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-
-from tests.unit.flows.books import Books
 
 INVALID = ["", "a||b", "x" * 129, "caf\u00e9", "tab\there", "line\nbreak", "\x7f", 42]
 VALID = ["end-user-7", " spaced out ", "x" * 128, "~!@#$%^&*()|[]{}"]
@@ -21,18 +17,6 @@ ROUTES = {
     "/api/v1/image/multi-edit": {"prompt": "make it blue", "images": ["aGVsbG8="]},
     "/api/v1/image/edit": {"prompt": "make it blue", "image": "aGVsbG8="},
 }
-
-
-@pytest.fixture
-def books(fake_gateway) -> Iterator[Books]:
-    books = Books(fake_gateway)
-    yield books
-    books.close()
-
-
-@pytest.fixture
-def key(fake_gateway) -> str:
-    return fake_gateway.create_key()["apiKey"]
 
 
 @pytest.mark.parametrize("path", list(ROUTES))

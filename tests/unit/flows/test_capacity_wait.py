@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +22,7 @@ from deployments.protocol import at_capacity
 from serve_app.responses.capacity_wait import CapacityWait
 from tests.fakes import FakeTextDeployment
 from tests.fakes.handles import reported
-from tests.unit.flows.books import Books
 
-CATALOG = Path(__file__).parents[1] / "flows" / "catalog.yaml"
 REPLY = "one two three four"
 WAIT_S = 60  # a bound for a broken build only: the tests wait on states and events
 RETRY_AFTER = 7  # seconds, on the test's clock
@@ -52,25 +48,6 @@ class Waits:
         self.waiting.set()
         while not self.go.is_set():  # a cancel ends it here
             await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-def gateway_catalog() -> Path:
-    return CATALOG
-
-
-@pytest.fixture
-def books(fake_gateway) -> Iterator[Books]:
-    books = Books(fake_gateway)
-    yield books
-    books.close()
-
-
-@pytest.fixture
-def sdk(fake_gateway) -> OpenAI:
-    key = fake_gateway.create_key()["apiKey"]
-    return OpenAI(base_url="http://testserver/api/v1", api_key=key, max_retries=0,
-                  http_client=fake_gateway.client)
 
 
 @pytest.fixture
