@@ -147,6 +147,9 @@ class TextRequest:
     json_schema: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
+    # With `tools`, for an engine that takes them as they came: "auto", "required", "none"
+    # or the named function ({"type": "function", "function": {"name": ...}}).
+    tool_choice: str | dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     cache_salt: str | None = None
     images: tuple[ChatImage, ...] = ()

@@ -348,9 +348,10 @@ def prompt_estimate(messages: list[Message]) -> int:
 
 def chat_body(settings: UpstreamSettings, request: TextRequest, stream: bool
               ) -> dict[str, Any]:
-    """The chat-completion request the upstream receives: the composed conversation (tools
-    described in it, as for every model), the sampling asked for, the output's schema; a
-    stream asks for its usage (a non-streamed answer always has it)."""
+    """The chat-completion request the upstream receives: the composed conversation (the
+    tools described in it, or with `native_tools` the client's tools and choice as they
+    came), the sampling asked for, the output's schema; a stream asks for its usage (a
+    non-streamed answer always has it)."""
     body: dict[str, Any] = {
         "model": settings.upstream_model,
         "messages": request.messages,
@@ -365,6 +366,8 @@ def chat_body(settings: UpstreamSettings, request: TextRequest, stream: bool
             "name": "output", "schema": request.json_schema, "strict": True}}
     if request.tools:
         body["tools"] = request.tools
+        if request.tool_choice is not None:
+            body["tool_choice"] = request.tool_choice
     if request.chat_template_kwargs:
         body["chat_template_kwargs"] = request.chat_template_kwargs
     return body

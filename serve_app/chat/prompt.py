@@ -72,6 +72,9 @@ class Composition:
     web_documents: list[WebDocument] = field(default_factory=list)
     citations: bool = False
     tools_prompt: str = ""
+    # The model's server takes tools as they came (`CatalogModel.native_tools`): the
+    # conversation's calls and results stay in the convention's form.
+    native_tools: bool = False
     # A vision model's turn: image and video parts stay in user messages as placeholders
     # ({"type": "image"}, {"type": "video"}) for its chat template, in the order of the media.
     media: bool = False
@@ -108,9 +111,17 @@ def engine_messages(req: ChatCompletionRequest, comp: Composition) -> list[dict[
         text = _content_text(message)
         if message.role in ("system", "developer"):
             system_parts.append(text)
+        elif message.role == "tool" and comp.native_tools:
+            conversation.append({"role": "tool", "tool_call_id": message.tool_call_id,
+                                 "content": text})
         elif message.role == "tool":
             conversation.append({"role": "user",
                                  "content": f"Result of tool call {message.tool_call_id}: {text}"})
+        elif message.role == "assistant" and message.tool_calls and comp.native_tools:
+            conversation.append({"role": "assistant", "content": text or None, "tool_calls": [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in message.tool_calls]})
         elif message.role == "assistant" and message.tool_calls:
             calls = "".join(
                 "<tool_call>" + json.dumps({"name": c.function.name,

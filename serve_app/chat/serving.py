@@ -153,10 +153,13 @@ class ChatService:
         character = await self._character_prompt(params.character_slug) \
             if params.character_slug else ""
         self._check_web(params)
-        # fallbacks that would refuse the sampling or the image and video parts
+        # fallbacks that would refuse the sampling or the image and video parts, or take
+        # the request's tools otherwise than the primary (as they came, or described)
+        tooled = tool_calls.uses_tools(req)
         candidates = [c for c in candidates if c is primary or (
             greedy_refusal(req, c) is None
-            and (not has_media(req) or takes_parts(req, c.model)))]
+            and (not has_media(req) or takes_parts(req, c.model))
+            and (not tooled or c.model.native_tools == primary.model.native_tools))]
         return ChatPlan(request_id=ctx.request_id, req=req, params=params,
                         candidates=candidates, engine_request=None, tool_mode=mode, key=key,
                         query=last_user_text(req), audio_parts=audio_parts(req),
@@ -243,19 +246,25 @@ class ChatService:
                                                    plan.audio_data)
                 plan.audio_data = None
         req = plan.req
+        # A server that parses tool calls itself takes them as they came (every candidate
+        # of such a request is one: `_plan`).
+        native = plan.candidates[0].model.native_tools
         comp = Composition(citations=params.enable_web_citations, media=media is not None,
                            character_prompt=plan.character_prompt,
                            web_documents=plan.web_documents,
-                           service_prompt=plan.service_prompt)
-        if plan.tool_mode != "none":
+                           service_prompt=plan.service_prompt, native_tools=native)
+        if plan.tool_mode != "none" and not native:
             comp.tools_prompt = tool_calls.tools_system_prompt(req)
+        tools, tool_choice = tool_calls.as_given(req) if native else (None, None)
         plan.engine_request = TextRequest(
             request_id=ctx.request_id,
             messages=engine_messages(req, comp),
             sampling=sampling(req, plan.candidates[0]),
-            json_schema=output_schema(req, plan.tool_mode),
+            json_schema=output_schema(req, "none" if native else plan.tool_mode),
             chat_template_kwargs={"enable_thinking": False} if params.disable_thinking
             else {},
+            tools=tools,
+            tool_choice=tool_choice,
             prompt_cache_key=req.prompt_cache_key,
             cache_salt=prefix_cache_salt(key.account_id),
             images=media.images if media else (),

@@ -33,6 +33,25 @@ def tools_system_prompt(req: ChatCompletionRequest) -> str:
             '<tool_call>{"name": <function name>, "arguments": {<arguments>}}</tool_call>.')
 
 
+def as_given(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None,
+                                                 str | dict[str, Any] | None]:
+    """The request's tools and tool choice in the convention's form, for a server that
+    parses tool calls itself (None, None: the request has no tools)."""
+    if not req.tools:
+        return None, None
+    tools = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
+             for t in req.tools]
+    choice = req.tool_choice
+    if isinstance(choice, ToolChoiceFunction):
+        return tools, choice.model_dump(exclude_none=True)
+    return tools, choice
+
+
+def uses_tools(req: ChatCompletionRequest) -> bool:
+    """Whether the request has tools, or calls and results of tools in its conversation."""
+    return bool(req.tools) or any(m.role == "tool" or m.tool_calls for m in req.messages)
+
+
 def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object",
             "properties": {"name": {"type": "string", "const": name},

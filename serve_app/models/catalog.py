@@ -208,6 +208,13 @@ class CatalogModel(BaseModel):
         return None  # video and music jobs are not rate limited
 
     @property
+    def native_tools(self) -> bool:
+        """The model's server takes the client's tools as they came (`engine: openai` with
+        `engine_options.native_tools`; serve_app/models/upstream.py)."""
+        return self.engine == UPSTREAM_ENGINE and bool(
+            self.engine_options.engine_arguments.get("native_tools"))
+
+    @property
     def is_private(self) -> bool:
         """Private, TEE or E2EE, as the key privacy tiers count it."""
         return self.privacy == "private" or self.tee or bool(

@@ -34,6 +34,11 @@ class UpstreamOptions(Section):
     probe_interval_s: PositiveFloat | None = None
     usage_every_chunk: bool | None = None
     max_model_len: PositiveInt | None = None
+    # The server parses tool calls itself (vLLM's `--enable-auto-tool-choice` with a
+    # `--tool-call-parser`, SGLang's `--tool-call-parser`, TGI, a provider): the client's
+    # tools, `tool_choice` and the conversation's calls and results go to it in the
+    # convention's form. Off: they are described in the conversation, as for every model.
+    native_tools: bool | None = None
 
 
 def upstream_problems(model_id: str, arguments: dict[str, Any]) -> list[str]:

@@ -38,12 +38,12 @@ def upstream_model(server: UpstreamServer, model_id: str, *, upstream_name: str,
                                "probe_interval_s": PROBE_INTERVAL_S}}
 
 
-def upstream_catalog(folder: Path, base: Path, model: dict[str, Any],
+def upstream_catalog(folder: Path, base: Path, *models: dict[str, Any],
                      **extra: Any) -> Path:
-    """A catalog file in `folder`: `base` included, `model` added (`extra`: more top-level
+    """A catalog file in `folder`: `base` included, `models` added (`extra`: more top-level
     sections, e.g. `traits`)."""
     path = folder / "catalog.yaml"
-    path.write_text(yaml.safe_dump({"include": [str(base)], "models": [model], **extra}))
+    path.write_text(yaml.safe_dump({"include": [str(base)], "models": list(models), **extra}))
     return path
 
 

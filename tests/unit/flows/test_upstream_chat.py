@@ -29,6 +29,7 @@ from tests.unit.flows.conftest import CATALOG
 from tests.unit.flows.sse import DONE, content, events
 
 MODEL = "chat-upstream"
+NATIVE = "chat-upstream-native-tools"  # its server parses tool calls itself
 KEY = "sk-upstream-secret-for-flows"
 
 
@@ -43,13 +44,21 @@ def gateway_catalog(tmp_path: Path, upstream: UpstreamServer,
                     monkeypatch: pytest.MonkeyPatch) -> Path:
     """The flows' catalog and a model on the upstream, with its key's variable set."""
     monkeypatch.setenv("UPSTREAM_KEY_FOR_FLOWS", KEY)
-    return upstream_catalog(tmp_path, CATALOG, upstream_model(
-        upstream, MODEL, upstream_name="upstream-model", api_key_env="UPSTREAM_KEY_FOR_FLOWS",
-        type="text", name="Chat upstream", deployment="text-m", size_class="M",
-        context_length=4096, max_completion_tokens=256,
-        capabilities={"supportsFunctionCalling": True, "supportsReasoning": True},
-        pricing={"input": {"usd": 10, "diem": 10}, "output": {"usd": 20, "diem": 20},
-                 "cache_input": {"usd": 10, "diem": 10}}))
+
+    def model(model_id: str, **options: Any) -> dict[str, Any]:
+        entry = upstream_model(
+            upstream, model_id, upstream_name="upstream-model",
+            api_key_env="UPSTREAM_KEY_FOR_FLOWS", type="text", name="Chat upstream",
+            deployment="text-m", size_class="M", context_length=4096,
+            max_completion_tokens=256,
+            capabilities={"supportsFunctionCalling": True, "supportsReasoning": True},
+            pricing={"input": {"usd": 10, "diem": 10}, "output": {"usd": 20, "diem": 20},
+                     "cache_input": {"usd": 10, "diem": 10}})
+        entry["engine_options"].update(options)
+        return entry
+
+    return upstream_catalog(tmp_path, CATALOG, model(MODEL),
+                            model(NATIVE, native_tools=True))
 
 
 @pytest.fixture
@@ -256,3 +265,66 @@ def test_reasoning_the_upstream_parsed_is_thinking_the_client_can_strip(fake_gat
     assert answer() == "<think>Greet back.</think>Hello!"
     stripped = answer(service_parameters={"strip_thinking_response": True})
     assert stripped.strip() == "Hello!"
+
+
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call-a", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call-a", "content": "Sunny, 21 C"},
+]
+
+
+def test_a_server_that_parses_tools_is_sent_them_as_they_came(fake_gateway, key, upstream):
+    upstream.parsed_message = PARSED_MESSAGE
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    resp = _chat(fake_gateway, key, model=NATIVE, tools=TOOLS, tool_choice=forced,
+                 messages=HISTORY)
+    assert resp.status_code == 200, resp.text
+    [choice] = resp.json()["choices"]
+    assert _calls(choice["message"]["tool_calls"]) == CALLS
+    [body] = upstream.bodies
+    assert [t["function"]["name"] for t in body["tools"]] == ["get_weather", "get_time"]
+    assert body["tool_choice"] == forced
+    assert "response_format" not in body  # the server enforces the choice, not a schema
+    # the conversation's call and result in the convention's form, no tools described
+    system, *conversation = body["messages"]
+    assert system["role"] == "system" and "get_weather" not in system["content"]
+    assert conversation == HISTORY
+
+
+def test_a_server_that_parses_tools_streams_its_calls_as_tool_calls(fake_gateway, key,
+                                                                    upstream):
+    upstream.parsed_deltas = PARSED_DELTAS
+    resp = _chat(fake_gateway, key, model=NATIVE, tools=TOOLS, stream=True)
+    assert resp.status_code == 200, resp.text
+    chunks = events(resp.text)[:-1]
+    calls = [t for c in chunks for ch in c["choices"] for t in ch["delta"].get("tool_calls", [])]
+    assert _calls(calls) == CALLS
+    [body] = upstream.bodies
+    assert body["tools"] == TOOLS and "tool_choice" not in body
+
+
+def test_without_native_tools_the_tools_are_described_in_the_conversation(fake_gateway, key,
+                                                                         upstream):
+    upstream.parsed_message = PARSED_MESSAGE
+    resp = _chat(fake_gateway, key, tools=TOOLS, messages=HISTORY)
+    assert resp.status_code == 200, resp.text
+    [body] = upstream.bodies
+    assert "tools" not in body and "tool_choice" not in body
+    system, *conversation = body["messages"]
+    assert system["role"] == "system" and "get_weather" in system["content"]
+    assert [m["role"] for m in conversation] == ["user", "assistant", "user"]
+
+
+def test_a_fallback_that_takes_tools_otherwise_is_passed_over(fake_gateway, key, fakes,
+                                                             upstream):
+    upstream.behaviour = "503"
+    resp = _chat(fake_gateway, key, model=NATIVE, tools=TOOLS,
+                 fallbacks=[{"model": "chat-fallback"}])
+    assert resp.status_code == 503, resp.text
+    assert fakes["text-s"].calls == []
+    resp = _chat(fake_gateway, key, model=NATIVE, fallbacks=[{"model": "chat-fallback"}])
+    assert resp.status_code == 200, resp.text  # no tools: the fallback answers
+    assert resp.json()["model"] == "chat-fallback"

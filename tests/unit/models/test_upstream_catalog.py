@@ -64,7 +64,8 @@ def test_a_key_variable_not_set_fails_the_catalog_naming_model_and_variable(
 
 
 @pytest.mark.parametrize("wrong", [{"base_url": "gpu-pool:8000/v1"},
-                                   {"max_concurrency": 0}, {"read_timeout_s": -1}])
+                                   {"max_concurrency": 0}, {"read_timeout_s": -1},
+                                   {"native_tools": "sometimes"}])
 def test_an_upstream_option_of_the_wrong_form_fails_the_catalog(tmp_path, monkeypatch, wrong):
     monkeypatch.setenv("POOL_KEY_FOR_TEST", "sk-upstream")
     with pytest.raises(ValidationError) as refused:
@@ -75,3 +76,11 @@ def test_an_upstream_option_of_the_wrong_form_fails_the_catalog(tmp_path, monkey
 def test_an_upstream_that_needs_no_key_names_no_variable(tmp_path):
     options = {k: v for k, v in WHOLE.items() if k != "api_key_env"}
     assert load_catalog(_catalog_with(tmp_path, options)).models[0].engine == "openai"
+
+
+def test_tools_go_to_the_server_as_they_came_only_where_the_entry_says_it_parses_them(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("POOL_KEY_FOR_TEST", "sk-upstream")
+    assert not load_catalog(_catalog_with(tmp_path, WHOLE)).models[0].native_tools
+    native = load_catalog(_catalog_with(tmp_path, {**WHOLE, "native_tools": True}))
+    assert native.models[0].native_tools
