@@ -5,8 +5,10 @@ model (bench.gateway_in_front), in alternation, every stream read to its end (a 
 at its first token holds the engine for a step, and the next request waits for it).
 
 Start the server first, in its own session (the platform's stop ends every process this
-script started), e.g. vLLM's on the benchmark model with our engine's settings:
+script started), e.g. vLLM's on the benchmark model with our engine's settings (its CPU build
+told so: on an AVX2-only CPU it stopped at once with "Illegal instruction" without):
 
+    VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 \\
     .venv/bin/python benchmarks/vllm_serve.py serve .cache/models/smollm2-135m-instruct \\
         --served-model-name smollm2-135m-instruct --port 8011 --max-num-seqs 10 \\
         --max-model-len 2048 --dtype float32 &
