@@ -561,7 +561,12 @@ def measure_full(args: argparse.Namespace, parts: set[str], ref: dict[str, float
     ours: dict[str, float] = {}
     launched_at = time.time()
     with launched(FULL_DATA_DIR) as (base, seconds):
-        step(f"the full platform (make run's) up at {base}: first chat after {seconds:.0f} s")
+        # Chat answers first and the embedder loads after it (make run's stages): measure
+        # once it has, not beside its load, as a user who waits for "Platform ready" would.
+        wait_for_answer(f"{base}/embeddings", {"model": EMBEDDER, "input": SENTENCE},
+                        {"Authorization": f"Bearer {key}"})
+        step(f"the full platform (make run's) up at {base}: first chat after {seconds:.0f} s, "
+             f"every model that always runs loaded after {time.time() - launched_at:.0f} s")
         if "embeddings" in parts:
             figures.append(full_embeddings(base, key, ref, args.seconds, step))
         if "peers" in parts:
@@ -589,7 +594,6 @@ def full_embeddings(base: str, key: str, ref: dict[str, float], seconds: int,
     auth = {"Authorization": f"Bearer {key}"}
     body = {"model": EMBEDDER, "input": SENTENCE}
     url = f"{base}/embeddings"
-    wait_for_answer(url, body, auth)  # its replica starts once chat answers (make run's stages)
     wrk(url, 8, 3, headers=auth, body=body)  # warm-up
     c1 = wrk(url, 1, seconds, headers=auth, body=body)
     print("    steps (ms, p50, concurrency 1): "
