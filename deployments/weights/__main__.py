@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from deployments.catalog_file import read_catalog_file
 from deployments.weights.registry import prebuild_all, prepare_all
 from deployments.weights.store import PREBUILT_DIR, expand_spec
 
@@ -55,16 +54,11 @@ class CatalogEntry:
 
 
 def read_catalog(path: Path) -> list[CatalogEntry]:
-    """The catalog's models, those of the files it includes (`include:`, relative to it)
-    first; a model of the same id replaces the included one."""
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    models = {entry.id: entry for name in raw.get("include") or []
-              for entry in read_catalog(path.parent / name)}
-    models.update({m["id"]: CatalogEntry(
-        id=m["id"], engine=m.get("engine", ""), weights=m.get("weights"),
-        engine_options=RawEngineOptions(dict(m.get("engine_options") or {})))
-        for m in raw.get("models", [])})
-    return list(models.values())
+    """The catalog's models as the Gateway reads them (`include:` and `model_overrides`
+    applied: deployments/catalog_file.py)."""
+    return [CatalogEntry(id=m["id"], engine=m.get("engine", ""), weights=m.get("weights"),
+                         engine_options=RawEngineOptions(dict(m.get("engine_options") or {})))
+            for m in read_catalog_file(path).get("models", [])]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -1,5 +1,5 @@
 """Catalog files: one includes another, and `model_overrides` changes fields of an included
-model without a second copy of its entry."""
+model without a second copy of its entry; the Gateway and the weights builder read the same."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from deployments.weights.__main__ import read_catalog
 from serve_app.models.catalog import CatalogModel, load_catalog
 
 COMMON = Path(__file__).resolve().parents[3] / "configs" / "models.common.yaml"
@@ -69,3 +70,14 @@ def test_an_overridden_option_is_checked_like_one_written_in_the_entry(tmp_path:
 
     with pytest.raises(ValueError, match="cpus"):
         load_catalog(path)
+
+
+def test_the_weights_builder_reads_the_overrides_the_gateway_reads(tmp_path: Path) -> None:
+    path = catalog_file(tmp_path, model_overrides={EMBEDDER: {
+        "weights": "${DATA_DIR}/models/my-encoder", "engine_options": {"build": "my-builder"}}})
+
+    [built] = [m for m in read_catalog(path) if m.id == EMBEDDER]
+
+    assert built.weights == embedder(path).weights == "${DATA_DIR}/models/my-encoder"
+    assert built.engine_options.build == "my-builder"
+    assert built.engine_options.given() == embedder(path).engine_options.given()
