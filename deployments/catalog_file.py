@@ -61,6 +61,9 @@ def _overridden(catalog: dict[str, Any], overrides: dict[str, Any], path: Path) 
             raise ValueError(f"catalog {path}: model_overrides names unknown model {model_id!r}")
         if not isinstance(fields, dict):
             raise ValueError(f"catalog {path}: model_overrides.{model_id} must be a mapping")
+        if "id" in fields:
+            raise ValueError(f"catalog {path}: model_overrides.{model_id} cannot change the "
+                             "model's id (list a model of the new id instead)")
         entry = dict(models[model_id])
         for name, value in fields.items():
             old = entry.get(name)

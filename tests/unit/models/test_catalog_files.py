@@ -59,7 +59,8 @@ def test_an_override_of_a_model_the_catalog_does_not_have_fails_at_load(tmp_path
         load_catalog(path)
 
 
-@pytest.mark.parametrize("overrides", [[EMBEDDER], {EMBEDDER: "cpus: [-1]"}])
+@pytest.mark.parametrize("overrides", [[EMBEDDER], {EMBEDDER: "cpus: [-1]"},
+                                       {EMBEDDER: {"id": "another-id"}}])
 def test_an_override_of_the_wrong_shape_fails_at_load(tmp_path: Path, overrides: Any) -> None:
     with pytest.raises(ValueError, match="model_overrides"):
         load_catalog(catalog_file(tmp_path, model_overrides=overrides))
