@@ -55,6 +55,8 @@ def _overridden(catalog: dict[str, Any], overrides: dict[str, Any], path: Path) 
     catalog changes an option of a model it includes without a second copy of its entry."""
     if not isinstance(overrides, dict):
         raise ValueError(f"catalog {path}: model_overrides must map model ids to fields")
+    if not overrides:
+        return catalog
     models = {m["id"]: m for m in catalog.get("models", [])}
     for model_id, fields in overrides.items():
         if model_id not in models:
@@ -71,5 +73,4 @@ def _overridden(catalog: dict[str, Any], overrides: dict[str, Any], path: Path) 
                 value = {**old, **value}
             entry[name] = value
         models[model_id] = entry
-    return {**catalog, "models": list(models.values())} if overrides else catalog
-
+    return {**catalog, "models": list(models.values())}
