@@ -85,6 +85,7 @@ from fairness import measure_fairness, two_accounts
 from figures import Figure, Progress, ceiling_figure, rate_figure, report, write
 from floor import durable_charge_ms, serve_hop_ms
 from peers import (
+    SAME_CONVERSATION,
     VLLM_DEFAULT_DTYPE,
     authenticated_get,
     chat_figures,
@@ -507,7 +508,8 @@ def main() -> None:
         try:
             add(measure_api(platform, key, parts, ref, args, step))
             if peers:
-                ours = chat_figures(platform.base, key, SMOLLM2, args.tokens, args.seconds)
+                ours = chat_figures(platform.base, key, SMOLLM2, args.tokens, args.seconds,
+                                    SAME_CONVERSATION)
                 ours["emb32"] = embedding_figure(platform.base, key, EMBEDDER, args.seconds)
                 ours["cheap8"] = authenticated_get(f"{platform.base}/api_keys/rate_limits",
                                                    key, args.seconds)
@@ -570,7 +572,7 @@ def measure_full(args: argparse.Namespace, parts: set[str], ref: dict[str, float
         if "embeddings" in parts:
             figures.append(full_embeddings(base, key, ref, args.seconds, step))
         if "peers" in parts:
-            ours = chat_figures(base, key, SMOLLM2, args.tokens, args.seconds)
+            ours = chat_figures(base, key, SMOLLM2, args.tokens, args.seconds, SAME_CONVERSATION)
             ours["emb32"] = embedding_figure(base, key, EMBEDDER, args.seconds)
             ours["cheap8"] = authenticated_get(f"{base}/api_keys/rate_limits", key,
                                                args.seconds)

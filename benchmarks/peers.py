@@ -38,6 +38,11 @@ SENTENCE = "Sentence number 1 about lighthouses, storms and the sea."
 # Our text engine's settings that the peer gets too (deployments/engines/text.py); everything
 # else is vLLM's default. Its dtype too: `our_dtype()`.
 TEXT_SETTINGS = ["--max-num-seqs", "10", "--max-model-len", "2048"]
+# What our API is sent in the comparison, beside each request's body: the conversation as the
+# peers' engines get it. A catalog's `service_system_prompt` (the local one has one) replaces
+# the model's own default system prompt, and SmolLM2's engine would then read 39 prompt tokens
+# of "Say hi." against the peers' 33; its cost is measured apart (benchmarks/layers.py).
+SAME_CONVERSATION = {"service_parameters": {"include_service_system_prompt": False}}
 # vLLM's own choice of dtype on a CPU, whatever the CPU: the peer "as a user gets it" runs it.
 VLLM_DEFAULT_DTYPE = "bfloat16"
 # Our Gateway in front of a server (`engine: openai`): given the server's base URL (up to /v1)
@@ -161,6 +166,12 @@ def chat_figures(base: str, key: str, model: str, tokens: int, seconds: int,
         wrk(f"{base}/chat/completions", 8, 2, headers=auth, body=body)  # warm-up
         return (wrk(f"{base}/chat/completions", 8, seconds, headers=auth, body=body)["rps"],)
 
+    def prompt_tokens() -> tuple[float]:
+        answer = httpx.post(f"{base}/chat/completions", json=body, headers=auth, timeout=120)
+        answer.raise_for_status()
+        return (float(answer.json()["usage"]["prompt_tokens"]),)
+
+    measured(("prompt_tokens",), prompt_tokens)
     measured(("short8",), short)
     return out
 
@@ -270,6 +281,9 @@ def peer_figures(ours: dict[str, float], peers: dict[str, dict[str, float]],
     """Ours against vLLM's server alone (the ratio and goal), LiteLLM + vLLM alongside.
     `prefix`: the platform measured, in each figure's name (`full_`: the local catalog)."""
     vllm, litellm = peers["vllm"], peers["litellm"]
+    if ours.get("prompt_tokens") != vllm.get("prompt_tokens"):
+        print(f"    unequal work: the 1-token chat's prompt is {ours.get('prompt_tokens')} tokens "
+              f"through ours, {vllm.get('prompt_tokens')} through vLLM's server", flush=True)
     figures = []
     if "short8" in ours and "short8" in vllm:
         figures += [
