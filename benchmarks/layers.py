@@ -30,13 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-WITHOUT_PROMPT = {"service_parameters": {"include_service_system_prompt": False}}
+from peers import SAME_CONVERSATION as WITHOUT_PROMPT  # noqa: E402  (after the path)
+
+from deployments.catalog_file import read_catalog_file  # noqa: E402
 
 
 def catalog_with_service_prompt() -> Path:
     """The benchmark catalog plus `make run`'s service system prompt."""
     catalog = yaml.safe_load((ROOT / "benchmarks" / "catalog.yaml").read_text())
-    served = yaml.safe_load((ROOT / "configs" / "models.yaml").read_text())
+    served = read_catalog_file(ROOT / "configs" / "models.yaml")  # its includes read too
     catalog["service_system_prompt"] = served["service_system_prompt"]
     path = Path(tempfile.mkdtemp(prefix="bench-layers-")) / "catalog.yaml"
     path.write_text(yaml.safe_dump(catalog))
